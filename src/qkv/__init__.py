@@ -1,0 +1,25 @@
+"""qkv — the attention system built on Q, K and V, exact and observable, in NumPy.
+
+Mask convention everywhere: a boolean mask is **True where attention is allowed**.
+"""
+from . import backends, masks, stages
+from .attention import attention, scaled_dot_product_attention
+from .mha import MultiHeadAttention
+from .positions import TokenEmbedding, sinusoidal_positions
+from .trace import Step, Trace, trace
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "MultiHeadAttention",
+    "Step",
+    "TokenEmbedding",
+    "Trace",
+    "attention",
+    "backends",
+    "masks",
+    "scaled_dot_product_attention",
+    "sinusoidal_positions",
+    "stages",
+    "trace",
+]

@@ -1,0 +1,180 @@
+"""Scaled dot-product attention: validation at the boundary, then a backend from the registry."""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import _checks, backends, stages
+from .trace import Trace, maybe
+
+
+def _is_torch_tensor(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, rng):
+    query = _checks.float_array(query, "query", min_ndim=2)
+    key = _checks.float_array(key, "key", min_ndim=2)
+    value = _checks.float_array(value, "value", min_ndim=2)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key, value: expected one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    for name, a in (("query", query), ("key", key), ("value", value)):
+        if 0 in a.shape:
+            raise ValueError(f"{name}: expected no empty dimension, got shape {a.shape}")
+    L, E = query.shape[-2:]
+    S, Ek = key.shape[-2:]
+    if Ek != E:
+        raise ValueError(f"key: expected last dimension E={E} (the query's width), got {Ek} "
+                         f"(query {query.shape}, key {key.shape})")
+    if value.shape[-2] != S:
+        raise ValueError(f"value: expected {S} rows (one per key), got {value.shape[-2]} "
+                         f"(key {key.shape}, value {value.shape})")
+    if key.shape[:-2] != value.shape[:-2]:
+        raise ValueError(f"value: expected leading dimensions {key.shape[:-2]} (as key), got {value.shape[:-2]}")
+    _checks.boolean(is_causal, "is_causal")
+    _checks.boolean(enable_gqa, "enable_gqa")
+    _checks.boolean(return_weights, "return_weights")
+    if enable_gqa:
+        if query.ndim < 3 or key.ndim < 3:
+            raise ValueError(f"enable_gqa: expected query and key of shape (..., heads, seq, dim), got "
+                             f"{query.shape} and {key.shape}")
+        Hq, Hk = query.shape[-3], key.shape[-3]
+        if Hq % Hk:
+            raise ValueError(f"enable_gqa: the number of query heads ({Hq}) must be a multiple of the number "
+                             f"of key/value heads ({Hk})")
+        kv_lead = key.shape[:-3] + (Hq,)
+    else:
+        kv_lead = key.shape[:-2]
+    try:
+        lead = np.broadcast_shapes(query.shape[:-2], kv_lead)
+    except ValueError:
+        hint = "" if enable_gqa or query.ndim < 3 or key.ndim < 3 or query.shape[-3] == key.shape[-3] \
+            else "; pass enable_gqa=True to share key/value heads among query heads"
+        raise ValueError(f"key: leading dimensions {key.shape[:-2]} do not broadcast with the query's "
+                         f"{query.shape[:-2]}{hint}") from None
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError("attn_mask: expected None when is_causal=True (as in torch); combine the causal "
+                             "mask into attn_mask with qkv.masks.combine(qkv.masks.causal(L, S), mask) instead")
+        attn_mask = _checks.mask_array(attn_mask, "attn_mask")
+        _checks.broadcastable(attn_mask.shape, tuple(lead) + (L, S), "attn_mask", "the scores' shape")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p: expected a number in [0, 1], got {dropout_p!r}")
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng: expected a numpy.random.Generator or None, got {type(rng).__name__}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(E)
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number or None (= 1/√E = {1 / math.sqrt(E):.6g}), "
+                         f"got {scale!r}")
+    if dropout_p > 0 and rng is None:
+        rng = np.random.default_rng()
+    return query, key, value, attn_mask, float(dropout_p), float(scale), rng
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 scale=None, enable_gqa=False, *, return_weights=False, rng=None,
+                                 backend=None, trace: Trace | None = None):
+    """Attention ``softmax(Q·Kᵀ · scale + mask) · V``, the semantics of torch's SDPA.
+
+    Args:
+        query: (..., Hq, L, E) float16/32/64.
+        key: (..., Hk, S, E), same dtype; leading dims broadcast with the query's.
+        value: (..., Hk, S, Ev), same dtype.
+        attn_mask: None; bool broadcastable to (..., Hq, L, S), **True = may attend**; or float, added to the
+            scaled scores. Not allowed together with ``is_causal``.
+        dropout_p: probability of dropping each attention weight (inverted dropout), drawn from ``rng``.
+        is_causal: top-left causal mask, query i sees keys 0..i (see :func:`qkv.masks.causal`).
+        scale: multiplier of the scores; None means 1/√E.
+        enable_gqa: Hk may divide Hq; key/value head h serves query heads h·Hq/Hk … (h+1)·Hq/Hk − 1.
+        return_weights: also return the attention weights (..., Hq, L, S) (after dropout, if any).
+        rng: a ``numpy.random.Generator`` for dropout (a fresh one when None).
+        backend: None/"auto" chooses by size; or a name from :func:`qkv.backends.names`.
+        trace: a :class:`qkv.Trace` to record the stages into (forces the observable reference path).
+
+    Returns:
+        output (..., Hq, L, Ev) in the input dtype, or ``(output, weights)`` when ``return_weights``.
+
+    Differences from torch, on purpose: a query row that may attend to nothing returns zeros (and zero
+    weights) where torch returns NaN; float16 is computed in float32.
+    """
+    if _is_torch_tensor(query):
+        fn = backends.get("torch")
+        return fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                  scale=scale, enable_gqa=enable_gqa, rng=rng, return_weights=return_weights)
+    query, key, value, attn_mask, dropout_p, scale, rng = _validate(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, rng)
+    with maybe(trace) as active:
+        name = _choose_backend(backend, query, key, value, traced=active is not None)
+        fn = backends.get(name)
+        if active is not None and len(active) == 0:      # SDPA called directly: its inputs are Q, K, V
+            stages.observe_input("Q", query)
+            stages.observe_input("K", key)
+            stages.observe_input("V", value)
+        out, weights = fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                          scale=scale, enable_gqa=enable_gqa, rng=rng, return_weights=return_weights)
+    return (out, weights) if return_weights else out
+
+
+def _choose_backend(backend, query, key, value, *, traced: bool) -> str:
+    """Reference when traced or small; otherwise the tiled engine (when available)."""
+    if backend is not None and backend != "auto":
+        backends.get(backend)  # validates the name
+        return backend
+    if traced:
+        return "reference"
+    return choose_auto(query, key, value)
+
+
+def choose_auto(query, key, value) -> str:
+    """The size rule of ``backend="auto"``; see the README's *Engine* section."""
+    return "reference"
+
+
+def attention(x, w_q, w_k, w_v, *, x_kv=None, attn_mask=None, is_causal=False, scale=None,
+              trace: Trace | None = None):
+    """Single-head attention from token vectors, the seeds' hand calculation end to end.
+
+    ``Q = X·W_Q``, ``K = X_kv·W_K``, ``V = X_kv·W_V``, then :func:`scaled_dot_product_attention`.
+
+    Args:
+        x: (..., L, D) query-side token vectors (one row per token).
+        w_q, w_k: (D, E) and (D_kv, E) projections; w_v: (D_kv, Ev).
+        x_kv: (..., S, D_kv) key/value-side vectors for cross-attention; None means ``x`` (self-attention).
+        attn_mask, is_causal, scale: as in :func:`scaled_dot_product_attention` (True = may attend).
+        trace: a :class:`qkv.Trace` to record every stage into.
+
+    Returns:
+        ``(output, weights)``: (..., L, Ev) and (..., L, S).
+    """
+    x = _checks.float_array(x, "x", min_ndim=2)
+    x_kv_arr = x if x_kv is None else _checks.float_array(x_kv, "x_kv", min_ndim=2)
+    w_q = _checks.float_array(w_q, "w_q", ndim=2)
+    w_k = _checks.float_array(w_k, "w_k", ndim=2)
+    w_v = _checks.float_array(w_v, "w_v", ndim=2)
+    if w_q.shape[0] != x.shape[-1]:
+        raise ValueError(f"w_q: expected {x.shape[-1]} rows (the width of x), got shape {w_q.shape}")
+    kv_name = "x" if x_kv is None else "x_kv"
+    for name, w in (("w_k", w_k), ("w_v", w_v)):
+        if w.shape[0] != x_kv_arr.shape[-1]:
+            raise ValueError(f"{name}: expected {x_kv_arr.shape[-1]} rows (the width of {kv_name}), "
+                             f"got shape {w.shape}")
+    if w_k.shape[1] != w_q.shape[1]:
+        raise ValueError(f"w_k: expected {w_q.shape[1]} columns (as w_q: queries and keys share a width), "
+                         f"got shape {w_k.shape}")
+    dtype = np.result_type(x, x_kv_arr, w_q, w_k, w_v)
+    with maybe(trace):
+        stages.observe_input("X", x)
+        if x_kv is not None:
+            stages.observe_input("X_kv", x_kv_arr)
+        kv_in = "X" if x_kv is None else "X_kv"
+        q = stages.project(x.astype(dtype, copy=False), w_q.astype(dtype, copy=False), name="Q",
+                           weight_name="W_Q", input_name="X")                       # (..., L, E)
+        k = stages.project(x_kv_arr.astype(dtype, copy=False), w_k.astype(dtype, copy=False), name="K",
+                           weight_name="W_K", input_name=kv_in)                     # (..., S, E)
+        v = stages.project(x_kv_arr.astype(dtype, copy=False), w_v.astype(dtype, copy=False), name="V",
+                           weight_name="W_V", input_name=kv_in)                     # (..., S, Ev)
+        return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                            return_weights=True, backend="reference")
