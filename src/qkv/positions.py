@@ -47,6 +47,8 @@ class TokenEmbedding:
 
     def embed(self, ids, *, positions: bool = True) -> np.ndarray:
         ids_arr = np.asarray(ids)
+        if ids_arr.size == 0:
+            raise ValueError(f"ids: expected a non-empty sequence of token ids, got shape {ids_arr.shape}")
         if ids_arr.dtype == np.bool_ or not np.issubdtype(ids_arr.dtype, np.integer):
             raise TypeError(f"ids: expected integer token ids, got dtype {ids_arr.dtype}")
         if ids_arr.ndim == 0 or ids_arr.shape[-1] == 0:

@@ -1,0 +1,99 @@
+"""Each kind of bad input gets a ValueError/TypeError that names the argument and shows expected vs actual."""
+import numpy as np
+import pytest
+
+import qkv
+
+r = np.random.default_rng(0)
+q = r.standard_normal((2, 4, 3, 8))
+k = r.standard_normal((2, 4, 5, 8))
+v = r.standard_normal((2, 4, 5, 6))
+SDPA = qkv.scaled_dot_product_attention
+
+
+@pytest.mark.parametrize("call, exc, pattern", [
+    (lambda: SDPA("q", k, v), TypeError, r"query: expected a numpy.ndarray, got str"),
+    (lambda: SDPA(q.astype(int), k, v), TypeError, r"query: expected dtype float16, float32 or float64, got int64"),
+    (lambda: SDPA(q, k.astype(np.float32), v), TypeError, r"one dtype, got float64, float32, float64"),
+    (lambda: SDPA(q[0, 0, 0], k, v), ValueError, r"query: expected at least 2 dimensions, got 1"),
+    (lambda: SDPA(q, k[..., :7], v), ValueError, r"key: expected last dimension E=8 .* got 7"),
+    (lambda: SDPA(q, k, v[..., :4, :]), ValueError, r"value: expected 5 rows \(one per key\), got 4"),
+    (lambda: SDPA(q, k[:, :3], v[:, :3]), ValueError, r"key: leading dimensions \(2, 3\) do not broadcast"),
+    (lambda: SDPA(q, k[:, :2], v[:, :2]), ValueError, r"enable_gqa=True"),
+    (lambda: SDPA(q, k[:, :3], v[:, :3], enable_gqa=True), ValueError,
+     r"number of query heads \(4\) must be a multiple of the number of key/value heads \(3\)"),
+    (lambda: SDPA(np.full_like(q, np.nan), k, v), ValueError, r"query: expected finite numbers, got nan"),
+    (lambda: SDPA(q, k, np.full_like(v, np.inf)), ValueError, r"value: expected finite numbers, got inf"),
+    (lambda: SDPA(q, k, v, np.ones((3, 5), np.int64)), TypeError, r"attn_mask: expected dtype bool"),
+    (lambda: SDPA(q, k, v, np.ones((3, 4), bool)), ValueError,
+     r"attn_mask: shape \(3, 4\) does not broadcast to the scores' shape \(2, 4, 3, 5\)"),
+    (lambda: SDPA(q, k, v, np.ones((3, 2, 4, 3, 5), bool)), ValueError, r"attn_mask: shape"),
+    (lambda: SDPA(q, k, v, np.full((3, 5), np.nan)), ValueError, r"attn_mask: .*NaN"),
+    (lambda: SDPA(q, k, v, np.ones((3, 5), bool), is_causal=True), ValueError,
+     r"attn_mask: expected None when is_causal=True"),
+    (lambda: SDPA(q, k, v, is_causal=1), TypeError, r"is_causal: expected True or False, got int"),
+    (lambda: SDPA(q, k, v, dropout_p=1.5), ValueError, r"dropout_p: expected a number in \[0, 1\], got 1.5"),
+    (lambda: SDPA(q, k, v, dropout_p=0.1, rng=42), TypeError, r"rng: expected a numpy.random.Generator"),
+    (lambda: SDPA(q, k, v, scale=float("inf")), ValueError, r"scale: expected a finite number"),
+    (lambda: SDPA(q, k, v, scale="2"), ValueError, r"scale: expected a finite number"),
+    (lambda: SDPA(np.zeros((2, 0, 8)), k[0], v[0]), ValueError, r"query: expected no empty dimension"),
+])
+def test_sdpa_bad_input(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+X = np.ones((3, 4))
+W = np.ones((4, 3))
+
+
+@pytest.mark.parametrize("call, exc, pattern", [
+    (lambda: qkv.attention(X, np.ones((5, 3)), W, W), ValueError, r"w_q: expected 4 rows \(the width of x\)"),
+    (lambda: qkv.attention(X, W, np.ones((4, 2)), W), ValueError, r"w_k: expected 3 columns"),
+    (lambda: qkv.attention(X, W, W, W, x_kv=np.ones((2, 5))), ValueError, r"w_k: expected 5 rows \(the width of x_kv\)"),
+    (lambda: qkv.attention(X, W[0], W, W), ValueError, r"w_q: expected 2 dimensions, got 1"),
+    (lambda: qkv.attention([[1, "a"]], W, W, W), TypeError, r"x: expected a numeric array"),
+])
+def test_attention_bad_input(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+m = qkv.MultiHeadAttention(8, 2, seed=0)
+x = np.ones((2, 3, 8), np.float32)
+
+
+@pytest.mark.parametrize("call, exc, pattern", [
+    (lambda: qkv.MultiHeadAttention(10, 3), ValueError, r"embed_dim \(10\) is not a multiple of num_heads \(3\)"),
+    (lambda: qkv.MultiHeadAttention(8, 4, num_kv_heads=3), ValueError,
+     r"num_heads \(4\) is not a multiple of num_kv_heads \(3\)"),
+    (lambda: qkv.MultiHeadAttention(0, 1), ValueError, r"embed_dim: expected an integer >= 1, got 0"),
+    (lambda: qkv.MultiHeadAttention(8, 2, dtype=np.int32), TypeError, r"dtype: expected float16"),
+    (lambda: qkv.MultiHeadAttention(8, 2, batch_first="yes"), TypeError, r"batch_first: expected True or False"),
+    (lambda: m(np.ones((2, 3, 7), np.float32)), ValueError, r"query: expected last dimension 8, got 7"),
+    (lambda: m(np.ones((2, 3, 4, 8), np.float32)), ValueError, r"query: expected shape \(B, T, 8\)"),
+    (lambda: m(x, key_mask=np.ones((2, 3))), TypeError, r"key_mask: expected a bool array"),
+    (lambda: m(x, key_mask=np.ones((2, 4), bool)), ValueError, r"key_mask: expected shape \(2, 3\), got \(2, 4\)"),
+    (lambda: m(x, attn_mask=np.ones((3, 4), bool)), ValueError, r"attn_mask: shape \(3, 4\) does not broadcast"),
+    (lambda: m(x, np.ones((3, 3, 8), np.float32)), ValueError, r"key: expected batch size 2"),
+    (lambda: m(x, need_weights=None), TypeError, r"need_weights: expected True or False"),
+    (lambda: m.load(W_Q=np.ones((8, 7))), ValueError, r"W_Q: expected shape \(8, 8\), got \(8, 7\)"),
+    (lambda: m.load(W_X=np.ones((8, 8))), ValueError, r"W_X: not a weight"),
+    (lambda: qkv.MultiHeadAttention.from_torch("module"), TypeError, r"module: expected a torch.nn.MultiheadAttention"),
+])
+def test_mha_bad_input(call, exc, pattern):
+    if "from_torch" in repr(call.__code__.co_names):
+        pytest.importorskip("torch")
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+def test_no_bare_asserts_in_the_package():
+    """User input is never checked with assert (it vanishes under python -O)."""
+    import pathlib
+    import re
+    src = pathlib.Path(qkv.__file__).parent
+    offenders = [f"{p.relative_to(src)}:{n}" for p in src.rglob("*.py")
+                 for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+                 if re.match(r"\s*assert\b", line)]
+    assert offenders == []
