@@ -1,0 +1,162 @@
+"""The offline attention page: one self-contained HTML file (inline CSS and JavaScript, data as JSON).
+
+    data = playground_data(X, W_Q, W_K, W_V, tokens=[...])     # or from_worked(worked)
+    data["model"] = model_data("a sentence")                    # optional, needs the ``model`` extra
+    write_page("attention.html", data)
+
+The page recomputes the playground in JavaScript (the one computation outside qkv's Python stages; the
+browser tests hold it to qkv's numbers). The model view only draws what :mod:`qkv.models` computed here.
+
+Safety: the data goes into ``<script type="application/json">`` with ``<``, ``>``, ``&`` and the line
+separators escaped as ``\\uXXXX``, so no string can close the tag; the page's JavaScript inserts all text with
+``textContent``; a Content-Security-Policy allows only the page's own script (by hash) and no network access.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import math
+import os
+import re
+from importlib import resources
+
+import numpy as np
+
+#: Decimals shown in the playground's cells (the browser tests compare at this precision).
+DIGITS = 4
+#: Decimals shown in the model view's heatmap.
+MODEL_DIGITS = 3
+
+_PLACEHOLDER = re.compile(r"\{\{(CSS|JS|DATA|TITLE|VERSION|SCRIPT_HASH)\}\}")
+
+
+def _asset(name: str) -> str:
+    return resources.files("qkv.viz").joinpath("page", name).read_text(encoding="utf-8")
+
+
+def _matrix(a, name: str, *, rows: int | None = None, cols: int | None = None) -> list[list[float]]:
+    arr = np.asarray(a, dtype=np.float64)
+    if arr.ndim != 2 or 0 in arr.shape:
+        raise ValueError(f"{name}: expected a non-empty 2-D matrix, got shape {arr.shape}")
+    if rows is not None and arr.shape[0] != rows:
+        raise ValueError(f"{name}: expected {rows} rows, got shape {arr.shape}")
+    if cols is not None and arr.shape[1] != cols:
+        raise ValueError(f"{name}: expected {cols} columns, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name}: expected finite numbers")
+    return arr.tolist()
+
+
+def _tokens(tokens, n: int, name: str) -> list[str]:
+    if tokens is None:
+        return [f"t{i}" for i in range(n)]
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != n:
+        raise ValueError(f"{name}: expected {n} tokens (one per row of the input), got {len(tokens)}")
+    return tokens
+
+
+def playground_data(X, W_Q, W_K, W_V, *, tokens=None, X_kv=None, kv_tokens=None, W_O=None, mask=None,
+                    heads: int = 1, causal: bool = False, scaling: bool = True, title: str | None = None) -> dict:
+    """The playground's starting point, checked: X (L, D), W_Q/W_K (D, E·H), W_V (D, Ev·H), optional
+    X_kv (S, D_kv), W_O (Ev·H, D_out), boolean mask (L, S) (True = may attend)."""
+    Xl = _matrix(X, "X")
+    L, D = len(Xl), len(Xl[0])
+    Xkv = None if X_kv is None else _matrix(X_kv, "X_kv")
+    S, Dkv = (L, D) if Xkv is None else (len(Xkv), len(Xkv[0]))
+    wq = _matrix(W_Q, "W_Q", rows=D)
+    wk = _matrix(W_K, "W_K", rows=Dkv, cols=len(wq[0]))
+    wv = _matrix(W_V, "W_V", rows=Dkv)
+    heads = int(heads or 1)
+    if heads < 1 or len(wq[0]) % heads or len(wv[0]) % heads:
+        raise ValueError(f"heads: expected a number of heads dividing the widths of W_Q ({len(wq[0])}) and "
+                         f"W_V ({len(wv[0])}), got {heads}")
+    wo = None if W_O is None else _matrix(W_O, "W_O", rows=len(wv[0]))
+    m = None
+    if mask is not None:
+        marr = np.asarray(mask)
+        while marr.ndim > 2 and marr.shape[0] == 1:
+            marr = marr[0]
+        if marr.dtype != np.bool_:
+            if marr.dtype.kind != "f" or not np.all((marr == 0) | np.isneginf(marr)):
+                raise ValueError("mask: the page shows a boolean mask (True = may attend) or a float mask of "
+                                 "0 and -inf; got another float mask")
+            marr = marr == 0
+        if marr.shape != (L, S):
+            raise ValueError(f"mask: expected shape {(L, S)}, got {marr.shape}")
+        m = marr.tolist()
+    return {"title": title or "Attention playground", "tokens": _tokens(tokens, L, "tokens"),
+            "kv_tokens": None if Xkv is None else _tokens(kv_tokens, S, "kv_tokens"),
+            "X": Xl, "X_kv": Xkv, "W_Q": wq, "W_K": wk, "W_V": wv, "W_O": wo, "mask": m, "heads": heads,
+            "causal": bool(causal), "scaling": bool(scaling)}
+
+
+def from_worked(worked, *, tokens=None) -> dict:
+    """Playground data from a worked example (``qkv.explain.examples.Worked``); ``tokens`` relabels it."""
+    heads = getattr(worked, "heads", None) or 1
+    return playground_data(worked.X, worked.W_Q, worked.W_K, worked.W_V,
+                           tokens=tokens if tokens is not None else worked.tokens,
+                           X_kv=getattr(worked, "X_kv", None), kv_tokens=getattr(worked, "kv_tokens", None),
+                           W_O=getattr(worked, "W_O", None) if heads > 1 else None,
+                           mask=getattr(worked, "mask", None), heads=heads, title=worked.title)
+
+
+def model_data(text: str, *, model=None, digits: int = 6) -> dict:
+    """Attention weights of every layer and head of ``qkv.models.load_bert()`` (or ``model``) for one text."""
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"text: expected a non-empty sentence, got {text!r}")
+    if model is None:
+        try:
+            from qkv.models import load_bert
+        except ImportError as exc:
+            raise ImportError(f"the model view needs qkv.models and the model extra: pip install 'qkv[model]' "
+                              f"({exc})") from None
+        model = load_bert()
+    out = model.run([text])
+    T = int(np.asarray(out.attention_mask)[0].sum())
+    att = [np.asarray(a)[0, :, :T, :T] for a in out.attentions]                 # per layer (H, T, T)
+    name = getattr(getattr(model, "config", None), "name", "") or type(model).__name__
+    return {"name": name, "text": text,
+            "tokens": [str(t) for t in out.tokens[0][:T]], "layers": len(att), "heads": int(att[0].shape[0]),
+            "attentions": [np.round(a.astype(np.float64), digits).tolist() for a in att],
+            "digits": MODEL_DIGITS}
+
+
+def _json_for_script(data) -> str:
+    """JSON that is safe inside ``<script type="application/json">``: no ``<``, ``>`` or ``&`` left."""
+    def clean(x):
+        if isinstance(x, float) and not math.isfinite(x):
+            raise ValueError("page data: expected finite numbers")
+        return x
+    text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=clean)
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def render_page(data: dict) -> str:
+    """The page's HTML for ``{"playground": playground_data(...) or None, "model": model_data(...) or None}``."""
+    import qkv
+
+    if not isinstance(data, dict) or not (data.get("playground") or data.get("model")):
+        raise ValueError("data: expected a dict with 'playground' and/or 'model'")
+    payload = {"digits": DIGITS, "playground": data.get("playground"), "model": data.get("model")}
+    css, js = _asset("page.css"), _asset("page.js")
+    for name, text in (("page.css", css), ("page.js", js)):
+        if re.search(r"</(script|style)", text, re.IGNORECASE):
+            raise RuntimeError(f"{name} must not contain a closing </script> or </style> tag")
+    title = (data.get("playground") or {}).get("title") or "qkv attention"
+    values = {"CSS": css, "JS": js, "DATA": _json_for_script(payload), "TITLE": html.escape(title),
+              "VERSION": html.escape(qkv.__version__),
+              "SCRIPT_HASH": "sha256-" + base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode()}
+    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], _asset("template.html"))
+
+
+def write_page(path, data: dict) -> str:
+    """Write the page to ``path`` (UTF-8); returns the path. OSError when it cannot be written."""
+    path = os.fspath(path)
+    text = render_page(data)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return path

@@ -1,0 +1,451 @@
+/* qkv's offline attention page. The one place where attention is computed outside qkv's Python stages;
+   tests/browser/ checks every displayed number against qkv (qkv.attention with a Trace).
+   All user text goes into the page with textContent / value, never as HTML. */
+(function () {
+  "use strict";
+
+  var DATA = JSON.parse(document.getElementById("qkv-data").textContent);
+  var DIGITS = DATA.digits || 4;                 // decimals shown in the matrix cells
+  var MINUS = "\u2212";
+
+  // ------------------------------------------------------------------ small helpers
+  function el(tag, attrs, text) {
+    var e = document.createElement(tag);
+    if (attrs) { for (var k in attrs) { if (attrs[k] !== null && attrs[k] !== undefined) e.setAttribute(k, attrs[k]); } }
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+  function svgEl(tag, attrs, text) {
+    var e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+    for (var k in attrs) e.setAttribute(k, attrs[k]);
+    if (text !== undefined) e.textContent = String(text);
+    return e;
+  }
+  function clone(m) { return m.map(function (r) { return r.slice(); }); }
+  function zeros(n, m) { var out = []; for (var i = 0; i < n; i++) { out.push(new Array(m).fill(0)); } return out; }
+
+  // A matrix cell: fixed decimals, ASCII minus, never "-0.0000".
+  function cellText(x) {
+    if (x === -Infinity) return "-\u221e";
+    if (x === Infinity) return "\u221e";
+    if (Number.isNaN(x)) return "NaN";
+    var s = x.toFixed(DIGITS);
+    if (/^-0\.?0*$/.test(s)) s = s.slice(1);
+    return s;
+  }
+  // A number inside the arithmetic, as qkv explain writes it: shortest form with at least one decimal,
+  // rounded to 4 decimals, negatives as (−0.5).
+  function num(x) {
+    if (x === -Infinity) return MINUS + "\u221e";
+    var r = Math.round(x * 1e4) / 1e4;
+    if (Object.is(r, -0)) r = 0;
+    var s = String(r);
+    if (s.indexOf("e") >= 0) s = r.toPrecision(4);
+    else if (s.indexOf(".") < 0) s += ".0";
+    return s.replace("-", MINUS);
+  }
+  function factor(x) { var s = num(x); return x < 0 ? "(" + s + ")" : s; }
+  function sumOfProducts(pairs, result) {
+    return pairs.map(function (p) { return factor(p[0]) + "\u00d7" + factor(p[1]); }).join(" + ") + " = " + num(result);
+  }
+
+  // ------------------------------------------------------------------ the computation
+  function matmul(A, B) {
+    var n = A.length, k = B.length, m = B[0].length, C = zeros(n, m);
+    for (var i = 0; i < n; i++) {
+      for (var j = 0; j < m; j++) {
+        var s = 0;
+        for (var t = 0; t < k; t++) s += A[i][t] * B[t][j];
+        C[i][j] = s;
+      }
+    }
+    return C;
+  }
+  function columns(A, a, b) { return A.map(function (r) { return r.slice(a, b); }); }
+  function transpose(A) { return A[0].map(function (_, j) { return A.map(function (r) { return r[j]; }); }); }
+  function softmaxRow(row) {              // qkv.stages.softmax: a row with nothing allowed becomes zeros
+    var m = Math.max.apply(null, row);
+    if (!Number.isFinite(m)) m = 0;
+    var e = row.map(function (x) { return Math.exp(x - m); });
+    var total = e.reduce(function (a, b) { return a + b; }, 0);
+    return { max: m, exp: e, sum: total, w: e.map(function (x) { return x / (total === 0 ? 1 : total); }) };
+  }
+
+  function compute(st) {
+    var Xkv = st.X_kv || st.X;
+    var L = st.X.length, S = Xkv.length;
+    var Q = matmul(st.X, st.W_Q), K = matmul(Xkv, st.W_K), V = matmul(Xkv, st.W_V);
+    var H = st.heads, E = st.W_Q[0].length / H, Ev = st.W_V[0].length / H;
+    var allowed = [];
+    for (var i = 0; i < L; i++) {
+      allowed.push([]);
+      for (var j = 0; j < S; j++) {
+        var ok = st.mask ? !!st.mask[i][j] : true;
+        if (st.causal && j > i) ok = false;     // top-left causal, as torch's is_causal
+        allowed[i].push(ok);
+      }
+    }
+    var scale = st.scaling ? 1 / Math.sqrt(E) : 1;
+    var heads = [];
+    for (var h = 0; h < H; h++) {
+      var Qh = columns(Q, h * E, (h + 1) * E), Kh = columns(K, h * E, (h + 1) * E), Vh = columns(V, h * Ev, (h + 1) * Ev);
+      var scores = matmul(Qh, transpose(Kh));
+      var scaled = scores.map(function (r) { return r.map(function (x) { return x * scale; }); });
+      var soft = scaled.map(function (r, i) {
+        return softmaxRow(r.map(function (x, j) { return allowed[i][j] ? x : -Infinity; }));
+      });
+      var weights = soft.map(function (s) { return s.w; });
+      heads.push({ Q: Qh, K: Kh, V: Vh, scores: scores, scaled: scaled, soft: soft, weights: weights,
+                   output: matmul(weights, Vh) });
+    }
+    var output = [];
+    for (i = 0; i < L; i++) {
+      output.push([]);
+      for (h = 0; h < H; h++) output[i] = output[i].concat(heads[h].output[i]);
+    }
+    var final = st.W_O ? matmul(output, st.W_O) : null;
+    return { Q: Q, K: K, V: V, E: E, Ev: Ev, scale: scale, allowed: allowed, heads: heads, output: output,
+             final: final, L: L, S: S };
+  }
+
+  // ------------------------------------------------------------------ state
+  var initial = DATA.playground;
+  var state = null;
+  function resetState() {
+    state = {
+      title: initial.title || "Attention playground",
+      tokens: initial.tokens.slice(),
+      kv_tokens: initial.X_kv ? initial.kv_tokens.slice() : null,
+      X: clone(initial.X), X_kv: initial.X_kv ? clone(initial.X_kv) : null,
+      W_Q: clone(initial.W_Q), W_K: clone(initial.W_K), W_V: clone(initial.W_V),
+      W_O: initial.W_O ? clone(initial.W_O) : null,
+      mask: initial.mask ? clone(initial.mask) : null,
+      heads: initial.heads || 1, causal: !!initial.causal, scaling: initial.scaling !== false, shown: 0,
+      invalid: {}
+    };
+  }
+  function keyTokens() { return state.kv_tokens || state.tokens; }
+  function headChoices() {
+    var E = state.W_Q[0].length, Ev = state.W_V[0].length, out = [];
+    for (var h = 1; h <= Math.min(E, Ev); h++) { if (E % h === 0 && Ev % h === 0) out.push(h); }
+    return out;
+  }
+
+  var NUMBER = /^\s*[+\-\u2212]?(\d+\.?\d*|\.\d+)([eE][+\-]?\d+)?\s*$/;
+  function parseNumber(text) {
+    if (!NUMBER.test(text)) return null;
+    var x = Number(text.trim().replace("\u2212", "-"));
+    return Number.isFinite(x) ? x : null;
+  }
+
+  // ------------------------------------------------------------------ rendering
+  var arith = document.getElementById("arith");
+  function explainOn(node, text) {
+    node.title = text;
+    node.addEventListener("mouseenter", function () { arith.textContent = text; });
+    node.addEventListener("focus", function () { arith.textContent = text; });
+  }
+
+  // A table: caption, column header, one row per token. cell(i, j, td) fills each data cell.
+  function table(name, caption, formula, rowLabels, colLabels, cell, extraClass) {
+    var t = el("table", { "class": "matrix" + (extraClass ? " " + extraClass : ""), "data-testid": name + "-table",
+                          "data-matrix": name });
+    var cap = el("caption", null, caption);
+    if (formula) cap.appendChild(el("span", { "class": "formula" }, formula));
+    t.appendChild(cap);
+    var thead = el("thead"), hr = el("tr");
+    hr.appendChild(el("th"));
+    colLabels.forEach(function (c, j) { hr.appendChild(el("th", { "data-testid": name + "-col-" + j }, c)); });
+    thead.appendChild(hr);
+    t.appendChild(thead);
+    var tbody = el("tbody");
+    rowLabels.forEach(function (r, i) {
+      var tr = el("tr");
+      tr.appendChild(el("th", { "scope": "row", "data-testid": name + "-row-" + i }, r));
+      colLabels.forEach(function (_, j) {
+        var td = el("td");
+        cell(i, j, td);
+        if (!td.firstElementChild) td.setAttribute("data-testid", name + "-" + i + "-" + j);  // inputs carry their own
+        tr.appendChild(td);
+      });
+      tbody.appendChild(tr);
+    });
+    t.appendChild(tbody);
+    return t;
+  }
+  function indexLabels(n, prefix) { var out = []; for (var i = 0; i < n; i++) out.push((prefix || "") + i); return out; }
+
+  function inputTable(name, caption, rowLabels, colLabels) {
+    var M = state[name];
+    return table(name, caption, null, rowLabels, colLabels, function (i, j, td) {
+      td.className = "in";
+      var inp = el("input", { "type": "text", "inputmode": "decimal", "spellcheck": "false", "autocomplete": "off",
+                              "data-testid": name + "-" + i + "-" + j, "aria-label": name + "[" + i + "," + j + "]" });
+      inp.value = String(Number(M[i][j].toPrecision(12)));   // shown short; the exact value stays in the state
+      inp.addEventListener("input", function () {
+        var x = parseNumber(inp.value), key = name + "-" + i + "-" + j;
+        if (x === null) {
+          inp.classList.add("invalid"); td.classList.add("invalid");
+          inp.setAttribute("aria-invalid", "true");
+          state.invalid[key] = true;
+        } else {
+          inp.classList.remove("invalid"); td.classList.remove("invalid");
+          inp.removeAttribute("aria-invalid");
+          delete state.invalid[key];
+          M[i][j] = x;
+        }
+        update();
+      });
+      explainOn(inp, name + "[" + i + "," + j + "] — an input; type a number");
+      td.appendChild(inp);
+    });
+  }
+
+  function renderControls() {
+    var c = document.getElementById("controls");
+    c.textContent = "";
+    var causal = el("input", { "type": "checkbox", "data-testid": "toggle-causal", "id": "toggle-causal" });
+    causal.checked = state.causal;
+    causal.addEventListener("change", function () { state.causal = causal.checked; update(); });
+    var l1 = el("label", { "for": "toggle-causal" }); l1.appendChild(causal); l1.appendChild(document.createTextNode("causal mask (query i sees keys 0…i)"));
+    var scale = el("input", { "type": "checkbox", "data-testid": "toggle-scale", "id": "toggle-scale" });
+    scale.checked = state.scaling;
+    scale.addEventListener("change", function () { state.scaling = scale.checked; update(); });
+    var l2 = el("label", { "for": "toggle-scale" }); l2.appendChild(scale); l2.appendChild(document.createTextNode("scale by 1/√d_k (off: watch softmax saturate)"));
+    var sel = el("select", { "data-testid": "heads-select", "id": "heads-select" });
+    headChoices().forEach(function (h) { var o = el("option", { "value": String(h) }, String(h)); if (h === state.heads) o.selected = true; sel.appendChild(o); });
+    sel.addEventListener("change", function () { state.heads = Number(sel.value); state.shown = 0; update(); });
+    var l3 = el("label", { "for": "heads-select" }, "heads "); l3.appendChild(sel);
+    var reset = el("button", { "type": "button", "data-testid": "reset" }, "reset");
+    reset.addEventListener("click", function () { resetState(); renderAll(); });
+    [l1, l2, l3, reset].forEach(function (n) { c.appendChild(n); });
+  }
+
+  function renderInputs() {
+    var box = document.getElementById("inputs");
+    box.textContent = "";
+    var toks = el("div", { "class": "tokens", "data-testid": "tokens" });
+    toks.appendChild(el("h3", null, "tokens"));
+    state.tokens.forEach(function (t, i) {
+      var inp = el("input", { "type": "text", "data-testid": "token-" + i, "aria-label": "token " + i });
+      inp.value = t;
+      inp.addEventListener("input", function () { state.tokens[i] = inp.value; relabel(); update(); });
+      toks.appendChild(inp);
+    });
+    if (state.kv_tokens) {
+      toks.appendChild(el("h3", null, "key/value tokens"));
+      state.kv_tokens.forEach(function (t, i) {
+        var inp = el("input", { "type": "text", "data-testid": "kv-token-" + i, "aria-label": "key token " + i });
+        inp.value = t;
+        inp.addEventListener("input", function () { state.kv_tokens[i] = inp.value; relabel(); update(); });
+        toks.appendChild(inp);
+      });
+    }
+    box.appendChild(toks);
+    var D = state.X[0].length, Dkv = (state.X_kv || state.X)[0].length;
+    box.appendChild(inputTable("X", "X (one row per token)", state.tokens, indexLabels(D)));
+    if (state.X_kv) box.appendChild(inputTable("X_kv", "X_kv (keys/values)", state.kv_tokens, indexLabels(Dkv)));
+    box.appendChild(inputTable("W_Q", "W_Q", indexLabels(D), indexLabels(state.W_Q[0].length)));
+    box.appendChild(inputTable("W_K", "W_K", indexLabels(Dkv), indexLabels(state.W_K[0].length)));
+    box.appendChild(inputTable("W_V", "W_V", indexLabels(Dkv), indexLabels(state.W_V[0].length)));
+  }
+
+  // Token labels changed: rewrite the row headers of the input tables (the results are redrawn by update()).
+  function relabel() {
+    state.tokens.forEach(function (t, i) {
+      var th = document.querySelector('[data-testid="X-row-' + i + '"]');
+      if (th) th.textContent = t;
+    });
+    if (state.kv_tokens) {
+      state.kv_tokens.forEach(function (t, i) {
+        var th = document.querySelector('[data-testid="X_kv-row-' + i + '"]');
+        if (th) th.textContent = t;
+      });
+    }
+  }
+
+  function numberCell(td, x, text) { td.textContent = cellText(x); td.tabIndex = 0; explainOn(td, text); }
+
+  function renderResults() {
+    var r = compute(state), box = document.getElementById("results");
+    box.textContent = "";
+    var toks = state.tokens, ktoks = keyTokens(), H = state.heads, E = r.E, Ev = r.Ev;
+    var xkv = state.X_kv ? "X_kv" : "X";
+    function projection(name, src, W, M, width) {
+      return table(name, name, name + " = " + (name === "Q" ? "X" : xkv) + " · W_" + name,
+                   name === "Q" ? toks : ktoks, indexLabels(M[0].length), function (i, j, td) {
+        var pairs = src[i].map(function (x, t) { return [x, W[t][j]]; });
+        numberCell(td, M[i][j], name + "[" + i + "," + j + "] = " + sumOfProducts(pairs, M[i][j]));
+        if (H > 1 && Math.floor(j / width) % 2 === 1) td.classList.add("head-alt");
+      });
+    }
+    var proj = el("div", { "class": "matrices" });
+    proj.appendChild(projection("Q", state.X, state.W_Q, r.Q, E));
+    proj.appendChild(projection("K", state.X_kv || state.X, state.W_K, r.K, E));
+    proj.appendChild(projection("V", state.X_kv || state.X, state.W_V, r.V, Ev));
+    box.appendChild(proj);
+
+    // Heads: which head's scores / scaled / mask / weights are shown.
+    var shown = Math.min(state.shown, H - 1), hd = r.heads[shown];
+    var tabs = el("div", { "class": "tabs" });
+    if (H > 1) {
+      tabs.appendChild(el("span", null, "show head:"));
+      for (var h = 0; h < H; h++) {
+        (function (h) {
+          var b = el("button", { "type": "button", "data-testid": "head-tab-" + h, "aria-pressed": String(h === shown) }, String(h));
+          b.addEventListener("click", function () { state.shown = h; update(); });
+          tabs.appendChild(b);
+        })(h);
+      }
+      tabs.appendChild(el("span", { "class": "note" },
+        "Head h uses columns h·" + E + " … h·" + E + " + " + (E - 1) + " of Q and K and columns h·" + Ev + " … h·" + Ev +
+        " + " + (Ev - 1) + " of V (d_k = " + E + "); output puts the heads' outputs side by side (concat)" +
+        (state.W_O ? " and final output multiplies it by W_O." : ".")));
+    }
+    box.appendChild(tabs);
+    var hs = H > 1 ? " (head " + shown + ")" : "";
+    var attn = el("div", { "class": "matrices" });
+    attn.appendChild(table("scores", "scores" + hs, "= Q·Kᵀ", toks, ktoks, function (i, j, td) {
+      var pairs = hd.Q[i].map(function (q, t) { return [q, hd.K[j][t]]; });
+      numberCell(td, hd.scores[i][j], "scores[" + i + "," + j + "] = Q[" + i + "]·K[" + j + "] = " + sumOfProducts(pairs, hd.scores[i][j]));
+    }));
+    attn.appendChild(table("scaled", "scaled" + hs, state.scaling ? "= scores ÷ √d_k" : "= scores × 1 (scaling off)", toks, ktoks, function (i, j, td) {
+      var s = hd.scores[i][j], v = hd.scaled[i][j];
+      var text = state.scaling ? "scaled[" + i + "," + j + "] = " + num(s) + " ÷ √" + E + " = " + num(s) + " ÷ " + num(Math.sqrt(E)) + " = " + num(v)
+                               : "scaled[" + i + "," + j + "] = " + num(s) + " × 1 = " + num(v) + " (scaling off)";
+      if (!r.allowed[i][j]) { td.classList.add("masked"); text += "; masked: becomes " + MINUS + "∞ before softmax"; }
+      numberCell(td, v, text);
+    }));
+    attn.appendChild(table("mask", "mask", "1 = may attend", toks, ktoks, function (i, j, td) {
+      td.textContent = r.allowed[i][j] ? "1" : "0";
+      td.tabIndex = 0;
+      explainOn(td, "mask[" + i + "," + j + "] = " + (r.allowed[i][j] ? "1: query " + i + " may attend to key " + j
+                                                                 : "0: query " + i + " may not attend to key " + j));
+    }));
+    attn.appendChild(table("weights", "weights" + hs, "= softmax(scaled)", toks, ktoks, function (i, j, td) {
+      var s = hd.soft[i], w = hd.weights[i][j], text;
+      if (!r.allowed[i][j]) text = "weights[" + i + "," + j + "] = 0 (masked: exp(" + MINUS + "∞) = 0)";
+      else text = "weights[" + i + "," + j + "] = exp(" + num(hd.scaled[i][j]) + " " + MINUS + " " + num(s.max) + ") ÷ " +
+                  num(s.sum) + " = " + num(s.exp[j]) + " ÷ " + num(s.sum) + " = " + num(w);
+      numberCell(td, w, text);
+      td.style.backgroundColor = "rgba(37, 99, 235, " + Math.max(0, Math.min(1, w)) * 0.55 + ")";
+    }));
+    box.appendChild(attn);
+
+    var outs = el("div", { "class": "matrices" });
+    var outCaption = H > 1 ? "output (heads concatenated)" : "output";
+    outs.appendChild(table("output", outCaption, H > 1 ? "= [weights_h · V_h for each head h]" : "= weights · V", toks,
+                           indexLabels(r.output[0].length), function (i, j, td) {
+      var h = Math.floor(j / Ev), c = j % Ev, hh = r.heads[h];
+      var pairs = hh.weights[i].map(function (w, t) { return [w, hh.V[t][c]]; });
+      numberCell(td, r.output[i][j], "output[" + i + "," + j + "] = " + (H > 1 ? "head " + h + ": " : "") + sumOfProducts(pairs, r.output[i][j]));
+      if (H > 1 && h % 2 === 1) td.classList.add("head-alt");
+    }));
+    if (r.final) {
+      outs.appendChild(table("final_output", "final output", "= output · W_O", toks, indexLabels(r.final[0].length), function (i, j, td) {
+        var pairs = r.output[i].map(function (x, t) { return [x, state.W_O[t][j]]; });
+        numberCell(td, r.final[i][j], "final_output[" + i + "," + j + "] = " + sumOfProducts(pairs, r.final[i][j]));
+      }));
+    }
+    box.appendChild(outs);
+  }
+
+  function updateStatus() {
+    var bad = Object.keys(state.invalid).length, status = document.getElementById("status");
+    status.textContent = bad === 0 ? "" : bad + (bad === 1 ? " cell is" : " cells are") +
+      " not a number (marked red); the results use " + (bad === 1 ? "its" : "their") + " last valid value.";
+  }
+  function update() {
+    document.getElementById("title").textContent = state.title;
+    updateStatus();
+    renderResults();
+  }
+  function renderAll() { renderControls(); renderInputs(); update(); }
+
+  // ------------------------------------------------------------------ model view
+  function renderModel(M) {
+    var sec = document.getElementById("model");
+    sec.hidden = false;
+    sec.appendChild(el("h2", null, "Model: " + M.name));
+    var p = el("p", { "class": "note", "data-testid": "model-text" });
+    p.textContent = "Sentence: " + M.text;
+    sec.appendChild(p);
+    sec.appendChild(el("p", { "class": "note" },
+      "Attention weights of every layer (rows) and head (columns), computed by qkv.models in Python. " +
+      "Click a thumbnail to show that head as lines between tokens and as a heatmap."));
+    var T = M.tokens.length, sel = { layer: 0, head: 0 };
+    var grid = el("table", { "class": "grid", "data-testid": "model-grid" });
+    var hr = el("tr"); hr.appendChild(el("th"));
+    for (var h = 0; h < M.heads; h++) hr.appendChild(el("th", null, "head " + h));
+    grid.appendChild(hr);
+    var thumbs = [];
+    for (var l = 0; l < M.layers; l++) {
+      var tr = el("tr"); tr.appendChild(el("th", null, "layer " + l));
+      for (h = 0; h < M.heads; h++) {
+        (function (l, h) {
+          var b = el("button", { "type": "button", "class": "thumb", "data-testid": "thumb-" + l + "-" + h,
+                                 "aria-label": "layer " + l + " head " + h, "title": "layer " + l + ", head " + h });
+          var cv = el("canvas", { "width": String(T), "height": String(T) });
+          var ctx = cv.getContext("2d"), A = M.attentions[l][h];
+          for (var i = 0; i < T; i++) {
+            for (var j = 0; j < T; j++) {
+              ctx.fillStyle = "rgba(37, 99, 235, " + Math.max(0, Math.min(1, A[i][j])) + ")";
+              ctx.fillRect(j, i, 1, 1);
+            }
+          }
+          b.appendChild(cv);
+          b.addEventListener("click", function () { sel.layer = l; sel.head = h; show(); });
+          thumbs.push(b);
+          var td = el("td"); td.appendChild(b); tr.appendChild(td);
+        })(l, h);
+      }
+      grid.appendChild(tr);
+    }
+    sec.appendChild(grid);
+    var heading = el("h3", { "data-testid": "model-selected" });
+    sec.appendChild(heading);
+    var views = el("div", { "class": "model-views" });
+    sec.appendChild(views);
+
+    function show() {
+      thumbs.forEach(function (b) { b.setAttribute("aria-pressed", String(b.getAttribute("data-testid") === "thumb-" + sel.layer + "-" + sel.head)); });
+      heading.textContent = "layer " + sel.layer + ", head " + sel.head;
+      views.textContent = "";
+      var A = M.attentions[sel.layer][sel.head];
+      // Lines: query tokens on the left, key tokens on the right, opacity = weight.
+      var rowH = 22, width = 360, height = T * rowH + 10;
+      var svg = svgEl("svg", { "class": "lines", "width": String(width), "height": String(height),
+                               "viewBox": "0 0 " + width + " " + height, "data-testid": "model-lines",
+                               "role": "img", "aria-label": "attention as lines, layer " + sel.layer + " head " + sel.head });
+      for (var i = 0; i < T; i++) {
+        for (var j = 0; j < T; j++) {
+          var w = A[i][j];
+          var line = svgEl("line", { "x1": "110", "y1": String(12 + i * rowH), "x2": String(width - 110), "y2": String(12 + j * rowH),
+                                     "stroke-opacity": String(Math.max(0, Math.min(1, w))), "stroke-width": String(0.5 + 3 * w),
+                                     "data-testid": "line-" + i + "-" + j, "data-weight": String(w) });
+          line.appendChild(svgEl("title", {}, M.tokens[i] + " → " + M.tokens[j] + ": " + num(w)));
+          svg.appendChild(line);
+        }
+      }
+      for (i = 0; i < T; i++) {
+        svg.appendChild(svgEl("text", { "x": "104", "y": String(16 + i * rowH), "text-anchor": "end", "data-testid": "line-query-" + i }, M.tokens[i]));
+        svg.appendChild(svgEl("text", { "x": String(width - 104), "y": String(16 + i * rowH), "data-testid": "line-key-" + i }, M.tokens[i]));
+      }
+      views.appendChild(svg);
+      var saved = DIGITS;
+      DIGITS = M.digits || 3;
+      views.appendChild(table("attn", "attention weights", "layer " + sel.layer + ", head " + sel.head, M.tokens, M.tokens, function (i, j, td) {
+        numberCell(td, A[i][j], M.tokens[i] + " → " + M.tokens[j] + ": " + num(A[i][j]));
+        td.style.backgroundColor = "rgba(37, 99, 235, " + Math.max(0, Math.min(1, A[i][j])) * 0.55 + ")";
+      }));
+      DIGITS = saved;
+    }
+    show();
+  }
+
+  // ------------------------------------------------------------------ start
+  if (initial) { resetState(); renderAll(); }
+  else { document.getElementById("playground").hidden = true; }
+  if (DATA.model) renderModel(DATA.model);
+  document.body.setAttribute("data-ready", "true");
+})();

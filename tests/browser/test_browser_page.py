@@ -1,0 +1,372 @@
+"""The offline page in a real browser (Debian's Chromium driven by Playwright), held to qkv's numbers.
+
+The page's JavaScript is a second implementation of attention; every number it displays is compared with
+qkv's Python path (``qkv.attention`` with a Trace) at the precision the page shows. Every network request is
+blocked and any attempt fails the test; console errors fail it too. Screenshots go to artifacts/screenshots/.
+A missing Chromium fails these tests (it does not skip them).
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+import numpy as np
+import pytest
+from playwright.sync_api import sync_playwright
+
+import qkv
+from qkv import viz
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SCREENSHOTS = pathlib.Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+MATRICES = ("Q", "K", "V", "scores", "scaled", "weights", "output")
+
+# Seed 003's numbers, typed from the seed (我 爱 吃; W_K = W_Q + 0.1, W_V = W_Q + 0.2).
+TOKENS = ["我", "爱", "吃"]
+X = np.array([[1.2, 0.8, -0.5, 0.3], [0.5, 1.3, 0.2, -0.7], [-0.3, 0.9, 1.1, 0.4]])
+W_Q = np.array([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9], [1.0, 1.1, 1.2]])
+W_K = np.array([[0.2, 0.3, 0.4], [0.5, 0.6, 0.7], [0.8, 0.9, 1.0], [1.1, 1.2, 1.3]])
+W_V = np.array([[0.3, 0.4, 0.5], [0.6, 0.7, 0.8], [0.9, 1.0, 1.1], [1.2, 1.3, 1.4]])
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="session")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium is missing at {CHROMIUM}: install Debian's chromium (apt-get install chromium); "
+                    "the browser tests do not skip")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+class Opened:
+    """A page loaded from file:// with every network request blocked and its console watched."""
+
+    def __init__(self, browser, path: pathlib.Path):
+        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.requests, self.blocked, self.errors, self.dialogs = [], [], [], []
+        self.context.route("**/*", self._route)
+        self.page = self.context.new_page()
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}")
+                     if m.type in ("error", "warning", "assert") else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        self.page.on("dialog", self._dialog)
+        self.page.goto(path.as_uri())
+        self.page.wait_for_selector("body[data-ready='true']")
+
+    def _route(self, route):
+        url = route.request.url
+        if url.startswith(("file:", "data:")):
+            route.continue_()
+        else:
+            self.blocked.append(url)
+            route.abort()
+
+    def _dialog(self, dialog):
+        self.dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    def check_clean(self):
+        """No network request was attempted, nothing went to the console as an error, no dialog opened."""
+        assert self.blocked == []
+        assert [u for u in self.requests if not u.startswith(("file:", "data:"))] == []
+        assert self.errors == []
+        assert self.dialogs == []
+
+    def screenshot(self, name: str):
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+    def cells(self) -> dict[str, str]:
+        """Every displayed cell, by data-testid, in one round trip."""
+        return self.page.eval_on_selector_all(
+            "td[data-testid]", "els => Object.fromEntries(els.map(e => [e.dataset.testid, e.textContent]))")
+
+    def fill(self, testid: str, text: str):
+        self.page.get_by_test_id(testid).fill(text)
+
+
+@pytest.fixture
+def open_page(browser, tmp_path):
+    opened = []
+
+    def _open(data: dict, name: str = "page") -> Opened:
+        path = tmp_path / f"{name}.html"
+        viz.write_page(path, data)
+        o = Opened(browser, path)
+        opened.append(o)
+        return o
+
+    yield _open
+    for o in opened:
+        o.context.close()
+
+
+# ------------------------------------------------------------------------------------------ the reference
+def qkv_reference(X, W_Q, W_K, W_V, *, heads=1, causal=False, scaling=True, mask=None):
+    """What qkv computes, per head, from its traces: Q, K, V (all heads), per-head scores/scaled/weights,
+    and the heads' outputs side by side."""
+    E, Ev = W_Q.shape[1] // heads, W_V.shape[1] // heads
+    per_head = []
+    for h in range(heads):
+        t = qkv.Trace()
+        qkv.attention(X, W_Q[:, h * E:(h + 1) * E], W_K[:, h * E:(h + 1) * E], W_V[:, h * Ev:(h + 1) * Ev],
+                      attn_mask=mask, is_causal=causal, scale=None if scaling else 1.0, trace=t)
+        per_head.append(t)
+    cat = lambda name: np.concatenate([t[name].array for t in per_head], axis=-1)
+    return {"Q": cat("Q"), "K": cat("K"), "V": cat("V"), "output": cat("output"),
+            "heads": [{n: t[n].array for n in ("scores", "scaled", "weights")} for t in per_head]}
+
+
+def assert_displayed(cells: dict[str, str], name: str, expected: np.ndarray):
+    """Every cell of matrix ``name`` is shown, and shows ``expected`` rounded to the displayed decimals."""
+    shown = {k: v for k, v in cells.items() if re.fullmatch(rf"{re.escape(name)}-\d+-\d+", k)}
+    assert len(shown) == expected.size, f"{name}: {len(shown)} cells shown, expected {expected.shape}"
+    for i in range(expected.shape[0]):
+        for j in range(expected.shape[1]):
+            text = shown[f"{name}-{i}-{j}"]
+            assert re.fullmatch(r"-?\d+\.\d+", text), f"{name}-{i}-{j}: {text!r}"
+            decimals = len(text.split(".")[1])
+            want = float(expected[i, j])
+            assert abs(float(text) - want) <= 0.5 * 10 ** -decimals + 1e-9 * max(1.0, abs(want)), \
+                f"{name}[{i},{j}] shows {text}, qkv computed {want!r}"
+
+
+def assert_matches_qkv(o: Opened, X, W_Q, W_K, W_V, *, heads=1, causal=False, scaling=True, mask=None):
+    ref = qkv_reference(X, W_Q, W_K, W_V, heads=heads, causal=causal, scaling=scaling, mask=mask)
+    for h in range(heads):
+        if heads > 1:
+            o.page.get_by_test_id(f"head-tab-{h}").click()
+        cells = o.cells()
+        for name in ("Q", "K", "V", "output"):
+            assert_displayed(cells, name, ref[name])
+        for name in ("scores", "scaled", "weights"):
+            assert_displayed(cells, name, ref["heads"][h][name])
+    return ref
+
+
+def seed_page() -> dict:
+    return {"playground": viz.playground_data(X, W_Q, W_K, W_V, tokens=TOKENS, title="seed 003: 我 爱 吃")}
+
+
+# ------------------------------------------------------------------------------------------ tests
+def test_seed003_page_shows_qkvs_numbers(open_page):
+    o = open_page(seed_page(), "seed003")
+    ref = assert_matches_qkv(o, X, W_Q, W_K, W_V)
+    cells = o.cells()
+    # Hand-checked in seed 003: 我_Q = [0.39, 0.57, 0.75], 我_K = [0.57, 0.75, 0.93], 我_V = [0.75, 0.93, 1.11].
+    assert [cells[f"Q-0-{j}"] for j in range(3)] == ["0.3900", "0.5700", "0.7500"]
+    assert [cells[f"K-0-{j}"] for j in range(3)] == ["0.5700", "0.7500", "0.9300"]
+    assert [cells[f"V-0-{j}"] for j in range(3)] == ["0.7500", "0.9300", "1.1100"]
+    np.testing.assert_allclose(ref["Q"][0], [0.39, 0.57, 0.75], atol=1e-12)
+    # The row labels are the tokens, on both axes of the attention matrices.
+    assert [o.page.get_by_test_id(f"weights-row-{i}").text_content() for i in range(3)] == TOKENS
+    assert [o.page.get_by_test_id(f"weights-col-{j}").text_content() for j in range(3)] == TOKENS
+    # Inputs are <input>s holding the data.
+    for name, M in (("X", X), ("W_Q", W_Q), ("W_K", W_K), ("W_V", W_V)):
+        for (i, j), v in np.ndenumerate(M):
+            loc = o.page.get_by_test_id(f"{name}-{i}-{j}")
+            assert loc.evaluate("e => e.tagName") == "INPUT"
+            assert float(loc.input_value()) == v
+    o.screenshot("seed003")
+    o.check_clean()
+
+
+def test_hover_shows_the_arithmetic_as_explain_writes_it(open_page):
+    o = open_page(seed_page())
+    o.page.get_by_test_id("Q-0-0").hover()
+    text = o.page.get_by_test_id("arith").text_content()
+    assert text.endswith("1.2×0.1 + 0.8×0.4 + (−0.5)×0.7 + 0.3×1.0 = 0.39")
+    assert o.page.get_by_test_id("Q-0-0").get_attribute("title") == text
+    o.page.get_by_test_id("output-2-0").hover()
+    text = o.page.get_by_test_id("arith").text_content()
+    w, v = qkv_reference(X, W_Q, W_K, W_V)["heads"][0]["weights"][2], X @ W_V
+    assert text.count("×") == 3 and text.endswith(f"= {np.round(w @ v[:, 0], 4):g}")
+    o.check_clean()
+
+
+def test_editing_inputs_recomputes_everything(open_page):
+    o = open_page(seed_page())
+    X2, WQ2, WV2 = X.copy(), W_Q.copy(), W_V.copy()
+    for testid, text, (M, i, j) in (("X-0-0", "2.5", (X2, 0, 0)), ("X-2-3", "-1.25", (X2, 2, 3)),
+                                    ("W_Q-1-2", "0.05", (WQ2, 1, 2)), ("W_V-3-0", "−0.7", (WV2, 3, 0))):
+        o.fill(testid, text)
+        M[i, j] = float(text.replace("−", "-"))
+    assert_matches_qkv(o, X2, WQ2, W_K, WV2)
+    o.check_clean()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_inputs_typed_into_the_page(open_page, seed):
+    rng = np.random.default_rng(seed)
+    L, D, E = 3 + seed, 4, 4
+    start = [rng.normal(size=s).round(3) for s in ((L, D), (D, E), (D, E), (D, E))]
+    o = open_page({"playground": viz.playground_data(*start)}, f"random{seed}")
+    assert_matches_qkv(o, *start)                                   # the embedded data, exactly
+    typed = [rng.normal(scale=1.5, size=m.shape).round(3) for m in start]
+    for name, M in zip(("X", "W_Q", "W_K", "W_V"), typed):
+        for (i, j), v in np.ndenumerate(M):
+            o.fill(f"{name}-{i}-{j}", repr(float(v)))
+    assert_matches_qkv(o, *typed)
+    o.page.get_by_test_id("toggle-causal").check()
+    assert_matches_qkv(o, *typed, causal=True)
+    o.page.get_by_test_id("heads-select").select_option("2")
+    assert_matches_qkv(o, *typed, causal=True, heads=2)
+    o.check_clean()
+
+
+def test_causal_toggle(open_page):
+    o = open_page(seed_page())
+    o.page.get_by_test_id("toggle-causal").check()
+    cells = o.cells()
+    for i in range(3):
+        for j in range(3):
+            assert cells[f"mask-{i}-{j}"] == ("1" if j <= i else "0")
+            if j > i:
+                assert float(cells[f"weights-{i}-{j}"]) == 0.0
+    assert cells["weights-0-0"] == "1.0000"
+    assert_matches_qkv(o, X, W_Q, W_K, W_V, causal=True)
+    o.screenshot("seed003-causal")
+    o.page.get_by_test_id("toggle-causal").uncheck()
+    assert_matches_qkv(o, X, W_Q, W_K, W_V, causal=False)
+    o.check_clean()
+
+
+def test_scaling_toggle(open_page):
+    o = open_page(seed_page())
+    before = max(float(v) for k, v in o.cells().items() if k.startswith("weights-"))
+    o.page.get_by_test_id("toggle-scale").uncheck()
+    ref = assert_matches_qkv(o, X, W_Q, W_K, W_V, scaling=False)
+    np.testing.assert_array_equal(ref["heads"][0]["scaled"], ref["heads"][0]["scores"])
+    after = max(float(v) for k, v in o.cells().items() if k.startswith("weights-"))
+    assert after > before                                           # softmax saturates without 1/√d_k
+    o.screenshot("seed003-unscaled")
+    o.check_clean()
+
+
+def test_heads(open_page):
+    o = open_page(seed_page())
+    options = o.page.get_by_test_id("heads-select").evaluate("s => [...s.options].map(o => o.value)")
+    assert options == ["1", "3"]                                    # the divisors of d = 3
+    o.page.get_by_test_id("heads-select").select_option("3")
+    assert_matches_qkv(o, X, W_Q, W_K, W_V, heads=3)
+    o.screenshot("seed003-3-heads")
+    o.check_clean()
+
+
+def test_heads_concat_matches_multihead_attention(open_page):
+    rng = np.random.default_rng(7)
+    D, H = 4, 2
+    Xr, WQ, WK, WV = (rng.normal(size=s).round(3) for s in ((5, D), (D, D), (D, D), (D, D)))
+    o = open_page({"playground": viz.playground_data(Xr, WQ, WK, WV, heads=H)})
+    assert_matches_qkv(o, Xr, WQ, WK, WV, heads=H)
+    mha = qkv.MultiHeadAttention(D, H, bias=False, dtype=np.float64).load(W_Q=WQ, W_K=WK, W_V=WV, W_O=np.eye(D))
+    t = qkv.Trace()
+    mha(Xr, trace=t)
+    assert_displayed(o.cells(), "output", t["concat"].array[0])
+    o.check_clean()
+
+
+def test_final_output_with_w_o(open_page):
+    rng = np.random.default_rng(11)
+    D, H = 4, 2
+    Xr, WQ, WK, WV, WO = (rng.normal(size=s).round(3) for s in ((3, D), (D, D), (D, D), (D, D), (D, D)))
+    o = open_page({"playground": viz.playground_data(Xr, WQ, WK, WV, W_O=WO, heads=H)})
+    mha = qkv.MultiHeadAttention(D, H, bias=False, dtype=np.float64).load(W_Q=WQ, W_K=WK, W_V=WV, W_O=WO)
+    t = qkv.Trace()
+    mha(Xr, trace=t)
+    assert_displayed(o.cells(), "final_output", t["final_output"].array[0])
+    o.check_clean()
+
+
+def test_non_numeric_cell_is_flagged_and_the_rest_keeps_working(open_page):
+    o = open_page(seed_page())
+    o.fill("X-0-0", "abc")
+    bad = o.page.get_by_test_id("X-0-0")
+    assert bad.get_attribute("aria-invalid") == "true"
+    assert "invalid" in bad.get_attribute("class")
+    assert "not a number" in o.page.get_by_test_id("status").text_content()
+    assert_matches_qkv(o, X, W_Q, W_K, W_V)                        # the last valid value (1.2) still counts
+    o.fill("X-1-1", "2")                                            # another cell still works
+    X2 = X.copy()
+    X2[1, 1] = 2.0
+    assert_matches_qkv(o, X2, W_Q, W_K, W_V)
+    o.screenshot("invalid-cell")
+    o.fill("X-0-0", "0.5")
+    assert bad.get_attribute("aria-invalid") is None
+    assert o.page.get_by_test_id("status").text_content() == ""
+    X2[0, 0] = 0.5
+    assert_matches_qkv(o, X2, W_Q, W_K, W_V)
+    o.check_clean()
+
+
+EVIL = ["<img src=x onerror=alert(1)>", "</script><script>alert(2)</script>", "&lt;b&gt; \u2028"]
+
+
+def test_user_text_is_shown_as_text_and_runs_nothing(open_page):
+    data = {"playground": viz.playground_data(X, W_Q, W_K, W_V, tokens=EVIL, title="<svg onload=alert(3)>")}
+    o = open_page(data, "escaping")
+    assert [o.page.get_by_test_id(f"X-row-{i}").text_content() for i in range(3)] == EVIL
+    assert [o.page.get_by_test_id(f"weights-col-{j}").text_content() for j in range(3)] == EVIL
+    assert [o.page.get_by_test_id(f"token-{i}").input_value() for i in range(3)] == EVIL
+    assert o.page.get_by_test_id("title").text_content() == "<svg onload=alert(3)>"
+    assert o.page.title() == "<svg onload=alert(3)>"
+    assert o.page.evaluate("document.querySelectorAll('img, main svg, script:not([type])').length") == 1
+    # Typing one into a token box is just as harmless.
+    o.fill("token-0", "<img src=y onerror=alert(4)>")
+    assert o.page.get_by_test_id("weights-row-0").text_content() == "<img src=y onerror=alert(4)>"
+    assert o.page.evaluate("document.querySelectorAll('img').length") == 0
+    o.page.wait_for_timeout(200)                                    # a dialog would have opened by now
+    o.screenshot("escaping")
+    o.check_clean()
+
+
+def test_page_from_the_cli_with_tokens(open_page, tmp_path, browser):
+    from qkv.cli import main
+    pytest.importorskip("qkv.explain.examples")
+    out = tmp_path / "cli.html"
+    assert main(["view", "--tokens", "I", "love", "eating", "-o", str(out)]) == 0
+    o = Opened(browser, out)
+    try:
+        assert [o.page.get_by_test_id(f"scores-row-{i}").text_content() for i in range(3)] == ["I", "love", "eating"]
+        assert_matches_qkv(o, X, W_Q, W_K, W_V)
+        o.check_clean()
+    finally:
+        o.context.close()
+
+
+def test_model_view(open_page):
+    models = pytest.importorskip("qkv.models")
+    model = models.load_bert()
+    text = "The cat sat on the mat."
+    data = viz.model_data(text, model=model)
+    o = open_page({"playground": seed_page()["playground"], "model": data}, "model")
+    out = model.run([text])
+    T = int(np.asarray(out.attention_mask)[0].sum())
+    n_layers, n_heads = len(out.attentions), np.asarray(out.attentions[0]).shape[1]
+    thumbs = o.page.eval_on_selector_all("[data-testid^='thumb-']", "els => els.map(e => e.dataset.testid)")
+    assert len(thumbs) == n_layers * n_heads
+    assert o.page.get_by_test_id("model-text").text_content().endswith(text)
+    for layer, head in ((0, 0), (n_layers - 1, n_heads - 1), (2, 5 % n_heads)):
+        o.page.get_by_test_id(f"thumb-{layer}-{head}").click()
+        assert o.page.get_by_test_id("model-selected").text_content() == f"layer {layer}, head {head}"
+        want = np.asarray(out.attentions[layer])[0, head, :T, :T]
+        assert_displayed(o.cells(), "attn", want)
+        weights = o.page.eval_on_selector_all(
+            "[data-testid^='line-'][data-weight]",
+            "els => Object.fromEntries(els.map(e => [e.dataset.testid, Number(e.dataset.weight)]))")
+        assert len(weights) == T * T
+        for i in range(T):
+            for j in range(T):
+                assert abs(weights[f"line-{i}-{j}"] - want[i, j]) <= 1e-6
+    assert [o.page.get_by_test_id(f"line-query-{i}").text_content() for i in range(T)] == list(out.tokens[0][:T])
+    o.screenshot("model-view")
+    o.check_clean()
