@@ -111,15 +111,17 @@ def open_page(browser, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ the reference
-def qkv_reference(X, W_Q, W_K, W_V, *, heads=1, causal=False, scaling=True, mask=None):
+def qkv_reference(X, W_Q, W_K, W_V, *, heads=1, causal=False, scaling=True, mask=None, X_kv=None):
     """What qkv computes, per head, from its traces: Q, K, V (all heads), per-head scores/scaled/weights,
     and the heads' outputs side by side."""
     E, Ev = W_Q.shape[1] // heads, W_V.shape[1] // heads
+    if mask is not None and causal:                                 # qkv takes one or the other; combine them
+        mask, causal = qkv.masks.combine(qkv.masks.causal(*mask.shape), mask), False
     per_head = []
     for h in range(heads):
         t = qkv.Trace()
         qkv.attention(X, W_Q[:, h * E:(h + 1) * E], W_K[:, h * E:(h + 1) * E], W_V[:, h * Ev:(h + 1) * Ev],
-                      attn_mask=mask, is_causal=causal, scale=None if scaling else 1.0, trace=t)
+                      x_kv=X_kv, attn_mask=mask, is_causal=causal, scale=None if scaling else 1.0, trace=t)
         per_head.append(t)
     cat = lambda name: np.concatenate([t[name].array for t in per_head], axis=-1)
     return {"Q": cat("Q"), "K": cat("K"), "V": cat("V"), "output": cat("output"),
@@ -140,8 +142,8 @@ def assert_displayed(cells: dict[str, str], name: str, expected: np.ndarray):
                 f"{name}[{i},{j}] shows {text}, qkv computed {want!r}"
 
 
-def assert_matches_qkv(o: Opened, X, W_Q, W_K, W_V, *, heads=1, causal=False, scaling=True, mask=None):
-    ref = qkv_reference(X, W_Q, W_K, W_V, heads=heads, causal=causal, scaling=scaling, mask=mask)
+def assert_matches_qkv(o: Opened, X, W_Q, W_K, W_V, *, heads=1, causal=False, scaling=True, mask=None, X_kv=None):
+    ref = qkv_reference(X, W_Q, W_K, W_V, heads=heads, causal=causal, scaling=scaling, mask=mask, X_kv=X_kv)
     for h in range(heads):
         if heads > 1:
             o.page.get_by_test_id(f"head-tab-{h}").click()
@@ -284,6 +286,35 @@ def test_final_output_with_w_o(open_page):
     t = qkv.Trace()
     mha(Xr, trace=t)
     assert_displayed(o.cells(), "final_output", t["final_output"].array[0])
+    o.check_clean()
+
+
+def test_an_examples_mask_and_a_fully_masked_row(open_page):
+    rng = np.random.default_rng(5)
+    Xr, WQ, WK, WV = (rng.normal(size=s).round(3) for s in ((4, 4), (4, 4), (4, 4), (4, 2)))
+    mask = np.array([[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [1, 0, 1, 1]], bool)   # row 2 sees nothing
+    o = open_page({"playground": viz.playground_data(Xr, WQ, WK, WV, mask=mask)})
+    ref = assert_matches_qkv(o, Xr, WQ, WK, WV, mask=mask)
+    cells = o.cells()
+    assert [[cells[f"mask-{i}-{j}"] for j in range(4)] for i in range(4)] == mask.astype(int).astype(str).tolist()
+    assert [cells[f"weights-2-{j}"] for j in range(4)] == ["0.0000"] * 4
+    np.testing.assert_array_equal(ref["output"][2], 0.0)            # qkv: a query that sees nothing outputs 0
+    o.page.get_by_test_id("toggle-causal").check()                  # the causal mask combines with it
+    assert_matches_qkv(o, Xr, WQ, WK, WV, mask=mask, causal=True)
+    o.check_clean()
+
+
+def test_cross_attention_from_x_kv(open_page):
+    rng = np.random.default_rng(6)
+    Xr, Xkv, WQ, WK, WV = (rng.normal(size=s).round(3) for s in ((2, 3), (4, 5), (3, 2), (5, 2), (5, 3)))
+    o = open_page({"playground": viz.playground_data(Xr, WQ, WK, WV, X_kv=Xkv, kv_tokens=list("abcd"))})
+    assert_matches_qkv(o, Xr, WQ, WK, WV, X_kv=Xkv)
+    assert [o.page.get_by_test_id(f"scores-col-{j}").text_content() for j in range(4)] == list("abcd")
+    o.fill("X_kv-3-4", "2.5")
+    Xkv[3, 4] = 2.5
+    assert_matches_qkv(o, Xr, WQ, WK, WV, X_kv=Xkv)
+    o.page.get_by_test_id("toggle-causal").check()                  # top-left, as torch's is_causal
+    assert_matches_qkv(o, Xr, WQ, WK, WV, X_kv=Xkv, causal=True)
     o.check_clean()
 
 
