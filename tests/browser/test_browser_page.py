@@ -259,7 +259,10 @@ def test_heads(open_page):
     options = o.page.get_by_test_id("heads-select").evaluate("s => [...s.options].map(o => o.value)")
     assert options == ["1", "3"]                                    # the divisors of d = 3
     o.page.get_by_test_id("heads-select").select_option("3")
-    assert_matches_qkv(o, X, W_Q, W_K, W_V, heads=3)
+    assert_matches_qkv(o, X, W_Q, W_K, W_V, heads=3)               # clicks every head's tab
+    assert o.page.get_by_test_id("head-tab-2").get_attribute("aria-pressed") == "true"
+    assert o.page.get_by_test_id("head-note").text_content().startswith("Head 2 uses column 2 of Q and K and column 2 of V (d_k = 1)")
+    assert o.page.get_by_test_id("scores-table").locator("caption").text_content().startswith("scores (head 2)")
     o.screenshot("seed003-3-heads")
     o.check_clean()
 

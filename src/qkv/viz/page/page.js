@@ -297,10 +297,10 @@
           tabs.appendChild(b);
         })(h);
       }
-      tabs.appendChild(el("span", { "class": "note" },
-        "Head h uses columns h·" + E + " … h·" + E + " + " + (E - 1) + " of Q and K and columns h·" + Ev + " … h·" + Ev +
-        " + " + (Ev - 1) + " of V (d_k = " + E + "); output puts the heads' outputs side by side (concat)" +
-        (state.W_O ? " and final output multiplies it by W_O." : ".")));
+      var cols = function (a, n) { return n === 1 ? "column " + a : "columns " + a + "–" + (a + n - 1); };
+      tabs.appendChild(el("span", { "class": "note", "data-testid": "head-note" },
+        "Head " + shown + " uses " + cols(shown * E, E) + " of Q and K and " + cols(shown * Ev, Ev) + " of V (d_k = " + E +
+        "). output puts the heads' outputs side by side (concat)" + (state.W_O ? "; final output = concat · W_O." : ".")));
     }
     box.appendChild(tabs);
     var hs = H > 1 ? " (head " + shown + ")" : "";
