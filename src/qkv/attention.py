@@ -76,7 +76,7 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, *, return_weights=False, rng=None,
-                                 backend=None, trace: Trace | None = None):
+                                 backend=None, trace: Trace | None = None, return_lse=False):
     """Attention ``softmax(Q·Kᵀ · scale + mask) · V``, the semantics of torch's SDPA.
 
     Args:
@@ -91,19 +91,35 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         enable_gqa: Hk may divide Hq; key/value head h serves query heads h·Hq/Hk … (h+1)·Hq/Hk − 1.
         return_weights: also return the attention weights (..., Hq, L, S) (after dropout, if any).
         rng: a ``numpy.random.Generator`` for dropout (a fresh one when None).
-        backend: None/"auto" chooses by size; or a name from :func:`qkv.backends.names`.
-        trace: a :class:`qkv.Trace` to record the stages into (forces the observable reference path).
+        backend: None/"auto" chooses by size (:func:`choose_auto`: the reference for small inputs, the
+            tiled engine when the (…, L, S) scores would be large); or a name from :func:`qkv.backends.names`:
+            "reference", "tiled", "torch".
+        trace: a :class:`qkv.Trace` to record the stages into (forces the observable reference path; another
+            explicit backend together with a trace is a ValueError).
+        return_lse: also return the log-sum-exp of each row of the masked, scaled scores, (..., Hq, L), in the
+            compute dtype (float32 for float16 inputs); −inf for a row that may attend to nothing.
 
     Returns:
-        output (..., Hq, L, Ev) in the input dtype, or ``(output, weights)`` when ``return_weights``.
+        output (..., Hq, L, Ev) in the input dtype; ``(output, weights)`` when ``return_weights``,
+        ``(output, lse)`` when ``return_lse``, ``(output, weights, lse)`` with both.
+
+    Torch tensors in (any device) run on torch's SDPA with these semantics and come back as torch tensors.
 
     Differences from torch, on purpose: a query row that may attend to nothing returns zeros (and zero
     weights) where torch returns NaN; float16 is computed in float32.
     """
+    _checks.boolean(return_lse, "return_lse")
     if _is_torch_tensor(query):
-        fn = backends.get("torch")
-        return fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                  scale=scale, enable_gqa=enable_gqa, rng=rng, return_weights=return_weights)
+        if backend not in (None, "auto", "torch"):
+            backends.get(backend)                        # an unknown name is reported as such
+            raise ValueError(f"backend: torch tensors run on the 'torch' backend, got {backend!r}; pass "
+                             "NumPy arrays (tensor.numpy()) for the other backends")
+        attn_mask, scale = _validate_torch(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                           enable_gqa, return_weights, rng)
+        res = backends.get("torch")(query, key, value, attn_mask=attn_mask, dropout_p=float(dropout_p),
+                                    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, rng=rng,
+                                    return_weights=return_weights, return_lse=return_lse)
+        return _pack(res, return_weights, return_lse)
     query, key, value, attn_mask, dropout_p, scale, rng = _validate(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, rng)
     with maybe(trace) as active:
@@ -113,23 +129,81 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             stages.observe_input("Q", query)
             stages.observe_input("K", key)
             stages.observe_input("V", value)
-        out, weights = fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                          scale=scale, enable_gqa=enable_gqa, rng=rng, return_weights=return_weights)
+        extra = {"return_lse": True} if return_lse else {}
+        res = fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                 scale=scale, enable_gqa=enable_gqa, rng=rng, return_weights=return_weights, **extra)
+    return _pack(res, return_weights, return_lse)
+
+
+def _pack(res, return_weights: bool, return_lse: bool):
+    """A backend's ``(out, weights[, lse])`` as the caller asked for it."""
+    out, weights = res[0], res[1]
+    if return_lse:
+        return (out, weights, res[2]) if return_weights else (out, res[2])
     return (out, weights) if return_weights else out
+
+
+def _validate_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights,
+                    rng):
+    """The checks of :func:`_validate` for torch tensors, run on zero-stride NumPy stand-ins of their shapes."""
+    import torch
+
+    names = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
+             torch.bfloat16: np.float32, torch.bool: np.bool_}
+
+    def standin(t, name):
+        if not _is_torch_tensor(t):
+            raise TypeError(f"{name}: expected a torch tensor like query, got {type(t).__name__}")
+        if t.dtype not in names:
+            raise TypeError(f"{name}: expected a floating torch tensor, got dtype {t.dtype}")
+        return np.broadcast_to(np.zeros((), names[t.dtype]), tuple(t.shape))
+
+    q, k, v = standin(query, "query"), standin(key, "key"), standin(value, "value")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(f"query, key, value: expected one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
+    if q.dtype == np.bool_:
+        raise TypeError("query: expected a floating torch tensor, got dtype torch.bool")
+    m = None
+    if attn_mask is not None:
+        m = standin(attn_mask, "attn_mask") if _is_torch_tensor(attn_mask) else attn_mask
+    _, _, _, _, _, scale, _ = _validate(q, k, v, m, dropout_p, is_causal, scale, enable_gqa, return_weights,
+                                        None)
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng: expected a numpy.random.Generator or None, got {type(rng).__name__}")
+    return attn_mask, scale
 
 
 def _choose_backend(backend, query, key, value, *, traced: bool) -> str:
     """Reference when traced or small; otherwise the tiled engine (when available)."""
     if backend is not None and backend != "auto":
         backends.get(backend)  # validates the name
+        if traced and backend != "reference":
+            raise ValueError(f"backend: only 'reference' records a trace, got backend={backend!r} with a "
+                             "trace; drop one of them")
         return backend
     if traced:
         return "reference"
     return choose_auto(query, key, value)
 
 
+#: ``backend="auto"`` runs the tiled engine when the scores (…, Hq, L, S) would hold at least this many
+#: numbers (4 MiB in float32) and there are at least AUTO_MIN_KEYS keys; below, the reference is as fast
+#: (one big matmul each way) and is the observable path. Measured with ``qkv bench``; see the README.
+AUTO_TILED_MIN_SCORES = 1 << 20
+AUTO_MIN_KEYS = 128
+
+
 def choose_auto(query, key, value) -> str:
-    """The size rule of ``backend="auto"``; see the README's *Engine* section."""
+    """The size rule of ``backend="auto"``: "reference" for small problems, "tiled" for large ones.
+
+    Args: validated query (..., Hq, L, E), key (..., Hk, S, E), value (..., Hk, S, Ev).
+    """
+    q_lead, k_lead = query.shape[:-2], key.shape[:-2]
+    if q_lead and k_lead and q_lead[-1] != k_lead[-1]:          # grouped-query: count the query heads
+        k_lead = k_lead[:-1] + (q_lead[-1],)
+    n_scores = math.prod(np.broadcast_shapes(q_lead, k_lead)) * query.shape[-2] * key.shape[-2]
+    if n_scores >= AUTO_TILED_MIN_SCORES and key.shape[-2] >= AUTO_MIN_KEYS and "tiled" in backends.names():
+        return "tiled"
     return "reference"
 
 

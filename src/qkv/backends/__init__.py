@@ -2,8 +2,12 @@
 
 Every backend is called as::
 
-    fn(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng, return_weights)
-        -> (output, weights or None)
+    fn(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng, return_weights,
+       return_lse=False)
+        -> (output, weights or None), or (output, weights or None, lse) when return_lse
+
+where ``lse`` (..., Hq, L) is the log-sum-exp of each row of the masked, scaled scores (−inf for a row
+that may attend to nothing), in the compute dtype (float32 for float16 inputs).
 
 with arguments already validated by :func:`qkv.attention.scaled_dot_product_attention`: ``scale`` is a
 float, ``attn_mask`` is None or a bool/float array broadcastable to ``(..., Hq, L, S)``, ``is_causal`` and

@@ -13,7 +13,7 @@ from . import register
 
 @register("reference")
 def reference_attention(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-                        return_weights):
+                        return_weights, return_lse=False):
     out_dtype = query.dtype
     if out_dtype == np.float16:                      # float16 computes in float32, returns float16
         query, key, value = (a.astype(np.float32) for a in (query, key, value))
@@ -28,8 +28,19 @@ def reference_attention(query, key, value, *, attn_mask, dropout_p, is_causal, s
         attn_mask = masks.causal(L, S)                            # (L, S), top-left as in torch
     s = stages.apply_mask(s, attn_mask)
     w = stages.softmax(s)                                         # (..., Hq, L, S)
+    lse = _logsumexp(s) if return_lse else None                   # (..., Hq, L)
     if dropout_p > 0:
         w = stages.dropout(w, dropout_p, rng)
     out = stages.weighted_sum(w, value)                           # (..., Hq, L, Ev)
     out = out.astype(out_dtype, copy=False)
-    return out, (w.astype(out_dtype, copy=False) if return_weights else None)
+    w = w.astype(out_dtype, copy=False) if return_weights else None
+    return (out, w, lse) if return_lse else (out, w)
+
+
+def _logsumexp(s: np.ndarray) -> np.ndarray:
+    """Row-wise ``log Σ exp`` of the masked scores (..., L, S) -> (..., L); −inf for a fully masked row."""
+    m = np.max(s, axis=-1)                                        # (..., L)
+    m_safe = np.where(np.isfinite(m), m, 0.0).astype(s.dtype, copy=False)
+    total = np.sum(np.exp(s - m_safe[..., None]), axis=-1)       # (..., L)
+    with np.errstate(divide="ignore"):
+        return m_safe + np.log(total)                             # log 0 = −inf: nothing to attend to

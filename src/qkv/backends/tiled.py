@@ -1,0 +1,487 @@
+"""The tiled backend: exact attention in blocks, never the whole ``(L, S)`` score matrix.
+
+Forward (FlashAttention / Rabe & Staats): for a block of queries, walk the key blocks keeping, per query row,
+the running max ``m_i``, the running sum ``l_i`` of ``exp(s − m_i)`` and the running weighted sum ``acc`` of
+the value rows; when a later block raises the max, rescale ``l_i`` and ``acc`` by ``alpha = exp(m_old − m_new)``.
+At the end ``output = acc / l_i`` and ``lse = m_i + log l_i``. Memory is O(block_q · block_k) per worker.
+
+Two refinements that make it fast in NumPy, where every elementwise pass over a block costs about as much as
+a sixth of the block's matmul:
+
+* ``l_i`` comes out of the ``P·V`` matmul: the value rows get a column of ones, ``V_ext = [V, 1]``, so
+  ``P·V_ext = [P·V, rowsum(P)]`` — no separate reduction pass.
+* *Shift-free* blocks. Softmax is shift invariant; the max is subtracted only so ``exp`` cannot overflow.
+  When ``|q_i|·|k_j| ≤ SHIFT_FREE_BOUND`` for every pair (Cauchy–Schwarz bounds every scaled score by the
+  product of the norms), ``exp(s)`` can neither overflow nor underflow in float32, so the whole query block
+  runs with ``m_i = 0``: no max pass, no subtraction, no rescaling. Otherwise (or with a float mask, whose
+  values are not bounded) it runs the classic online softmax. Both give the same numbers up to rounding.
+
+Blocks that a mask removes entirely are skipped: ``is_causal`` by arithmetic, a boolean mask by looking at the
+block (``any``/``all`` over a slice of the broadcast mask — masks from :mod:`qkv.masks`, causal or sliding
+window, skip their empty blocks this way); a block the mask allows entirely is not masked at all.
+
+Backward (FlashAttention-2): recompute ``P = exp(S − lse)`` block by block from the saved log-sum-exp, with
+``D_i = rowsum(dO ∘ O)``: ``dV += Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dS = P ∘ (dP − D_i)``, ``dK += dSᵀ·Q·scale``,
+``dQ += dS·K·scale``. Key blocks are the parallel unit (their ``dK``, ``dV`` belong to one worker); ``dQ`` is
+summed from per-task partials.
+
+Parallelism: tasks (batch × heads × query blocks forward, key blocks backward) run on a thread pool of
+:func:`get_num_threads` workers; NumPy releases the GIL inside matmul and ufunc loops. While workers run, BLAS
+is limited to one thread each (``threadpoolctl``, from the ``fast`` extra; without it BLAS keeps its own
+setting) so the cores are not oversubscribed.
+
+Dropout draws its keep-mask per task from ``SeedSequence([seed, head, block start])`` with ``seed`` taken
+from the caller's ``rng``: reproducible for a given ``rng``, shapes and block sizes, whatever the thread
+count — but not the same random stream as the reference backend's.
+
+Shape legend: B batch, H query heads, Hk key/value heads, L queries, S keys, E query/key width, Ev value width.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .. import _checks
+from . import register
+
+#: Default query block of the forward (rows per task) and key block (columns per matmul).
+BLOCK_Q = 512
+BLOCK_K = 1024
+#: Causal forward: smaller query blocks waste less of the diagonal block (half of a block_q² square).
+BLOCK_Q_CAUSAL = 256
+#: Backward: key block (rows of dK/dV per step) and query block.
+BLOCK_K_BACKWARD = 512
+BLOCK_Q_BACKWARD = 512
+#: A query block whose scaled scores are all within ±SHIFT_FREE_BOUND runs without a running max:
+#: exp(30) ≈ 1e13 and exp(−30) ≈ 1e−13 are far from float32's overflow (3e38) and underflow (1e−38).
+SHIFT_FREE_BOUND = 30.0
+#: exp of anything below this is 0 in float32 and float64 alike; a fully masked row keeps lse = −inf.
+_LOG_HEADROOM = 80.0
+
+_config = {"threads": None}
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_controller = None
+
+
+# ---------------------------------------------------------------------------------------------- threads
+def default_num_threads() -> int:
+    """The cores this process may run on (``os.sched_getaffinity``), else ``os.cpu_count()``."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def set_num_threads(n: int | None) -> None:
+    """Set the worker threads of the tiled engine; ``None`` restores the default (the available cores)."""
+    if n is not None:
+        n = _checks.positive_int(n, "n")
+    _config["threads"] = n
+
+
+def get_num_threads() -> int:
+    """The worker threads the tiled engine uses (see :func:`set_num_threads`)."""
+    return _config["threads"] or default_num_threads()
+
+
+def _resolve_threads(threads) -> int:
+    if threads is None:
+        return get_num_threads()
+    return _checks.positive_int(threads, "threads")
+
+
+def _get_pool(n: int) -> ThreadPoolExecutor:
+    global _pool, _pool_size
+    with _pool_lock:
+        if _pool is None or _pool_size != n:
+            if _pool is not None:
+                _pool.shutdown(wait=False)
+            _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="qkv-tiled")
+            _pool_size = n
+        return _pool
+
+
+def _blas_one_thread():
+    """Limit BLAS to one thread while our workers run (no-op without threadpoolctl)."""
+    global _controller
+    try:
+        import threadpoolctl
+    except ImportError:
+        return contextlib.nullcontext()
+    if _controller is None:
+        _controller = threadpoolctl.ThreadpoolController()
+    return _controller.limit(limits=1, user_api="blas")
+
+
+def _run(tasks, fn, threads: int) -> None:
+    """Run ``fn(*task)`` for every task, on ``threads`` workers, BLAS single-threaded inside."""
+    with _blas_one_thread():
+        if threads == 1 or len(tasks) <= 1:
+            for t in tasks:
+                fn(*t)
+            return
+        pool = _get_pool(threads)
+        futures = [pool.submit(fn, *t) for t in tasks]
+        for f in futures:
+            f.result()
+
+
+# ---------------------------------------------------------------------------------------------- problem
+def _src(idx: tuple, shape: tuple) -> tuple:
+    """Index into an array of leading shape ``shape`` for the broadcast index ``idx`` (right-aligned)."""
+    idx = idx[len(idx) - len(shape):] if shape else ()
+    return tuple(0 if n == 1 else i for i, n in zip(idx, shape))
+
+
+class _Problem:
+    """Validated inputs as views per head, in the compute dtype; shared read-only by the workers."""
+
+    def __init__(self, query, key, value, attn_mask, is_causal, scale, enable_gqa):
+        self.cdt = np.dtype(np.float64 if query.dtype == np.float64 else np.float32)
+        self.L, self.E = query.shape[-2:]
+        self.S = key.shape[-2]
+        self.Ev = value.shape[-1]
+        if enable_gqa:
+            hq, hk = query.shape[-3], key.shape[-3]
+            self.n_rep = hq // hk
+            kv_lead = key.shape[:-3] + (hq,)
+        else:
+            self.n_rep = 1
+            kv_lead = key.shape[:-2]
+        self.lead = tuple(np.broadcast_shapes(query.shape[:-2], kv_lead))
+        self.query, self.key, self.value = query, key, value
+        self.is_causal = bool(is_causal)
+        self.scale = float(scale)
+        self.mask = attn_mask
+        self.float_mask = attn_mask is not None and attn_mask.dtype != np.bool_
+        self._kv: dict = {}
+        self._kv_lock = threading.Lock()
+
+    # leading index of the key/value head serving query lead index ``idx``
+    def kv_index(self, idx: tuple) -> tuple:
+        if self.n_rep == 1:
+            return idx
+        return idx[:-1] + (idx[-1] // self.n_rep,)
+
+    def kv(self, idx: tuple):
+        """``(K, V_ext, k_norm_max, v_abs_max)`` for the key/value head of ``idx``; computed once per head."""
+        kv_idx = self.kv_index(idx)
+        src = (_src(kv_idx, self.key.shape[:-2]), _src(kv_idx, self.value.shape[:-2]))
+        got = self._kv.get(src)
+        if got is None:
+            with self._kv_lock:
+                got = self._kv.get(src)
+                if got is None:
+                    k = np.ascontiguousarray(self.key[src[0]], dtype=self.cdt)                # (S, E)
+                    v = self.value[src[1]]                                                    # (S, Ev)
+                    v_ext = np.empty((self.S, self.Ev + 1), self.cdt)                        # (S, Ev+1)
+                    v_ext[:, :self.Ev] = v
+                    v_ext[:, self.Ev] = 1.0                  # P·[V, 1] = [P·V, rowsum(P)]: l_i for free
+                    k_norm = float(np.sqrt(np.einsum("se,se->s", k, k).max()))
+                    v_max = float(np.abs(v_ext[:, :self.Ev]).max())
+                    got = (k, v_ext, k_norm, v_max)
+                    self._kv[src] = got
+        return got
+
+    def q_rows(self, idx: tuple, i0: int, i1: int) -> np.ndarray:
+        """Scaled query rows ``Q[i0:i1]·scale`` (Bq, E) in the compute dtype: the scale folded in once."""
+        q = self.query[_src(idx, self.query.shape[:-2])][i0:i1]
+        return np.multiply(q, self.cdt.type(self.scale), dtype=self.cdt)
+
+    def mask2d(self, idx: tuple):
+        """The mask of head ``idx`` as an (L, S) view (broadcast, never copied), or None."""
+        m = self.mask
+        if m is None:
+            return None
+        if m.ndim < 2:
+            m = m.reshape((1,) * (2 - m.ndim) + m.shape)
+        m = m[_src(idx, m.shape[:-2])]
+        return np.broadcast_to(m, (self.L, self.S))
+
+    def key_blocks(self, i0: int, i1: int, mask2d, block_k: int):
+        """Key blocks ``(j0, j1, kind)`` query rows i0..i1 need: kind "full", "causal" or "mask".
+
+        Blocks a mask removes entirely are left out; blocks it allows entirely are "full".
+        """
+        S = self.S
+        out = []
+        if self.is_causal:                 # top-left: row i sees keys j <= i
+            full_end = min(i0 + 1, S)      # keys every row of the block sees
+            for j0 in range(0, full_end, block_k):
+                out.append((j0, min(j0 + block_k, full_end), "full"))
+            end = min(i1, S)
+            for j0 in range(full_end, end, block_k):
+                out.append((j0, min(j0 + block_k, end), "causal"))
+            return out
+        for j0 in range(0, S, block_k):
+            j1 = min(j0 + block_k, S)
+            if mask2d is None:
+                out.append((j0, j1, "full"))
+            elif self.float_mask:
+                out.append((j0, j1, "mask"))
+            else:
+                blk = mask2d[i0:i1, j0:j1]
+                if blk.all():
+                    out.append((j0, j1, "full"))
+                elif blk.any():
+                    out.append((j0, j1, "mask"))
+        return out
+
+
+_causal_cache: dict = {}
+
+
+def _causal_blocked(d: int, rows: int, cols: int) -> np.ndarray:
+    """(rows, cols) bool, True where key j0 + c is after query i0 + r, i.e. ``c − r > d = i0 − j0``.
+
+    The same few patterns recur for every query block (mostly ``d = −1``: the block right of the diagonal),
+    so they are built once and kept.
+    """
+    key = (d, rows, cols)
+    got = _causal_cache.get(key)
+    if got is None:
+        got = np.subtract.outer(np.arange(cols), np.arange(rows)).T > d                 # (rows, cols)
+        if len(_causal_cache) > 64:
+            _causal_cache.clear()
+        _causal_cache[key] = got
+    return got
+
+
+def _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1):
+    """Mask the scores block ``s`` (Bq, bk) in place: disallowed → −inf, or add the float mask."""
+    if kind == "full":
+        return
+    if kind == "causal":
+        np.copyto(s, -np.inf, where=_causal_blocked(i0 - j0, i1 - i0, j1 - j0))
+        return
+    blk = mask2d[i0:i1, j0:j1]
+    if blk.dtype == np.bool_:
+        np.copyto(s, -np.inf, where=~blk)
+    else:
+        np.add(s, blk, out=s, casting="unsafe")
+
+
+def _dropout_rng(seed, lead, idx, i0):
+    flat = int(np.ravel_multi_index(idx, lead)) if lead else 0
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, flat, i0])))
+
+
+# ---------------------------------------------------------------------------------------------- forward
+def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed):
+    """One (head, query block): the online softmax over the key blocks; writes out/lse/weights rows."""
+    K, V_ext, k_norm, v_max = P.kv(idx)                      # (S, E), (S, Ev+1)
+    Ev = P.Ev
+    mask2d = P.mask2d(idx)
+    qs = P.q_rows(idx, i0, i1)                               # (Bq, E), scale folded in
+    Bq = i1 - i0
+    blocks = P.key_blocks(i0, i1, mask2d, block_k)
+    q_norm = float(np.sqrt(np.einsum("le,le->l", qs, qs).max()))
+    # Shift-free when no score can leave ±SHIFT_FREE_BOUND and the sums stay far from overflow.
+    shift_free = (not P.float_mask and q_norm * k_norm <= SHIFT_FREE_BOUND
+                  and SHIFT_FREE_BOUND + math.log(P.S) + math.log1p(v_max) < _LOG_HEADROOM)
+    s_buf = np.empty((Bq, min(block_k, P.S)), P.cdt)
+    tmp = np.empty((Bq, Ev + 1), P.cdt)
+    acc = np.zeros((Bq, Ev + 1), P.cdt)                      # [Σ p·v, Σ p] per row (the ones column)
+    m_i = np.zeros(Bq, P.cdt) if shift_free else np.full(Bq, -np.inf, P.cdt)
+    l_i = np.zeros(Bq, P.cdt) if dropout_p > 0 else None    # with dropout, Σ p before dropping
+    gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
+    keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
+    for j0, j1, kind in blocks:
+        s = s_buf[:, :j1 - j0]
+        np.matmul(qs, K[j0:j1].T, out=s)                     # (Bq, E) x (E, bk) -> (Bq, bk)
+        _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
+        if shift_free:
+            np.exp(s, out=s)                                 # p = exp(s − 0)
+        else:
+            # -- update m_i; rescale what was accumulated under the old max
+            m_new = np.maximum(m_i, np.maximum.reduce(s, axis=1))
+            m_safe = np.where(m_new == -np.inf, 0.0, m_new).astype(P.cdt, copy=False)  # all masked so far
+            alpha = np.exp(m_i - m_safe)                     # exp(−inf) = 0 on the first block
+            np.subtract(s, m_safe[:, None], out=s)
+            np.exp(s, out=s)                                 # p = exp(s − m_i)
+            acc *= alpha[:, None]
+            if l_i is not None:
+                l_i *= alpha
+            m_i = m_new
+        if gen is not None:
+            l_i += s.sum(axis=1)                             # the softmax denominator ignores dropout
+            keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
+            np.multiply(s, keep, out=s)
+            s *= keep_scale
+        np.matmul(s, V_ext[j0:j1], out=tmp)                  # (Bq, bk) x (bk, Ev+1) -> (Bq, Ev+1)
+        acc += tmp
+    if l_i is None:
+        l_i = acc[:, Ev]
+    nz = l_i > 0                                             # l_i = 0: a query that may attend to nothing
+    inv = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=nz)
+    out[idx][i0:i1] = acc[:, :Ev] * inv[:, None]
+    log_l = np.log(l_i, out=np.full_like(l_i, -np.inf), where=nz)
+    row_lse = np.where(nz, np.where(np.isfinite(m_i), m_i, 0.0) + log_l, -np.inf)
+    if lse is not None:
+        lse[idx][i0:i1] = row_lse
+    if weights is not None:                                  # second pass: p = exp(s − lse), stored
+        gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
+        sub = np.where(nz, row_lse, np.inf)[:, None]         # fully masked rows: exp(−inf) = 0
+        w_rows = weights[idx]
+        for j0, j1, kind in blocks:
+            s = s_buf[:, :j1 - j0]
+            np.matmul(qs, K[j0:j1].T, out=s)
+            _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
+            np.subtract(s, sub, out=s)
+            np.exp(s, out=s)
+            if gen is not None:
+                keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
+                np.multiply(s, keep, out=s)
+                s *= keep_scale
+            w_rows[i0:i1, j0:j1] = s
+
+
+def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False, scale, enable_gqa=False,
+            rng=None, return_weights=False, return_lse=False, threads=None, block_q=None, block_k=None):
+    """The tiled forward on validated arrays; returns ``(output, weights|None, lse|None)``.
+
+    ``output`` (..., Hq, L, Ev) in the input dtype; ``lse`` (..., Hq, L) in the compute dtype (float32 for
+    float16/32 inputs), −inf on fully masked rows; ``weights`` (..., Hq, L, S) only when asked for.
+    ``block_q``/``block_k`` override the block sizes (tests use small ones to hit block boundaries).
+    """
+    threads = _resolve_threads(threads)
+    P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    bq = _checks.positive_int(block_q, "block_q") if block_q is not None else (
+        BLOCK_Q_CAUSAL if is_causal else BLOCK_Q)
+    bk = _checks.positive_int(block_k, "block_k") if block_k is not None else BLOCK_K
+    bq = min(bq, P.L)
+    # Enough tasks to keep every worker busy: shrink the query block when there are few heads.
+    n_heads = math.prod(P.lead)
+    while block_q is None and bq > 64 and n_heads * math.ceil(P.L / bq) < 2 * threads:
+        bq //= 2
+    out = np.empty(P.lead + (P.L, P.Ev), P.cdt)
+    lse = np.empty(P.lead + (P.L,), P.cdt) if return_lse else None
+    weights = np.zeros(P.lead + (P.L, P.S), P.cdt) if return_weights else None
+    seed = int(rng.integers(2**63)) if dropout_p > 0 else 0
+    starts = list(range(0, P.L, bq))
+    if is_causal:
+        starts.reverse()                                     # the longest rows first: better balance
+    tasks = [(P, idx, i0, min(i0 + bq, P.L), bk, out, lse, weights, dropout_p, seed)
+             for i0 in starts for idx in np.ndindex(*P.lead)]
+    _run(tasks, _forward_task, threads)
+    dt = query.dtype
+    return (out.astype(dt, copy=False), None if weights is None else weights.astype(dt, copy=False), lse)
+
+
+@register("tiled")
+def tiled_attention(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
+                    return_weights, return_lse=False):
+    out, weights, lse = forward(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, rng=rng,
+                                return_weights=return_weights, return_lse=return_lse)
+    return (out, weights, lse) if return_lse else (out, weights)
+
+
+# ---------------------------------------------------------------------------------------------- backward
+def _backward_task(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k, dq_part, dk, dv, prep):
+    """dK, dV of the key blocks ``key_starts`` of one key/value head; dQ into this task's partial."""
+    K, V_ext, _, _ = P.kv(q_heads[0])
+    V = V_ext[:, :P.Ev]
+    L = P.L
+    for j0 in key_starts:
+        j1 = min(j0 + block_k, P.S)
+        dk_j = np.zeros((j1 - j0, P.E), P.cdt)
+        dv_j = np.zeros((j1 - j0, P.Ev), P.cdt)
+        Kj, Vj = K[j0:j1], V[j0:j1]
+        for r, idx in enumerate(q_heads):
+            qs, do, lse_neg, D = prep[idx]                   # (L, E), (L, Ev), (L,), (L,)
+            mask2d = P.mask2d(idx)
+            i_start = j0 if P.is_causal else 0              # causal: rows i < j0 see none of these keys
+            for i0 in range(i_start - i_start % block_q, L, block_q):
+                i1 = min(i0 + block_q, L)
+                if P.is_causal:
+                    kind = "full" if i0 >= j1 - 1 else "causal"
+                elif mask2d is None:
+                    kind = "full"
+                elif P.float_mask:
+                    kind = "mask"
+                else:
+                    blk = mask2d[i0:i1, j0:j1]
+                    kind = "full" if blk.all() else ("mask" if blk.any() else None)
+                    if kind is None:
+                        continue
+                s = qs[i0:i1] @ Kj.T                          # (Bq, E) x (E, bk) -> (Bq, bk)
+                _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
+                np.add(s, lse_neg[i0:i1, None], out=s)
+                p = np.exp(s, out=s)                          # P = exp(S − lse), recomputed
+                dv_j += p.T @ do[i0:i1]                       # (bk, Bq) x (Bq, Ev) -> (bk, Ev)
+                dp = do[i0:i1] @ Vj.T                         # (Bq, Ev) x (Ev, bk) -> (Bq, bk)
+                np.subtract(dp, D[i0:i1, None], out=dp)
+                np.multiply(dp, p, out=dp)                    # dS = P ∘ (dP − D)
+                dk_j += dp.T @ qs[i0:i1]                      # (bk, Bq) x (Bq, E) -> (bk, E)  (scale in qs)
+                dq_part[r][i0:i1] += dp @ Kj                  # (Bq, bk) x (bk, E) -> (Bq, E)
+        dk[kv_idx][j0:j1] = dk_j
+        dv[kv_idx][j0:j1] = dv_j
+
+
+def _sum_to_shape(a: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum ``a`` over the axes along which ``shape`` was broadcast to ``a.shape``."""
+    extra = a.ndim - len(shape)
+    if extra:
+        a = a.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and a.shape[i] != 1)
+    return a.sum(axis=axes, keepdims=True) if axes else a
+
+
+def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, scale, enable_gqa=False,
+             threads=None, block_q=None, block_k=None, out=None, lse=None):
+    """Gradients ``(dQ, dK, dV)`` of ``sum(grad_out ∘ attention(query, key, value))``, tiled.
+
+    ``out``/``lse`` from a previous :func:`forward` (with ``return_lse=True``) skip its recomputation.
+    """
+    threads = _resolve_threads(threads)
+    P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    bq = _checks.positive_int(block_q, "block_q") if block_q is not None else BLOCK_Q_BACKWARD
+    bk = _checks.positive_int(block_k, "block_k") if block_k is not None else BLOCK_K_BACKWARD
+    if out is None or lse is None:
+        out, _, lse = forward(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                              enable_gqa=enable_gqa, return_lse=True, threads=threads)
+    out = np.broadcast_to(out, P.lead + (P.L, P.Ev))
+    grad_out = np.broadcast_to(grad_out, P.lead + (P.L, P.Ev))
+    lead = P.lead
+    kv_lead = lead[:-1] + (lead[-1] // P.n_rep,) if P.n_rep > 1 else lead
+    dk = np.empty(kv_lead + (P.S, P.E), P.cdt)
+    dv = np.empty(kv_lead + (P.S, P.Ev), P.cdt)
+    dq = np.zeros(lead + (P.L, P.E), P.cdt)
+    n_kv = math.prod(kv_lead)
+    key_starts = list(range(0, P.S, bk))
+    n_chunks = max(1, min(len(key_starts), math.ceil(threads / n_kv))) if threads > 1 else 1
+    prep = {}
+    for idx in np.ndindex(*lead):                           # per query head: Q·scale, dO, −lse, D
+        do = np.asarray(grad_out[idx], dtype=P.cdt)
+        o = np.asarray(out[idx], dtype=P.cdt)
+        D = np.einsum("le,le->l", do, o)                      # D_i = rowsum(dO ∘ O)
+        lse_neg = np.where(np.isfinite(lse[idx]), -lse[idx], -np.inf).astype(P.cdt)   # dead rows: P = 0
+        prep[idx] = (P.q_rows(idx, 0, P.L), np.ascontiguousarray(do), lse_neg, D)
+    tasks, partials = [], []
+    for kv_idx in np.ndindex(*kv_lead):
+        if P.n_rep > 1:
+            heads = [kv_idx[:-1] + (kv_idx[-1] * P.n_rep + r,) for r in range(P.n_rep)]
+        else:
+            heads = [kv_idx]
+        for c in range(n_chunks):
+            part = np.zeros((len(heads), P.L, P.E), P.cdt)
+            partials.append((heads, part))
+            tasks.append((P, kv_idx, heads, key_starts[c::n_chunks], bq, bk, part, dk, dv, prep))
+    _run(tasks, _backward_task, threads)
+    for heads, part in partials:
+        for r, idx in enumerate(heads):
+            dq[idx] += part[r]
+    dq *= P.cdt.type(P.scale)                                 # dQ = dS·K·scale
+    dt = query.dtype
+    dq = _sum_to_shape(dq, query.shape).astype(dt, copy=False)
+    dk = _sum_to_shape(dk, key.shape).astype(dt, copy=False)
+    dv = _sum_to_shape(dv, value.shape).astype(dt, copy=False)
+    return dq, dk, dv
