@@ -153,7 +153,7 @@ class MultiHeadAttention:
         return x.astype(self.dtype, copy=False)
 
     def forward(self, query, key=None, value=None, *, key_mask=None, attn_mask=None, is_causal=False,
-                need_weights=False, average_attn_weights=True, trace: Trace | None = None):
+                need_weights=False, average_attn_weights=True, trace: Trace | None = None, cache=None):
         """Attention of ``query`` over ``key``/``value`` (default: ``query`` — self-attention).
 
         Args:
@@ -166,6 +166,10 @@ class MultiHeadAttention:
             need_weights: also return the attention weights.
             average_attn_weights: average the weights over heads, (B, L, S); else (B, H, L, S).
             trace: a :class:`qkv.Trace` to record every stage into.
+            cache: a :class:`qkv.KVCache` for incremental decoding: the new tokens' keys and values are
+                appended to it and the queries attend to all cached tokens (S = cached + new). Causal is then
+                aligned bottom-right (the queries are the last positions); key_mask is (B, S) and attn_mask
+                (L, S) over all S tokens.
 
         Returns:
             ``(output, weights)``: output (B, L, D) in the input layout; weights as above or None.
@@ -193,7 +197,13 @@ class MultiHeadAttention:
         B, L, _ = q_in.shape
         S = k_in.shape[1]
         H, Hk, E = self.num_heads, self.num_kv_heads, self.head_dim
-        mask = self._mask(key_mask, attn_mask, is_causal, B, L, S, unbatched)
+        if cache is not None:
+            from .cache import KVCache
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache: expected a qkv.KVCache or None, got {type(cache).__name__}")
+            S += len(cache)                                            # the queries see every cached token
+        mask = self._mask(key_mask, attn_mask, is_causal, B, L, S, unbatched,
+                          align="top-left" if cache is None else "bottom-right")
 
         with maybe(trace):
             stages.observe_input("X", q_in)
@@ -207,8 +217,11 @@ class MultiHeadAttention:
             q = stages.split_heads(q, H, name="Q")                     # (B, H, L, E)
             k = stages.split_heads(k, Hk, name="K")                    # (B, Hk, S, E)
             v = stages.split_heads(v, Hk, name="V")                    # (B, Hk, S, E)
-            out, w = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hk != H,
-                                                  return_weights=True)  # (B, H, L, E), (B, H, L, S)
+            if cache is not None:
+                k, v = cache.append(k, v)                              # (B, Hk, cached + S, E)
+            res = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hk != H,
+                                               return_weights=need_weights)
+            out, w = res if need_weights else (res, None)              # (B, H, L, E), (B, H, L, S) | None
             out = stages.merge_heads(out)                              # (B, L, H·E)
             out = stages.project(out, self.W_O, self.b_O, name="final_output", weight_name="W_O",
                                  input_name="concat")                  # (B, L, D)
@@ -225,7 +238,7 @@ class MultiHeadAttention:
 
     __call__ = forward
 
-    def _mask(self, key_mask, attn_mask, is_causal, B, L, S, unbatched):
+    def _mask(self, key_mask, attn_mask, is_causal, B, L, S, unbatched, align="top-left"):
         """One mask for SDPA, broadcastable to (B, H, L, S), from the three ways of giving one."""
         parts = []
         if key_mask is not None:
@@ -238,7 +251,7 @@ class MultiHeadAttention:
                 raise ValueError(f"key_mask: expected shape {expected}, got {km.shape}")
             parts.append(km.reshape(B, 1, 1, S))                       # (B, 1, 1, S)
         if is_causal:
-            parts.append(masks.causal(L, S))                           # (L, S)
+            parts.append(masks.causal(L, S, align=align))              # (L, S)
         bool_mask = masks.combine(*parts)
         if attn_mask is None:
             return bool_mask

@@ -1,0 +1,89 @@
+"""KVCache: the keys and values of the tokens seen so far, for decoding one (or a few) tokens at a time.
+
+A decoder that generates token t needs the keys and values of tokens 0..t. Recomputing them every step costs
+O(t) projections per step; the cache keeps them and each step appends only the new tokens'. The queries of
+the new tokens are the *last* positions of the keys, so the causal mask is aligned bottom-right
+(:func:`qkv.masks.causal` with ``align="bottom-right"``)::
+
+    step with 2 new tokens after 3 cached (L = 2, S = 5; 1 = may attend)
+        k0 k1 k2 k3 k4
+    q3   1  1  1  1  0
+    q4   1  1  1  1  1
+
+Use it through :meth:`qkv.MultiHeadAttention.forward` (``cache=``) or directly with :meth:`KVCache.append`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _checks
+
+
+class KVCache:
+    """Keys (B, Hk, S, E) and values (B, Hk, S, Ev) of the tokens so far, grown by :meth:`append`.
+
+    Storage grows geometrically (amortized O(1) copy per token); :attr:`keys`/:attr:`values` are views of
+    the filled part. The first append fixes batch, heads, widths and dtype; later ones must match.
+    """
+
+    def __init__(self):
+        self._k: np.ndarray | None = None
+        self._v: np.ndarray | None = None
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def keys(self) -> np.ndarray | None:
+        """(B, Hk, S, E) keys so far, or None before the first append."""
+        return None if self._k is None else self._k[:, :, :self._len]
+
+    @property
+    def values(self) -> np.ndarray | None:
+        """(B, Hk, S, Ev) values so far, or None before the first append."""
+        return None if self._v is None else self._v[:, :, :self._len]
+
+    def reset(self) -> None:
+        """Forget every token (a new sequence)."""
+        self._k = self._v = None
+        self._len = 0
+
+    def append(self, key, value) -> tuple[np.ndarray, np.ndarray]:
+        """Append the new tokens' keys (B, Hk, T, E) and values (B, Hk, T, Ev); return all (B, Hk, S, ·)."""
+        key = _checks.float_array(key, "key", ndim=4)
+        value = _checks.float_array(value, "value", ndim=4)
+        if key.shape[:3] != value.shape[:3]:
+            raise ValueError(f"value: expected batch, heads and length {key.shape[:3]} (as key), got "
+                             f"{value.shape[:3]}")
+        if key.dtype != value.dtype:
+            raise TypeError(f"value: expected dtype {key.dtype} (as key), got {value.dtype}")
+        B, H, T, E = key.shape
+        Ev = value.shape[-1]
+        if self._k is None:
+            cap = max(16, T)
+            self._k = np.empty((B, H, cap, E), key.dtype)
+            self._v = np.empty((B, H, cap, Ev), value.dtype)
+        else:
+            b, h, _, e = self._k.shape
+            if (B, H, E, Ev) != (b, h, e, self._v.shape[-1]):
+                raise ValueError(f"key/value: expected (B, Hk, ·, E) = ({b}, {h}, ·, {e}) and Ev = "
+                                 f"{self._v.shape[-1]} as the cached tokens, got key {key.shape}, value "
+                                 f"{value.shape}")
+            if key.dtype != self._k.dtype:
+                raise TypeError(f"key: expected dtype {self._k.dtype} (as the cached tokens), got {key.dtype}")
+            if self._len + T > self._k.shape[2]:
+                cap = max(2 * self._k.shape[2], self._len + T)
+                for name in ("_k", "_v"):
+                    old = getattr(self, name)
+                    new = np.empty(old.shape[:2] + (cap,) + old.shape[3:], old.dtype)
+                    new[:, :, :self._len] = old[:, :, :self._len]
+                    setattr(self, name, new)
+        self._k[:, :, self._len:self._len + T] = key
+        self._v[:, :, self._len:self._len + T] = value
+        self._len += T
+        return self.keys, self.values
+
+    def __repr__(self) -> str:
+        shape = None if self._k is None else self.keys.shape
+        return f"KVCache(length={self._len}, keys={shape})"

@@ -1,0 +1,125 @@
+"""The engine's public functions beside :func:`qkv.scaled_dot_product_attention`.
+
+* :func:`scaled_dot_product_attention_backward` — gradients, tiled (FlashAttention-2 style).
+* :func:`attention_weights` — chosen rows of the weights without the other rows.
+* :func:`set_num_threads` / :func:`get_num_threads` — the tiled engine's worker threads.
+* :class:`KVCache` (from :mod:`qkv.cache`) — keys and values kept across decoding steps.
+
+Shape legend: B batch, H query heads, Hk key/value heads, L queries, S keys, E query/key width, Ev value width.
+Mask convention: a boolean mask is **True where attention is allowed**; a float mask is added to the scores.
+"""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import _checks, masks, stages
+from .attention import _validate
+from .backends import tiled
+from .backends.tiled import get_num_threads, set_num_threads
+from .cache import KVCache
+
+__all__ = ["KVCache", "attention_weights", "get_num_threads", "scaled_dot_product_attention_backward", "set_num_threads"]
+
+
+def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask=None, is_causal=False,
+                                          scale=None, enable_gqa=False):
+    """Gradients of attention: ``(dL/dquery, dL/dkey, dL/dvalue)`` given ``grad_out = dL/doutput``.
+
+    The same function as torch's autograd through ``scaled_dot_product_attention`` (without dropout),
+    computed by the tiled engine: the forward runs once more to get the output and the log-sum-exp of each
+    row, then each key block recomputes its probabilities ``P = exp(S − lse)`` instead of storing the
+    (…, L, S) matrix (FlashAttention-2). Memory stays linear in L and S.
+
+    Args:
+        grad_out: (..., Hq, L, Ev), the gradient of the loss with respect to the attention output.
+        query: (..., Hq, L, E); key: (..., Hk, S, E); value: (..., Hk, S, Ev); one float dtype.
+        attn_mask: None, bool (True = may attend) or float (added to the scores), broadcastable to
+            (..., Hq, L, S). Not together with ``is_causal``.
+        is_causal: top-left causal mask (query i sees keys 0..i).
+        scale: multiplier of the scores; None means 1/√E.
+        enable_gqa: Hk may divide Hq (grouped-query); a key/value head's gradient sums over its query heads.
+
+    Returns:
+        ``(grad_query, grad_key, grad_value)`` with the shapes and dtype of query, key, value (gradients of
+        broadcast leading dimensions are summed, as autograd does). A query that may attend to nothing
+        has output 0 and passes no gradient.
+    """
+    query, key, value, attn_mask, _, scale, _ = _validate(query, key, value, attn_mask, 0.0, is_causal,
+                                                          scale, enable_gqa, False, None)
+    grad_out = _checks.float_array(grad_out, "grad_out", min_ndim=2)
+    expected = _output_shape(query, key, value, enable_gqa)
+    if grad_out.shape != expected:
+        raise ValueError(f"grad_out: expected the output's shape {expected}, got {grad_out.shape}")
+    if grad_out.dtype != query.dtype:
+        raise TypeError(f"grad_out: expected dtype {query.dtype} (as query), got {grad_out.dtype}")
+    return tiled.backward(grad_out, query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                          enable_gqa=enable_gqa)
+
+
+def _output_shape(query, key, value, enable_gqa) -> tuple:
+    kv_lead = key.shape[:-3] + (query.shape[-3],) if enable_gqa else key.shape[:-2]
+    lead = np.broadcast_shapes(query.shape[:-2], kv_lead)
+    return tuple(lead) + (query.shape[-2], value.shape[-1])
+
+
+def attention_weights(query, key, rows, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """The attention weights of the chosen query rows only: ``softmax(Q[rows]·Kᵀ·scale + mask)``.
+
+    For looking at one token of a long sequence: the cost is len(rows) × S, never L × S.
+
+    Args:
+        query: (..., Hq, L, E); key: (..., Hk, S, E), same dtype.
+        rows: an int or a sequence of ints, indices into the L queries (negative counts from the end).
+        attn_mask: None, bool (True = may attend) or float (added), broadcastable to (..., Hq, L, S).
+        is_causal: top-left causal mask (query i sees keys 0..i).
+        scale: multiplier of the scores; None means 1/√E.
+        enable_gqa: Hk may divide Hq (grouped-query).
+
+    Returns:
+        (..., Hq, len(rows), S) weights in the input dtype (an int ``rows`` gives len 1); row r equals row
+        ``rows[r]`` of the full weights. A row that may attend to nothing is all zeros.
+    """
+    # key stands in for value: the weights do not depend on the values.
+    query, key, _, attn_mask, _, scale, _ = _validate(query, key, key, attn_mask, 0.0, is_causal, scale,
+                                                      enable_gqa, False, None)
+    L, S = query.shape[-2], key.shape[-2]
+    idx = _rows(rows, L)
+    out_dtype = query.dtype
+    cdt = np.float64 if out_dtype == np.float64 else np.float32
+    q = query[..., idx, :].astype(cdt) * cdt(scale)                      # (..., Hq, R, E), scale folded in
+    k = key.astype(cdt, copy=False)
+    if enable_gqa:
+        hq, hk = query.shape[-3], key.shape[-3]
+        n_rep = hq // hk
+        k = k[..., :, None, :, :]                                         # (..., Hk, 1, S, E): no copy per head
+        q = q.reshape(q.shape[:-3] + (hk, n_rep) + q.shape[-2:])           # (..., Hk, n_rep, R, E)
+        s = q @ np.swapaxes(k, -1, -2)                                    # (..., Hk, n_rep, R, S)
+        s = s.reshape(s.shape[:-4] + (hq,) + s.shape[-2:])                # (..., Hq, R, S)
+    else:
+        s = q @ np.swapaxes(k, -1, -2)                                    # (..., Hq, R, E) x (..., E, S)
+    if is_causal:
+        attn_mask = masks.causal(L, S)[idx]                               # (R, S)
+    elif attn_mask is not None:
+        m = attn_mask if attn_mask.ndim >= 2 else attn_mask.reshape((1,) * (2 - attn_mask.ndim) + attn_mask.shape)
+        attn_mask = m if m.shape[-2] == 1 else m[..., idx, :]             # (..., R or 1, S)
+    s = stages.apply_mask(s, attn_mask)
+    return stages.softmax(s).astype(out_dtype, copy=False)               # fully masked rows → 0
+
+
+def _rows(rows, L: int) -> np.ndarray:
+    if isinstance(rows, (bool, np.bool_)):
+        raise TypeError(f"rows: expected an int or a sequence of ints, got {rows!r}")
+    if isinstance(rows, numbers.Integral):
+        rows = [rows]
+    try:
+        idx = np.asarray(rows)
+    except (TypeError, ValueError):
+        raise TypeError(f"rows: expected an int or a sequence of ints, got {type(rows).__name__}") from None
+    if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"rows: expected an int or a non-empty sequence of ints, got {rows!r}")
+    bad = idx[(idx < -L) | (idx >= L)]
+    if bad.size:
+        raise ValueError(f"rows: expected indices in [-{L}, {L}) (there are L={L} queries), got {int(bad[0])}")
+    return np.where(idx < 0, idx + L, idx)
