@@ -3,6 +3,7 @@
 Mask convention everywhere: a boolean mask is **True where attention is allowed**.
 """
 from . import backends, masks, stages
+from . import explain  # noqa: E402  (qkv.explain: render, explain_query, check, examples)
 from .attention import attention, scaled_dot_product_attention
 from .engine import KVCache, attention_weights, get_num_threads, scaled_dot_product_attention_backward, set_num_threads
 from .mha import MultiHeadAttention
@@ -23,6 +24,7 @@ __all__ = [
     "Trace",
     "attention",
     "backends",
+    "explain",
     "masks",
     "scaled_dot_product_attention",
     "sinusoidal_positions",

@@ -1,0 +1,800 @@
+"""Worked examples: the built-in ones (``qkv examples``) and files in the worked-example format.
+
+A worked example is a starting point (token vectors ``X`` with ``W_Q``, ``W_K``, ``W_V``; or ``Q`` and ``K``
+(and ``V``) directly; or ``scores`` (and ``V``)), an optional mask and head count, and optionally the numbers
+someone claims for the later steps (``claims``), which :func:`qkv.explain.check` verifies.
+
+File format (YAML or JSON)::
+
+    title: optional text
+    tokens: [我, 爱, 吃]        # labels of the query rows (and key rows in self-attention)
+    kv_tokens: [...]            # labels of the key/value rows in cross-attention
+    X: [[...], ...]             # query-side token vectors; Q = X·W_Q, K = X_kv·W_K, V = X_kv·W_V
+    X_kv: [[...], ...]          # key/value-side vectors (cross-attention); default X
+    W_Q: [[...]]                # likewise W_K, W_V
+    #   or Q, K (and V) given directly;  or scores (and V)
+    d_k: 3                      # the d in √d_k; default the key width
+    mask: causal                # or a boolean matrix (true = may attend)
+    heads: 2                    # several heads (needs X and square W_Q); W_O optional (default identity)
+    claims: {Q: {爱: [0.05, 0.23, 0.41]}, weights: [[...], ...]}
+    tolerance: 0.001            # absolute tolerance for every claim (default: the precision as written)
+
+Loading is safe: YAML goes through a ``SafeLoader`` subclass (no tag constructs an object), numbers keep
+the text they were written with (``0.50`` has two decimals), and anything unusable raises
+:class:`WorkedExampleError` with one line naming the key, the row and what was expected vs found.
+"""
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import os
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Worked", "WorkedExampleError", "builtin_names", "load_example", "load_file", "from_dict", "run",
+           "CLAIM_NAMES", "Number", "half_unit", "text_of"]
+
+#: The steps a worked example may claim numbers for, in pipeline order.
+CLAIM_NAMES = ("Q", "K", "V", "scores", "scaled", "weights", "output")
+
+_KNOWN_KEYS = ("title", "description", "tokens", "kv_tokens", "X", "X_kv", "W_Q", "W_K", "W_V", "W_O", "Q",
+               "K", "V", "scores", "d_k", "mask", "heads", "claims", "tolerance")
+_MAX_BYTES = 16 * 1024 * 1024
+
+
+class WorkedExampleError(ValueError):
+    """A worked example that cannot be used; the message is one line: where (key, row) and expected vs found."""
+
+
+# ----------------------------------------------------------------------------------------------- numbers
+class Number(float):
+    """A float that remembers the text it was written as (``Number(0.5, "0.50").text == "0.50"``)."""
+
+    text: str
+
+    def __new__(cls, value, text: str | None = None):
+        obj = super().__new__(cls, value)
+        obj.text = text if text is not None else repr(float(value))
+        return obj
+
+    def __reduce__(self):
+        return (Number, (float(self), self.text))
+
+
+class _Int(int):
+    """An int (from a file) that remembers its text; used for keys and scalars such as ``d_k``."""
+
+    text: str
+
+    def __new__(cls, value, text: str | None = None):
+        obj = super().__new__(cls, value)
+        obj.text = text if text is not None else str(int(value))
+        return obj
+
+
+class _YamlBool(str):
+    """A YAML boolean (``true``, ``no``, ...) kept as its text, so ``no`` stays a usable token label."""
+
+    value: bool
+
+    def __new__(cls, text: str, value: bool):
+        obj = super().__new__(cls, text)
+        obj.value = value
+        return obj
+
+
+def text_of(x) -> str:
+    """The text a number was written as (files), or its shortest repr (numbers given from Python)."""
+    t = getattr(x, "text", None)
+    if t is not None:
+        return t
+    if isinstance(x, numbers.Integral):
+        return str(int(x))
+    return repr(float(x))
+
+
+def half_unit(x) -> float:
+    """Half a unit in the last decimal place of ``x`` as written: ``0.39`` → 0.005, ``0.50`` → 0.005,
+    ``1`` → 0.5, ``1.5e-3`` → 0.00005."""
+    t = text_of(x).replace("_", "").strip()
+    try:
+        exp = Decimal(t).as_tuple().exponent
+    except (InvalidOperation, ValueError):
+        return 0.5
+    if not isinstance(exp, int):
+        return 0.5
+    return 0.5 * 10.0 ** exp
+
+
+# ----------------------------------------------------------------------------------------------- YAML / JSON
+def _yaml_loader():
+    try:
+        import yaml
+    except ImportError:                                           # pragma: no cover - without the cli extra
+        raise ImportError("reading worked-example files needs PyYAML: pip install 'qkv[cli]'") from None
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader whose numbers keep their text; ``1e-3`` is a float (YAML 1.1 would make it a string)."""
+
+    def construct_float(loader, node):
+        return Number(yaml.SafeLoader.construct_yaml_float(loader, node), node.value)
+
+    def construct_int(loader, node):
+        return _Int(yaml.SafeLoader.construct_yaml_int(loader, node), node.value)
+
+    def construct_bool(loader, node):
+        return _YamlBool(node.value, yaml.SafeLoader.construct_yaml_bool(loader, node))
+
+    Loader.add_constructor("tag:yaml.org,2002:float", construct_float)
+    Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
+    Loader.add_constructor("tag:yaml.org,2002:bool", construct_bool)
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
+    return yaml, Loader
+
+
+def _one_line(s: str) -> str:
+    return " ".join(str(s).split())
+
+
+def _parse_yaml(text: str, where: str):
+    yaml, Loader = _yaml_loader()
+    try:
+        return yaml.load(text, Loader=Loader)                     # noqa: S506 - a SafeLoader subclass
+    except yaml.constructor.ConstructorError as e:
+        tag = getattr(e, "problem", "") or ""
+        m = re.search(r"tag '([^']*)'", tag)
+        mark = e.problem_mark
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        found = m.group(1).replace("tag:yaml.org,2002:", "!!") if m else _one_line(tag)
+        raise WorkedExampleError(f"{where}: YAML tag {found} is not allowed{at}; expected plain data (safe "
+                                 "loading: nothing in a file constructs objects or runs)") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise WorkedExampleError(f"{where}: malformed YAML{at}: {_one_line(problem)}") from None
+
+
+def _parse_json(text: str, where: str):
+    def bad_constant(name):
+        raise WorkedExampleError(f"{where}: expected finite numbers, found {name}")
+
+    try:
+        return json.loads(text, parse_float=lambda t: Number(float(t), t), parse_int=lambda t: _Int(int(t), t),
+                          parse_constant=bad_constant)
+    except json.JSONDecodeError as e:
+        raise WorkedExampleError(f"{where}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+
+
+def _read(path) -> tuple[Any, str]:
+    path = os.fspath(path)
+    where = os.path.basename(path) or path
+    with open(path, "rb") as fh:                                  # OSError (missing, unreadable) propagates
+        data = fh.read(_MAX_BYTES + 1)
+    if len(data) > _MAX_BYTES:
+        raise WorkedExampleError(f"{where}: file too large (over {_MAX_BYTES // (1024 * 1024)} MiB) for a "
+                                 "worked example")
+    if b"\x00" in data:
+        raise WorkedExampleError(f"{where}: binary file (NUL bytes); expected YAML or JSON text")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise WorkedExampleError(f"{where}: not UTF-8 text (byte {e.start}); expected YAML or JSON") from None
+    if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
+        raise WorkedExampleError(f"{where}: empty file; expected a worked example (X and W_Q/W_K/W_V, or Q "
+                                 "and K, or scores)")
+    if path.lower().endswith(".json"):
+        doc = _parse_json(text, where)
+    else:
+        doc = _parse_yaml(text, where)
+    return doc, where
+
+
+# ----------------------------------------------------------------------------------------------- the dataclass
+@dataclass
+class Worked:
+    """A worked example, validated: arrays are float64 NumPy arrays, claims keep the numbers as written.
+
+    ``claims`` maps a step name (one of :data:`CLAIM_NAMES`) to ``{row index: [number or None, ...]}``;
+    each number is a :class:`Number` (a float that keeps its text). ``tokens`` always has one label per
+    query row (``#0``, ``#1``, ... when the file gives none; ``tokens_given`` says which).
+    ``kv_tokens`` labels the key rows in cross-attention (None in self-attention).
+    """
+
+    title: str | None = None
+    tokens: list[str] | None = None
+    kv_tokens: list[str] | None = None
+    X: np.ndarray | None = None
+    X_kv: np.ndarray | None = None
+    W_Q: np.ndarray | None = None
+    W_K: np.ndarray | None = None
+    W_V: np.ndarray | None = None
+    Q: np.ndarray | None = None
+    K: np.ndarray | None = None
+    V: np.ndarray | None = None
+    scores: np.ndarray | None = None
+    d_k: float | None = None
+    mask: Any = None                       # "causal", a bool ndarray (L, S) (True = may attend), or None
+    heads: int = 1
+    W_O: np.ndarray | None = None
+    claims: dict = field(default_factory=dict)
+    tolerance: float | None = None
+    description: str | None = None
+    name: str | None = None                # the built-in name, or the file name
+    tokens_given: bool = False
+    kv_tokens_given: bool = False
+
+    # -------- derived facts
+    @property
+    def start(self) -> str:
+        """The starting point: ``"X"``, ``"QK"`` or ``"scores"``."""
+        if self.X is not None:
+            return "X"
+        if self.Q is not None:
+            return "QK"
+        return "scores"
+
+    @property
+    def is_cross(self) -> bool:
+        if self.start == "X":
+            return self.X_kv is not None
+        if self.start == "QK":
+            return self.K.shape[0] != self.Q.shape[0] or self.kv_tokens_given
+        return self.scores.shape[1] != self.scores.shape[0] or self.kv_tokens_given
+
+    @property
+    def n_queries(self) -> int:
+        return {"X": lambda: self.X.shape[0], "QK": lambda: self.Q.shape[0],
+                "scores": lambda: self.scores.shape[0]}[self.start]()
+
+    @property
+    def n_keys(self) -> int:
+        if self.start == "X":
+            return (self.X if self.X_kv is None else self.X_kv).shape[0]
+        if self.start == "QK":
+            return self.K.shape[0]
+        return self.scores.shape[1]
+
+    @property
+    def key_labels(self) -> list[str]:
+        """Labels of the key/value rows: ``kv_tokens``, or the tokens in self-attention."""
+        if self.kv_tokens is not None:
+            return list(self.kv_tokens)
+        return list(self.tokens)
+
+    def key_width(self) -> int | None:
+        if self.start == "X":
+            return self.W_K.shape[1]
+        if self.start == "QK":
+            return self.K.shape[1]
+        return None
+
+
+# ----------------------------------------------------------------------------------------------- validation
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _number(x, where: str):
+    if isinstance(x, _YamlBool) or isinstance(x, (bool, np.bool_)):
+        raise WorkedExampleError(f"{where}: expected a number, found {str(x).lower() if isinstance(x, bool) else x}")
+    if not _is_number(x):
+        found = "nothing (null)" if x is None else (f"{x!r}" if isinstance(x, str) else type(x).__name__)
+        raise WorkedExampleError(f"{where}: expected a number, found {found}")
+    if not math.isfinite(float(x)):
+        raise WorkedExampleError(f"{where}: expected a finite number, found {text_of(x)}")
+    return x
+
+
+def _matrix(value, key: str, where: str, *, allow_vector: str | None = None) -> np.ndarray:
+    """A rectangular matrix of finite numbers → float64 (rows, cols).
+
+    allow_vector: "row" accepts a flat list as one row, "column" as one column.
+    """
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)):
+        raise WorkedExampleError(f"{where}: {key}: expected a matrix (a list of rows), found "
+                                 f"{_describe(value)}")
+    if len(value) == 0:
+        raise WorkedExampleError(f"{where}: {key}: expected a matrix with at least one row, found an empty list")
+    if all(not isinstance(r, (list, tuple)) for r in value) and allow_vector:
+        for j, x in enumerate(value):
+            _number(x, f"{where}: {key}[{j}]")
+        arr = np.array([float(x) for x in value], dtype=np.float64)
+        return arr[None, :] if allow_vector == "row" else arr[:, None]
+    width = None
+    for i, row in enumerate(value):
+        if not isinstance(row, (list, tuple)):
+            raise WorkedExampleError(f"{where}: {key} row {i}: expected a list of numbers, found {_describe(row)}")
+        if width is None:
+            width = len(row)
+            if width == 0:
+                raise WorkedExampleError(f"{where}: {key} row 0: expected at least one number, found an empty row")
+        elif len(row) != width:
+            raise WorkedExampleError(f"{where}: {key} row {i}: expected {width} numbers (as row 0), found "
+                                     f"{len(row)} (ragged matrix)")
+        for j, x in enumerate(row):
+            _number(x, f"{where}: {key}[{i}][{j}]")
+    return np.array([[float(x) for x in row] for row in value], dtype=np.float64)
+
+
+def _describe(v) -> str:
+    if v is None:
+        return "nothing (null)"
+    if isinstance(v, _YamlBool):
+        return f"the boolean {v}"
+    if isinstance(v, str):
+        return f"the text {v!r}"
+    if isinstance(v, dict):
+        return "a mapping"
+    if isinstance(v, (list, tuple)):
+        return f"a list of {len(v)}"
+    if _is_number(v):
+        return f"the number {text_of(v)}"
+    return type(v).__name__
+
+
+def _labels(value, key: str, n: int, what: str, where: str) -> list[str]:
+    if not isinstance(value, (list, tuple)):
+        raise WorkedExampleError(f"{where}: {key}: expected a list of {n} labels ({what}), found {_describe(value)}")
+    out = []
+    for i, t in enumerate(value):
+        if t is None or isinstance(t, (dict, list, tuple)):
+            raise WorkedExampleError(f"{where}: {key}[{i}]: expected a label (text), found {_describe(t)}")
+        out.append(text_of(t) if _is_number(t) and not isinstance(t, bool) else str(t))
+    if len(out) != n:
+        raise WorkedExampleError(f"{where}: {key}: expected {n} labels ({what}), found {len(out)}")
+    return out
+
+
+def _flag(x, where: str) -> bool:
+    if isinstance(x, _YamlBool):
+        return x.value
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if _is_number(x) and float(x) in (0.0, 1.0):
+        return bool(float(x))
+    raise WorkedExampleError(f"{where}: expected true or false (true = may attend), found {_describe(x)}")
+
+
+def _mask(value, L: int, S: int, where: str):
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray) and value.dtype == np.bool_:
+        if value.shape != (L, S):
+            raise WorkedExampleError(f"{where}: mask: expected a {L}×{S} boolean matrix (queries × keys), "
+                                     f"found shape {value.shape}")
+        return value.copy()
+    if isinstance(value, str) and not isinstance(value, _YamlBool):
+        v = value.strip().lower()
+        if v == "causal":
+            return "causal"
+        if v in ("none", ""):
+            return None
+        raise WorkedExampleError(f"{where}: mask: expected 'causal', 'none' or a boolean matrix, found {value!r}")
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not value:
+        raise WorkedExampleError(f"{where}: mask: expected 'causal' or a {L}×{S} boolean matrix, found "
+                                 f"{_describe(value)}")
+    rows = []
+    for i, row in enumerate(value):
+        if not isinstance(row, (list, tuple)):
+            raise WorkedExampleError(f"{where}: mask row {i}: expected a list of {S} true/false, found {_describe(row)}")
+        if len(row) != S:
+            raise WorkedExampleError(f"{where}: mask row {i}: expected {S} entries (one per key), found {len(row)}")
+        rows.append([_flag(x, f"{where}: mask[{i}][{j}]") for j, x in enumerate(row)])
+    if len(rows) != L:
+        raise WorkedExampleError(f"{where}: mask: expected {L} rows (one per query), found {len(rows)}")
+    return np.array(rows, dtype=bool)
+
+
+def _scalar(value, key: str, where: str, *, positive: bool = True):
+    _number(value, f"{where}: {key}")
+    if positive and float(value) <= 0:
+        raise WorkedExampleError(f"{where}: {key}: expected a positive number, found {text_of(value)}")
+    return value
+
+
+def _row_index(key, labels: list[str], given: bool, n: int, where: str) -> int:
+    """A claim's row key: a label of the rows, else a 0-based index."""
+    if isinstance(key, _YamlBool):
+        key_text = str(key)
+    elif _is_number(key):
+        key_text = text_of(key)
+    else:
+        key_text = str(key)
+    if given:
+        hits = [i for i, t in enumerate(labels) if t == key_text]
+        if len(hits) == 1:
+            return hits[0]
+        if len(hits) > 1:
+            raise WorkedExampleError(f"{where}: row {key_text!r}: the label appears {len(hits)} times "
+                                     f"(rows {hits}); use the 0-based row index instead")
+    idx = None
+    if isinstance(key, numbers.Integral) and not isinstance(key, bool):
+        idx = int(key)
+    elif isinstance(key, str) and re.fullmatch(r"\d+", key_text):
+        idx = int(key_text)
+    if idx is None:
+        known = labels if given else []
+        hint = f"one of {known} or a row index 0..{n - 1}" if known else f"a row index 0..{n - 1} (no labels given)"
+        raise WorkedExampleError(f"{where}: row {key_text!r}: no such label; expected {hint}")
+    if not 0 <= idx < n:
+        raise WorkedExampleError(f"{where}: row {idx}: expected a row index 0..{n - 1}")
+    return idx
+
+
+def _claim_row(values, width: int, where: str) -> list:
+    if _is_number(values) or isinstance(values, _YamlBool):
+        if width != 1:
+            raise WorkedExampleError(f"{where}: expected a list of {width} numbers, found a single number")
+        values = [values]
+    if not isinstance(values, (list, tuple)):
+        raise WorkedExampleError(f"{where}: expected a list of {width} numbers, found {_describe(values)}")
+    if len(values) != width:
+        raise WorkedExampleError(f"{where}: expected {width} numbers, found {len(values)}")
+    out = []
+    for j, x in enumerate(values):
+        if x is None:
+            out.append(None)                                    # null: not claimed
+            continue
+        _number(x, f"{where}[{j}]")
+        out.append(x if isinstance(x, Number) else Number(float(x), text_of(x)))
+    return out
+
+
+def _claims(value, w: Worked, shapes: dict[str, tuple[int, int]], where: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise WorkedExampleError(f"{where}: claims: expected a mapping of step names ({', '.join(CLAIM_NAMES)}) "
+                                 f"to rows, found {_describe(value)}")
+    out: dict[str, dict[int, list]] = {}
+    for name, rows in value.items():
+        name = str(name)
+        if name not in CLAIM_NAMES:
+            raise WorkedExampleError(f"{where}: claims: unknown name {name!r}; expected one of "
+                                     f"{', '.join(CLAIM_NAMES)}")
+        if name not in shapes:
+            raise WorkedExampleError(f"{where}: claims.{name}: this example does not compute {name} "
+                                     f"({_why_missing(name, w)})")
+        L, C = shapes[name]
+        key_side = name in ("K", "V")
+        labels = w.key_labels if key_side else list(w.tokens)
+        given = (w.kv_tokens_given if (key_side and w.kv_tokens is not None) else w.tokens_given)
+        at = f"{where}: claims.{name}"
+        parsed: dict[int, list] = {}
+        if isinstance(rows, dict):
+            for key, vals in rows.items():
+                i = _row_index(key, labels, given, L, at)
+                label = labels[i]
+                parsed[i] = _claim_row(vals, C, f"{at}[{label if given else i}]")
+        elif isinstance(rows, (list, tuple)) and rows and all(isinstance(r, (list, tuple)) for r in rows):
+            if len(rows) != L:
+                raise WorkedExampleError(f"{at}: expected {L} rows (the whole matrix), found {len(rows)}; give "
+                                         "a subset as a mapping {label or row index: [...]}")
+            for i, vals in enumerate(rows):
+                parsed[i] = _claim_row(vals, C, f"{at}[{i}]")
+        elif isinstance(rows, (list, tuple)) and rows and L == 1:
+            parsed[0] = _claim_row(rows, C, f"{at}[0]")
+        elif isinstance(rows, (list, tuple)) and rows and C == 1:
+            if len(rows) != L:
+                raise WorkedExampleError(f"{at}: expected {L} numbers (one column), found {len(rows)}")
+            for i, x in enumerate(rows):
+                parsed[i] = _claim_row([x], 1, f"{at}[{i}]")
+        elif _is_number(rows) and L == 1 and C == 1:
+            parsed[0] = _claim_row([rows], 1, f"{at}")
+        else:
+            raise WorkedExampleError(f"{at}: expected a {L}×{C} matrix or a mapping {{label or row index: "
+                                     f"[{C} numbers]}}, found {_describe(rows)}")
+        out[name] = parsed
+    return out
+
+
+def _why_missing(name: str, w: Worked) -> str:
+    if name in ("Q", "K") and w.start == "scores":
+        return "it starts from scores"
+    if name == "V" or name == "output":
+        return "it gives no V"
+    if w.heads > 1:
+        return f"per-head {name} claims are not supported with heads > 1"
+    return "not part of this example"
+
+
+def from_dict(doc, *, name: str | None = None, where: str | None = None) -> Worked:
+    """Validate a parsed worked example (a mapping as in the file format) into a :class:`Worked`."""
+    where = where or name or "worked example"
+    if not isinstance(doc, dict):
+        raise WorkedExampleError(f"{where}: expected a mapping of keys (title, tokens, X, W_Q, ..., claims), "
+                                 f"found {_describe(doc)}")
+    doc = {str(k): v for k, v in doc.items()}
+    unknown = [k for k in doc if k not in _KNOWN_KEYS]
+    if unknown:
+        raise WorkedExampleError(f"{where}: unknown key {unknown[0]!r}; expected some of {', '.join(_KNOWN_KEYS)}")
+    w = Worked(name=name)
+    for key in ("title", "description"):
+        v = doc.get(key)
+        if v is not None and (isinstance(v, (dict, list, tuple))):
+            raise WorkedExampleError(f"{where}: {key}: expected text, found {_describe(v)}")
+        setattr(w, key, None if v is None else str(text_of(v) if _is_number(v) else v))
+
+    has_x = doc.get("X") is not None
+    has_qk = doc.get("Q") is not None or doc.get("K") is not None
+    has_scores = doc.get("scores") is not None
+    starts = [s for s, f in (("X", has_x), ("Q/K", has_qk), ("scores", has_scores)) if f]
+    if not starts:
+        raise WorkedExampleError(f"{where}: no starting point; expected X (with W_Q, W_K, W_V), or Q and K, or "
+                                 "scores")
+    if len(starts) > 1:
+        raise WorkedExampleError(f"{where}: expected one starting point, found {' and '.join(starts)} (claim later "
+                                 "steps under claims:)")
+    shapes: dict[str, tuple[int, int]] = {}
+    if has_x:
+        w.X = _matrix(doc["X"], "X", where)
+        if doc.get("X_kv") is not None:
+            w.X_kv = _matrix(doc["X_kv"], "X_kv", where)
+        D = w.X.shape[1]
+        Dkv = D if w.X_kv is None else w.X_kv.shape[1]
+        for key, rows in (("W_Q", D), ("W_K", Dkv), ("W_V", Dkv)):
+            if doc.get(key) is None:
+                raise WorkedExampleError(f"{where}: {key}: missing; X needs W_Q, W_K and W_V")
+            m = _matrix(doc[key], key, where)
+            if m.shape[0] != rows:
+                src = "X" if key == "W_Q" or w.X_kv is None else "X_kv"
+                raise WorkedExampleError(f"{where}: {key}: expected {rows} rows (the width of {src}), found "
+                                         f"{m.shape[0]}")
+            setattr(w, key, m)
+        if w.W_K.shape[1] != w.W_Q.shape[1]:
+            raise WorkedExampleError(f"{where}: W_K: expected {w.W_Q.shape[1]} columns (as W_Q: queries and keys "
+                                     f"share a width), found {w.W_K.shape[1]}")
+        for key in ("V",):
+            if doc.get(key) is not None:
+                raise WorkedExampleError(f"{where}: V: not allowed with X (V = X·W_V); claim it under claims:")
+        L, S = w.X.shape[0], (w.X if w.X_kv is None else w.X_kv).shape[0]
+        E, Ev = w.W_Q.shape[1], w.W_V.shape[1]
+    elif has_qk:
+        for key in ("Q", "K"):
+            if doc.get(key) is None:
+                raise WorkedExampleError(f"{where}: {key}: missing; a file that starts from Q and K needs both")
+            setattr(w, key, _matrix(doc[key], key, where))
+        if w.K.shape[1] != w.Q.shape[1]:
+            raise WorkedExampleError(f"{where}: K: expected {w.Q.shape[1]} columns (the width of Q), found "
+                                     f"{w.K.shape[1]}")
+        L, S, E = w.Q.shape[0], w.K.shape[0], w.Q.shape[1]
+        if doc.get("V") is not None:
+            w.V = _matrix(doc["V"], "V", where, allow_vector="column")
+            if w.V.shape[0] != S:
+                raise WorkedExampleError(f"{where}: V: expected {S} rows (one per key), found {w.V.shape[0]}")
+        Ev = None if w.V is None else w.V.shape[1]
+    else:
+        w.scores = _matrix(doc["scores"], "scores", where, allow_vector="row")
+        L, S = w.scores.shape
+        E = None
+        if doc.get("V") is not None:
+            w.V = _matrix(doc["V"], "V", where, allow_vector="column")
+            if w.V.shape[0] != S:
+                raise WorkedExampleError(f"{where}: V: expected {S} rows (one per key, the columns of scores), "
+                                         f"found {w.V.shape[0]}")
+        Ev = None if w.V is None else w.V.shape[1]
+    for key in ("X_kv", "W_Q", "W_K", "W_V"):
+        if not has_x and doc.get(key) is not None:
+            raise WorkedExampleError(f"{where}: {key}: only used with X; this file starts from {starts[0]}")
+
+    if doc.get("heads") is not None:
+        h = doc["heads"]
+        if not isinstance(h, numbers.Integral) or isinstance(h, bool) or isinstance(h, _YamlBool) or h < 1:
+            raise WorkedExampleError(f"{where}: heads: expected a positive integer, found {_describe(h)}")
+        w.heads = int(h)
+    if doc.get("W_O") is not None:
+        w.W_O = _matrix(doc["W_O"], "W_O", where)
+    if w.heads > 1 or w.W_O is not None:
+        if not has_x:
+            raise WorkedExampleError(f"{where}: heads: several heads and W_O need X with W_Q, W_K, W_V")
+        D = w.X.shape[1]
+        if w.W_Q.shape != (D, D):
+            raise WorkedExampleError(f"{where}: W_Q: with heads the projections are D×D (D = {D}, the width of "
+                                     f"X), found {w.W_Q.shape[0]}×{w.W_Q.shape[1]}")
+        for key in ("W_K", "W_V"):
+            m = getattr(w, key)
+            if m.shape[1] != D:
+                raise WorkedExampleError(f"{where}: {key}: with heads expected {D} columns, found {m.shape[1]}")
+        if D % w.heads:
+            raise WorkedExampleError(f"{where}: heads: expected a divisor of the width {D}, found {w.heads}")
+        if w.W_O is not None and w.W_O.shape != (D, D):
+            raise WorkedExampleError(f"{where}: W_O: expected shape {D}×{D}, found {w.W_O.shape[0]}×"
+                                     f"{w.W_O.shape[1]}")
+
+    if doc.get("d_k") is not None:
+        w.d_k = _scalar(doc["d_k"], "d_k", where)
+        if w.heads > 1 and float(w.d_k) != w.X.shape[1] // w.heads:
+            raise WorkedExampleError(f"{where}: d_k: with {w.heads} heads it is the head width "
+                                     f"{w.X.shape[1] // w.heads}, found {text_of(w.d_k)}")
+    elif not has_x and not has_qk:
+        raise WorkedExampleError(f"{where}: d_k: missing; a file that starts from scores needs d_k (the d in √d_k)")
+    if doc.get("tolerance") is not None:
+        w.tolerance = float(_scalar(doc["tolerance"], "tolerance", where, positive=False))
+        if w.tolerance < 0:
+            raise WorkedExampleError(f"{where}: tolerance: expected a number ≥ 0, found {w.tolerance}")
+
+    # labels
+    if doc.get("tokens") is not None:
+        w.tokens = _labels(doc["tokens"], "tokens", L, "one per query row", where)
+        w.tokens_given = True
+    else:
+        w.tokens = [f"#{i}" for i in range(L)]
+    cross = (has_x and w.X_kv is not None) or (not has_x and S != L)
+    if doc.get("kv_tokens") is not None:
+        w.kv_tokens = _labels(doc["kv_tokens"], "kv_tokens", S, "one per key/value row", where)
+        w.kv_tokens_given = True
+    elif cross:
+        w.kv_tokens = [f"#{j}" for j in range(S)]
+    elif w.tokens_given is False:
+        w.kv_tokens = None
+
+    w.mask = _mask(doc.get("mask"), L, S, where)
+    if isinstance(w.mask, np.ndarray) and w.heads > 1:
+        pass
+    # shapes of what can be claimed
+    if has_x:
+        if w.heads == 1:
+            shapes.update(Q=(L, E), K=(S, E), V=(S, Ev), scores=(L, S), scaled=(L, S), weights=(L, S),
+                          output=(L, Ev))
+        else:
+            shapes.update(Q=(L, E), K=(S, E), V=(S, Ev))
+    elif has_qk:
+        shapes.update(Q=(L, E), K=(S, E), scores=(L, S), scaled=(L, S), weights=(L, S))
+        if w.V is not None:
+            shapes.update(V=(S, Ev), output=(L, Ev))
+    else:
+        shapes.update(scores=(L, S), scaled=(L, S), weights=(L, S))
+        if w.V is not None:
+            shapes.update(V=(S, Ev), output=(L, Ev))
+    w.claims = _claims(doc.get("claims"), w, shapes, where)
+    return w
+
+
+# ----------------------------------------------------------------------------------------------- loading
+def load_file(path) -> Worked:
+    """Read and validate a worked-example file (YAML, or JSON when the name ends in ``.json``)."""
+    doc, where = _read(path)
+    return from_dict(doc, name=where, where=where)
+
+
+def _examples_dir():
+    return resources.files("qkv") / "examples"
+
+
+def builtin_names() -> list[str]:
+    """The built-in examples' names, ``seed003`` (the default) first."""
+    names = sorted(p.name[:-5] for p in _examples_dir().iterdir() if p.name.endswith(".yaml"))
+    order = ["seed003", "seed000", "seed002"]
+    return [n for n in order if n in names] + [n for n in names if n not in order]
+
+
+def load_example(name: str) -> Worked:
+    """A built-in example by name (see :func:`builtin_names`)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str, got {type(name).__name__}")
+    names = builtin_names()
+    if name not in names:
+        raise WorkedExampleError(f"example: no built-in example {name!r}; expected one of {', '.join(names)}")
+    ref = _examples_dir() / f"{name}.yaml"
+    doc = _parse_yaml(ref.read_text(encoding="utf-8"), f"{name}.yaml")
+    return from_dict(doc, name=name, where=f"{name}.yaml")
+
+
+# ----------------------------------------------------------------------------------------------- running
+def _resolve_mask(worked: Worked, mask):
+    L, S = worked.n_queries, worked.n_keys
+    if mask is None:
+        return worked.mask
+    if isinstance(mask, str):
+        m = mask.strip().lower()
+        if m == "none":
+            return None
+        if m == "causal":
+            return "causal"
+        raise ValueError(f"mask: expected 'causal', 'none', a boolean array or None, got {mask!r}")
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_:
+        raise TypeError(f"mask: expected a boolean array (True = may attend), got dtype {arr.dtype}")
+    try:
+        np.broadcast_shapes(arr.shape, (L, S))
+    except ValueError:
+        raise ValueError(f"mask: expected a boolean array broadcastable to ({L}, {S}), got shape {arr.shape}") from None
+    if arr.ndim > 2 and worked.heads == 1:
+        raise ValueError(f"mask: expected a boolean array of shape ({L}, {S}), got shape {arr.shape}")
+    return np.broadcast_to(arr, (L, S)).copy() if arr.ndim <= 2 else arr
+
+
+def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
+    """Run a worked example through qkv's own computation path and return the :class:`qkv.Trace`.
+
+    X examples run :func:`qkv.attention` (one head) or :class:`qkv.MultiHeadAttention` (``heads > 1``:
+    split, per-head attention, concat, W_O); Q/K examples run :func:`qkv.scaled_dot_product_attention`
+    (or, without V, its stages up to the weights); scores examples run the stages from ``scale`` on.
+
+    Args:
+        worked: the example.
+        heads: override the number of heads (X examples with square W_Q only).
+        mask: override the mask: ``"causal"``, ``"none"``, or a boolean array (True = may attend).
+        trace: a :class:`qkv.Trace` to record into (a new one by default).
+    """
+    from .. import stages
+    from ..attention import attention, scaled_dot_product_attention
+    from ..mha import MultiHeadAttention
+    from ..trace import Trace
+    from ..trace import trace as tracing
+
+    if not isinstance(worked, Worked):
+        raise TypeError(f"worked: expected a qkv.explain.examples.Worked, got {type(worked).__name__}")
+    if trace is None:
+        trace = Trace()
+    h = worked.heads if heads is None else heads
+    if isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1:
+        raise ValueError(f"heads: expected a positive integer, got {h!r}")
+    h = int(h)
+    m = _resolve_mask(worked, mask)
+    causal = isinstance(m, str) and m == "causal"
+    bool_mask = None if (m is None or causal) else m
+    scale = None if worked.d_k is None else 1.0 / math.sqrt(float(worked.d_k))
+    start = worked.start
+    if h > 1:
+        if start != "X":
+            raise ValueError(f"heads: several heads need an example that starts from X (this one starts from "
+                             f"{'Q and K' if start == 'QK' else 'scores'})")
+        D = worked.X.shape[1]
+        if worked.W_Q.shape != (D, D) or worked.W_K.shape[1] != D or worked.W_V.shape[1] != D:
+            raise ValueError(f"heads: several heads need D×D projections (D = {D}); this example has W_Q "
+                             f"{worked.W_Q.shape}, W_K {worked.W_K.shape}, W_V {worked.W_V.shape}")
+        if D % h:
+            raise ValueError(f"heads: expected a divisor of the width {D}, got {h}")
+        if worked.d_k is not None and float(worked.d_k) != D // h:
+            raise ValueError(f"heads: d_k = {text_of(worked.d_k)} but {h} heads have width {D // h}")
+        x_kv = worked.X_kv
+        mha = MultiHeadAttention(D, h, bias=False, kdim=None if x_kv is None else x_kv.shape[1],
+                                 vdim=None if x_kv is None else x_kv.shape[1], dtype=np.float64)
+        W_O = worked.W_O if worked.W_O is not None else np.eye(D)
+        mha.load(W_Q=worked.W_Q, W_K=worked.W_K, W_V=worked.W_V, W_O=W_O)
+        mha.forward(worked.X, x_kv, x_kv, attn_mask=bool_mask, is_causal=causal, trace=trace)
+        return trace
+    if start == "X":
+        attention(worked.X, worked.W_Q, worked.W_K, worked.W_V, x_kv=worked.X_kv, attn_mask=bool_mask,
+                  is_causal=causal, scale=scale, trace=trace)
+        return trace
+    if start == "QK" and worked.V is not None:
+        scaled_dot_product_attention(worked.Q, worked.K, worked.V, attn_mask=bool_mask, is_causal=causal,
+                                     scale=scale, trace=trace)
+        return trace
+    # Q, K without V, or scores: the reference backend's stages, in its order, as far as the example goes.
+    from .. import masks as _masks
+    L, S = worked.n_queries, worked.n_keys
+    with tracing(trace):
+        if start == "QK":
+            stages.observe_input("Q", worked.Q)
+            stages.observe_input("K", worked.K)
+            s = stages.score(worked.Q, worked.K)
+            d_k = worked.Q.shape[1] if worked.d_k is None else float(worked.d_k)
+        else:
+            s = stages.observe_input("scores", worked.scores, "scores (given)")
+            d_k = float(worked.d_k)
+        if worked.V is not None:
+            stages.observe_input("V", worked.V)
+        d_k = int(d_k) if float(d_k).is_integer() else float(d_k)
+        s = stages.scale(s, 1.0 / math.sqrt(d_k), d_k=d_k)
+        mk = _masks.causal(L, S) if causal else bool_mask
+        s = stages.apply_mask(s, mk)
+        wts = stages.softmax(s)
+        if worked.V is not None:
+            stages.weighted_sum(wts, worked.V)
+    return trace

@@ -1,0 +1,663 @@
+"""Render a :class:`qkv.Trace` as the textbook hand calculation (text, markdown, JSON; English or Chinese).
+
+Nothing here computes attention. Every number shown after an ``=`` is an element of a stage's own recorded
+output; the arithmetic to its left is formatted from the operands that stage recorded (``Step.terms`` for
+the matrix products; ``exp``, ``sum`` and ``max`` recorded by :func:`qkv.stages.softmax`). Large inputs switch
+to shapes, leading rows/columns and summaries.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..trace import Step, Trace
+from . import _doc
+from ._doc import Doc, Section, Table, fmt, fmt_factor
+from ._i18n import check_lang, t
+
+__all__ = ["render", "explain_query", "build_doc", "build_query_doc"]
+
+#: rows/columns shown in full; larger matrices show the first SHOW of them and a summary
+SMALL = 8
+SHOW = 6
+#: a matrix product's element is written out term by term when the inner dimension is at most this
+MAX_TERMS = 8
+#: every element's arithmetic is written out when a slice has at most this many elements
+MAX_CALC = 36
+#: (batch, head) slices shown one by one; more show the first and say so
+MAX_SLICES = 4
+
+QUERY_SIDE = {"X", "Q", "Q_heads", "scores", "scaled", "masked", "weights", "dropout", "output", "concat",
+              "final_output"}
+KEY_SIDE = {"X_kv", "K", "V", "K_heads", "V_heads", "K_repeated", "V_repeated"}
+PER_HEAD = {"Q_heads", "K_heads", "V_heads", "K_repeated", "V_repeated", "scores", "scaled", "masked", "weights",
+            "dropout", "output"}
+KEYS_AS_COLS = {"scores", "scaled", "masked", "weights", "dropout"}
+
+
+# ----------------------------------------------------------------------------------------------- checks
+def _check_common(trace, lang, fmt_name, precision, tokens, kv_tokens):
+    if not isinstance(trace, Trace):
+        raise TypeError(f"trace: expected a qkv.Trace, got {type(trace).__name__}")
+    if len(trace) == 0:
+        raise ValueError("trace: expected a trace with recorded steps, got an empty one (run something with "
+                         "trace= or inside qkv.trace())")
+    check_lang(lang)
+    if fmt_name not in _doc.FORMATS:
+        raise ValueError(f"fmt: expected one of {', '.join(_doc.FORMATS)}, got {fmt_name!r}")
+    if isinstance(precision, bool) or not isinstance(precision, (int, np.integer)) or not 0 <= precision <= 12:
+        raise ValueError(f"precision: expected an integer 0..12, got {precision!r}")
+    for name, labels in (("tokens", tokens), ("kv_tokens", kv_tokens)):
+        if labels is not None and (isinstance(labels, str) or not all(isinstance(x, str) for x in labels)):
+            raise TypeError(f"{name}: expected a list of str or None, got {labels!r}")
+    return None if tokens is None else list(tokens), None if kv_tokens is None else list(kv_tokens)
+
+
+class _Labels:
+    """Row/column labels for query and key rows, from tokens/kv_tokens (indices when absent)."""
+
+    def __init__(self, trace: Trace, tokens, kv_tokens):
+        L, S = _lengths(trace)
+        if tokens is not None and L is not None and len(tokens) != L:
+            raise ValueError(f"tokens: expected {L} labels (one per query row), got {len(tokens)}")
+        if kv_tokens is not None and S is not None and len(kv_tokens) != S:
+            raise ValueError(f"kv_tokens: expected {S} labels (one per key row), got {len(kv_tokens)}")
+        self.q = tokens
+        if kv_tokens is not None:
+            self.k = kv_tokens
+        elif tokens is not None and "X_kv" not in trace and (S is None or S == len(tokens)):
+            self.k = tokens
+        else:
+            self.k = None
+
+    def query(self, i: int) -> str:
+        return self.q[i] if self.q is not None and i < len(self.q) else str(i)
+
+    def key(self, j: int) -> str:
+        return self.k[j] if self.k is not None and j < len(self.k) else str(j)
+
+    def rows(self, name: str, n: int) -> list[str]:
+        if name in KEY_SIDE:
+            return [self.key(j) for j in range(n)]
+        if name in QUERY_SIDE:
+            return [self.query(i) for i in range(n)]
+        return [str(i) for i in range(n)]
+
+    def cols(self, name: str, n: int) -> list[str]:
+        if name in KEYS_AS_COLS:
+            return [self.key(j) for j in range(n)]
+        return [str(j) for j in range(n)]
+
+
+def _lengths(trace: Trace):
+    for name in ("weights", "scores", "scaled"):
+        if name in trace:
+            a = trace[name].array
+            return a.shape[-2], a.shape[-1]
+    L = trace["X"].array.shape[-2] if "X" in trace else None
+    S = trace["X_kv"].array.shape[-2] if "X_kv" in trace else L
+    return L, S
+
+
+# ----------------------------------------------------------------------------------------------- slicing
+def _per_head(step: Step, trace: Trace) -> bool:
+    if step.name in PER_HEAD:
+        return True
+    if step.name in ("Q", "K", "V") and "Q_heads" not in trace and step.op == "input":
+        return True                                    # SDPA called directly on (..., H, L, E)
+    return False
+
+
+def _slices(step: Step, trace: Trace, lang: str):
+    """(label, lead index) for every 2-D slice of the step's array."""
+    lead = step.array.shape[:-2]
+    per_head = _per_head(step, trace)
+    out = []
+    for idx in np.ndindex(*lead) if lead else [()]:
+        parts = []
+        for k, v in enumerate(idx):
+            if per_head and k == len(idx) - 1:
+                parts.append(t("head", lang, h=v))
+            elif lead[k] > 1:                          # a batch of one is not worth a label
+                parts.append(t("batch", lang, b=v))
+        out.append((" · ".join(parts), idx))
+    return out
+
+
+def _shape(a) -> str:
+    return "(" + ", ".join(str(d) for d in np.shape(a)) + ")"
+
+
+def _table(name: str, mat: np.ndarray, rows: list[str], cols: list[str], lang: str, precision: int,
+           kind: str = "num") -> Table:
+    R, C = mat.shape
+    if R <= SMALL and C <= SMALL:
+        return Table(name, rows, cols, mat.tolist(), kind)
+    r, c = min(R, SHOW), min(C, SHOW)
+    vals = [list(mat[i, :c]) + ([None] if C > c else []) for i in range(r)]
+    rl = rows[:r]
+    if R > r:
+        vals.append([None] * (c + (1 if C > c else 0)))
+        rl = rl + ["…"]
+    note = t("first_rows", lang, k=r, n=R, c=c, m=C)
+    if kind == "num":
+        finite = mat[np.isfinite(mat)]
+        if finite.size:
+            note += "; " + t("summary", lang, n=mat.size, min=fmt(finite.min(), precision),
+                             max=fmt(finite.max(), precision), mean=fmt(finite.mean(), precision))
+    return Table(name, rl, cols[:c] + (["…"] if C > c else []), vals, kind, note)
+
+
+def _dk(d_k) -> str:
+    d = float(d_k)
+    return str(int(d)) if d.is_integer() else repr(d)
+
+
+def _product_line(lhs: str, terms, value, precision: int, bias=None) -> str:
+    if len(terms) <= MAX_TERMS:
+        expr = " + ".join(f"{fmt_factor(a, precision)}×{fmt_factor(b, precision)}" for a, b in terms)
+    else:
+        head = " + ".join(f"{fmt_factor(a, precision)}×{fmt_factor(b, precision)}" for a, b in terms[:3])
+        expr = f"{head} + … ({len(terms)} terms)"
+    if bias is not None:
+        expr += f" + {fmt_factor(bias, precision)}"
+    return f"{lhs} = {expr} = {fmt(value, precision)}"
+
+
+def _limited_slices(step, trace, lang):
+    sl = _slices(step, trace, lang)
+    if len(sl) <= MAX_SLICES:
+        return sl, None
+    shown = sl[0][0]
+    return sl[:1], t("slices_more", lang, shown=shown, rest=len(sl) - 1)
+
+
+# ----------------------------------------------------------------------------------------------- sections
+class _Builder:
+    def __init__(self, trace: Trace, lang: str, precision: int, labels: _Labels):
+        self.trace, self.lang, self.p, self.lab = trace, lang, precision, labels
+        self.n = 0
+
+    def section(self, step: Step, title: str, shape: str | None = None, formula: str | None = None) -> Section:
+        self.n += 1
+        return Section(step=step.name, title=f"{t('step', self.lang, n=self.n)} · {title}",
+                       formula=formula if formula is not None else step.formula,
+                       shape=shape if shape is not None else _shape(step.array))
+
+    def result_tables(self, sec: Section, step: Step, name: str | None = None, kind: str = "num"):
+        slices, more = _limited_slices(step, self.trace, self.lang)
+        for label, idx in slices:
+            mat = np.asarray(step.array[idx])
+            tb_name = (name or step.name) + (f" [{label}]" if label else "")
+            sec.table(_table(tb_name, mat.astype(bool) if kind == "bool" else mat.astype(np.float64),
+                             self.lab.rows(step.name, mat.shape[0]), self.lab.cols(step.name, mat.shape[1]),
+                             self.lang, self.p, kind))
+        if more:
+            sec.text(more)
+
+    # -- inputs
+    def input(self, step: Step) -> Section:
+        key = {"X": "t_X", "X_kv": "t_X_kv", "Q": "t_in_Q", "K": "t_in_K", "V": "t_in_V",
+               "scores": "t_in_scores"}.get(step.name)
+        title = t(key, self.lang) if key else t("t_in_other", self.lang, name=step.name)
+        sec = self.section(step, title, formula="")
+        sec.formula = None
+        self.result_tables(sec, step)
+        return sec
+
+    # -- matrix products
+    def matmul(self, step: Step) -> Section:
+        a, b = step.operands["a"], step.operands["b"]
+        name = step.name
+        bias = step.operands.get("bias")
+        if name == "scores":
+            title = t("t_scores", self.lang)
+            shape = f"{_shape(a)} · {_shape(b)}ᵀ → {_shape(step.array)}"
+        elif name == "output":
+            title = t("t_output", self.lang)
+            shape = f"{_shape(a)} · {_shape(b)} → {_shape(step.array)}"
+        else:
+            key = {"Q": "t_Q", "K": "t_K", "V": "t_V", "final_output": "t_final_output"}.get(name, "t_matmul")
+            title = t(key, self.lang, formula=step.formula)
+            shape = f"{_shape(a)} · {_shape(b)} → {_shape(step.array)}"
+        sec = self.section(step, title, shape=shape)
+        a_name = step.params.get("a_name", "A")
+        b_name = step.params.get("b_name", "B")
+        if name == "scores":
+            sec.text(t("n_scores", self.lang))
+        elif name == "output":
+            sec.text(t("n_output", self.lang))
+        else:
+            if b.ndim == 2:                              # the weight matrix, shown once
+                sec.table(_table(b_name, np.asarray(b, dtype=np.float64), [str(i) for i in range(b.shape[0])],
+                                 [str(j) for j in range(b.shape[1])], self.lang, self.p))
+                if bias is not None:
+                    bv = np.asarray(bias, dtype=np.float64)[None, :]
+                    sec.table(_table(f"b_{b_name[2:]}", bv, ["b"], [str(j) for j in range(bv.shape[1])],
+                                     self.lang, self.p))
+            sec.text(t("n_proj", self.lang, a=a_name, b=b_name if name != "scores" else "Kᵀ"))
+        slices, more = _limited_slices(step, self.trace, self.lang)
+        for label, idx in slices:
+            mat = np.asarray(step.array[idx])
+            R, C = mat.shape
+            lines = []
+            cells = [(i, j) for i in range(R) for j in range(C)]
+            if R * C > MAX_CALC:
+                lines.append(t("one_element", self.lang, n=R * C))
+                cells = cells[:1]
+            for i, j in cells:
+                terms = step.terms((*idx, i, j))
+                lhs = self._element_name(step, i, j)
+                bv = None if bias is None else float(np.asarray(bias)[j])
+                lines.append(((label + ": ") if label else "") + _product_line(lhs, terms, mat[i, j], self.p, bv))
+            sec.calc(lines)
+        if more:
+            sec.text(more)
+        self.result_tables(sec, step)
+        return sec
+
+    def _element_name(self, step: Step, i: int, j: int) -> str:
+        if step.name in KEYS_AS_COLS:
+            return f"{step.name}[{self.lab.query(i)}, {self.lab.key(j)}]"
+        return f"{step.name}[{self.lab.rows(step.name, i + 1)[i]}, {j}]"
+
+    # -- scale
+    def scale(self, step: Step) -> Section:
+        sc = float(step.params.get("scale", float("nan")))
+        d_k = step.params.get("d_k")
+        default = bool(step.params.get("is_default"))
+        if default and d_k is not None:
+            sqrt = math.sqrt(float(d_k))
+            sec = self.section(step, t("t_scaled", self.lang))
+            sec.text(t("n_scaled", self.lang, d=_dk(d_k), sqrt=fmt(sqrt, self.p), scale=fmt(sc, self.p)))
+        else:
+            sqrt = None
+            sec = self.section(step, t("t_scaled_custom", self.lang, scale=fmt(sc, self.p)))
+            sec.text(t("n_scaled_custom", self.lang, scale=fmt(sc, self.p)))
+        src = step.operands.get("scores")
+        slices, more = _limited_slices(step, self.trace, self.lang)
+        for label, idx in slices:
+            mat = np.asarray(step.array[idx])
+            R, C = mat.shape
+            cells = [(i, j) for i in range(R) for j in range(C)]
+            lines = []
+            if R * C > MAX_CALC:
+                lines.append(t("one_element", self.lang, n=R * C))
+                cells = cells[:1]
+            for i, j in cells:
+                s = float(np.asarray(src[idx])[i, j]) if src is not None else float("nan")
+                op = f"/ {fmt(sqrt, self.p)}" if sqrt is not None else f"× {fmt(sc, self.p)}"
+                lines.append(((label + ": ") if label else "") +
+                             f"{self._element_name(step, i, j)} = {fmt(s, self.p)} {op} = {fmt(mat[i, j], self.p)}")
+            sec.calc(lines)
+        if more:
+            sec.text(more)
+        self.result_tables(sec, step)
+        return sec
+
+    # -- mask
+    def mask(self, step: Step) -> Section:
+        sec = self.section(step, t("t_masked", self.lang))
+        m = step.operands.get("mask")
+        if m is not None and np.asarray(m).dtype == np.bool_:
+            sec.text(t("n_mask", self.lang))
+            full = np.broadcast_to(np.asarray(m), step.array.shape)
+            slices, more = _limited_slices(step, self.trace, self.lang)
+            first = full[slices[0][1]]
+            same = all(np.array_equal(full[idx], first) for _, idx in _slices(step, self.trace, self.lang))
+            for label, idx in (slices[:1] if same else slices):
+                sec.table(_table("mask" + (f" [{label}]" if label and not same else ""), full[idx],
+                                 self.lab.rows("scores", first.shape[0]), self.lab.cols("scores", first.shape[1]),
+                                 self.lang, self.p, kind="bool"))
+        else:
+            sec.text(t("n_mask_float", self.lang))
+        self.result_tables(sec, step)
+        return sec
+
+    # -- softmax
+    def softmax(self, step: Step) -> Section:
+        sec = self.section(step, t("t_weights", self.lang))
+        sec.text(t("n_softmax", self.lang))
+        e, total, mx, logits = (step.operands.get(k) for k in ("exp", "sum", "max", "logits"))
+        slices, more = _limited_slices(step, self.trace, self.lang)
+        for label, idx in slices:
+            w = np.asarray(step.array[idx])
+            R, C = w.shape
+            rows = range(R) if (R <= SMALL and C <= SMALL) else range(1)
+            lines = []
+            if e is not None and total is not None and mx is not None and logits is not None:
+                for i in rows:
+                    lines += self._softmax_row(label, idx, i, w, e, total, mx, logits)
+            if len(rows) < R:
+                lines.append(t("one_element", self.lang, n=R))
+            sec.calc(lines)
+        if more:
+            sec.text(more)
+        self.result_tables(sec, step)
+        return sec
+
+    def _softmax_row(self, label, idx, i, w, e, total, mx, logits) -> list[str]:
+        p = self.p
+        x = np.asarray(logits[idx])[i]
+        ex = np.asarray(e[idx])[i]
+        tot = float(np.asarray(total[idx])[i, 0])
+        m = float(np.asarray(mx[idx])[i, 0])
+        C = len(x)
+        pre = (label + ": ") if label else ""
+        lines = [f"{pre}{t('row', self.lang, label=self.lab.query(i))}: {t('max', self.lang)} = {fmt(m, p)}"]
+        show = range(C) if C <= SMALL else range(SHOW)
+        parts = []
+        for j in show:
+            if np.isneginf(x[j]):
+                parts.append(f"exp(−∞) = 0")
+            else:
+                parts.append(f"exp({fmt(x[j], p)} − {fmt_factor(m, p)}) = {fmt(ex[j], p)}")
+        lines.append("  " + ";  ".join(parts) + ("; …" if C > len(show) else ""))
+        if C <= SMALL:
+            lines.append(f"  {t('sum', self.lang)} = " + " + ".join(fmt(v, p) for v in ex) + f" = {fmt(tot, p)}")
+        else:
+            lines.append(f"  {t('sum', self.lang)} = Σ ({C}) = {fmt(tot, p)}")
+        lines.append("  " + "  ".join(
+            f"{self.lab.key(j)}: {fmt(ex[j], p)} / {fmt(tot, p)} = {fmt(w[i, j], p)}" for j in show)
+            + ("  …" if C > len(show) else ""))
+        return lines
+
+    # -- dropout
+    def dropout(self, step: Step) -> Section:
+        sec = self.section(step, t("t_dropout", self.lang))
+        pr = float(step.params.get("p", 0.0))
+        sec.text(t("n_dropout", self.lang, keep=fmt(1 - pr, self.p)))
+        self.result_tables(sec, step)
+        return sec
+
+    # -- reshapes
+    def split(self, step: Step) -> Section:
+        src = step.name[:-len("_heads")]
+        x = step.operands.get("x")
+        sec = self.section(step, t("t_heads", self.lang, name=src))
+        sec.text(t("n_split", self.lang, src=src, src_shape=_shape(x) if x is not None else "?", name=step.name,
+                   shape=_shape(step.array)))
+        self.result_tables(sec, step)
+        return sec
+
+    def repeat(self, step: Step) -> Section:
+        x = step.operands.get("x")
+        sec = self.section(step, t("t_repeated", self.lang, name=step.name))
+        sec.text(t("n_repeat", self.lang, n=step.params.get("n_rep", "?"),
+                   hk=(np.shape(x)[-3] if x is not None and np.ndim(x) >= 3 else "?")))
+        return sec
+
+    def concat(self, step: Step) -> Section:
+        x = step.operands.get("x")
+        sec = self.section(step, t("t_concat", self.lang))
+        sec.text(t("n_concat", self.lang, src_shape=_shape(x) if x is not None else "?", shape=_shape(step.array)))
+        self.result_tables(sec, step)
+        return sec
+
+    def step(self, step: Step) -> Section | None:
+        if step.op == "input":
+            return self.input(step)
+        if step.op == "matmul":
+            return self.matmul(step)
+        if step.op == "scale":
+            return self.scale(step)
+        if step.op == "mask":
+            return self.mask(step)
+        if step.op == "softmax":
+            return self.softmax(step)
+        if step.op == "dropout":
+            return self.dropout(step)
+        if step.op == "reshape" and step.name.endswith("_heads"):
+            return self.split(step)
+        if step.op == "reshape" and step.name == "concat":
+            return self.concat(step)
+        if step.op == "repeat":
+            return self.repeat(step)
+        sec = self.section(step, step.name)
+        self.result_tables(sec, step)
+        return sec
+
+
+def build_doc(trace: Trace, *, lang: str = "en", precision: int = 4, tokens=None, kv_tokens=None,
+              title: str | None = None) -> Doc:
+    """The document of a whole trace (see :func:`render`)."""
+    tokens, kv_tokens = _check_common(trace, lang, "text", precision, tokens, kv_tokens)
+    labels = _Labels(trace, tokens, kv_tokens)
+    doc = Doc(title=title or t("doc_title", lang), lang=lang)
+    doc.intro.append(t("overview_mha" if "Q_heads" in trace else "overview", lang))
+    if tokens is not None:
+        doc.intro.append(f"{t('tokens', lang)}: {' '.join(tokens)}")
+    if kv_tokens is not None:
+        doc.intro.append(f"{t('kv_tokens', lang)}: {' '.join(kv_tokens)}")
+    b = _Builder(trace, lang, precision, labels)
+    for step in trace:
+        sec = b.step(step)
+        if sec is not None:
+            doc.sections.append(sec)
+    return doc
+
+
+def render(trace: Trace, *, lang: str = "en", fmt: str = "text", precision: int = 4, tokens=None,
+           kv_tokens=None, title: str | None = None) -> str:
+    """The whole calculation recorded in ``trace``, as a textbook writes it.
+
+    Args:
+        trace: a :class:`qkv.Trace` (from :func:`qkv.explain.examples.run`, ``qkv.attention(..., trace=t)``,
+            ``MultiHeadAttention.forward(..., trace=t)``, ...).
+        lang: ``"en"`` or ``"zh"``.
+        fmt: ``"text"``, ``"markdown"`` or ``"json"`` (a JSON document of sections; −∞ is ``null``).
+        precision: decimals shown (trailing zeros dropped).
+        tokens, kv_tokens: labels of the query rows and key rows.
+        title: the heading (default: "Scaled dot-product attention, step by step").
+    """
+    _check_common(trace, lang, fmt, precision, tokens, kv_tokens)
+    doc = build_doc(trace, lang=lang, precision=precision, tokens=tokens, kv_tokens=kv_tokens, title=title)
+    return _doc.emit(doc, fmt, precision)
+
+
+# ----------------------------------------------------------------------------------------------- one query
+def _lead_index(arr: np.ndarray, head: int, batch: int, what: str) -> tuple:
+    lead = arr.shape[:-2]
+    for name, v in (("head", head), ("batch", batch)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name}: expected an int, got {type(v).__name__}")
+    if len(lead) == 0:
+        if head != 0 or batch != 0:
+            raise ValueError(f"head/batch: the trace's {what} has shape {arr.shape} (one head, no batch); expected "
+                             f"head=0 and batch=0, got head={head}, batch={batch}")
+        return ()
+    if len(lead) == 1:
+        if batch != 0:
+            raise ValueError(f"batch: the trace's {what} has shape {arr.shape} (heads, L, S), no batch; expected 0, "
+                             f"got {batch}")
+        if not 0 <= head < lead[0]:
+            raise ValueError(f"head: expected 0..{lead[0] - 1}, got {head}")
+        return (head,)
+    nb, nh = int(np.prod(lead[:-1])), lead[-1]
+    if not 0 <= head < nh:
+        raise ValueError(f"head: expected 0..{nh - 1}, got {head}")
+    if not 0 <= batch < nb:
+        raise ValueError(f"batch: expected 0..{nb - 1}, got {batch}")
+    return tuple(np.unravel_index(batch, lead[:-1])) + (head,)
+
+
+def _bcast(a, shape):
+    return np.broadcast_to(np.asarray(a), shape)
+
+
+def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, lang: str = "en",
+                    precision: int = 4, tokens=None, kv_tokens=None) -> Doc:
+    tokens, kv_tokens = _check_common(trace, lang, "text", precision, tokens, kv_tokens)
+    if "weights" not in trace:
+        raise ValueError(f"trace: expected a 'weights' step (the softmax), got steps {trace.names()}")
+    w_step = trace["weights"]
+    W = w_step.array
+    idx = _lead_index(W, head, batch, "weights")
+    L, S = W.shape[-2:]
+    if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
+        raise TypeError(f"row: expected an int (the query's 0-based row), got {type(row).__name__}")
+    if not 0 <= row < L:
+        raise ValueError(f"row: expected 0..{L - 1} (the query rows), got {row}")
+    row = int(row)
+    lab = _Labels(trace, tokens, kv_tokens)
+    p = precision
+    qlabel = lab.query(row)
+    where = []
+    if len(W.shape) >= 3:
+        where.append(t("head", lang, h=head))
+    if len(W.shape) >= 4:
+        where.append(t("batch", lang, b=batch))
+    doc = Doc(title=t("q_title", lang, label=qlabel, where=(" (" + ", ".join(where) + ")") if where else ""),
+              lang=lang)
+    doc.intro.append(t("overview", lang))
+    w = np.asarray(W[idx])[row].astype(np.float64)                   # (S,)
+    # which keys to write out: all when few, else the largest weights
+    if S <= 16:
+        keys = list(range(S))
+        keys_note = None
+    else:
+        keys = sorted(np.argsort(-w, kind="stable")[:SMALL].tolist())
+        rest = [j for j in range(S) if j not in keys]
+        keys_note = t("q_keys_more", lang, k=len(keys), n=S, rest=len(rest), w=fmt(w[rest].sum(), p))
+    n = 0
+
+    def sec(step, title, formula=None, shape=None):
+        nonlocal n
+        n += 1
+        s = Section(step=step, title=f"{t('step', lang, n=n)} · {title}", formula=formula, shape=shape)
+        doc.sections.append(s)
+        return s
+
+    scores_step = trace["scores"] if "scores" in trace else None
+    if scores_step is not None and scores_step.op == "matmul":
+        qa, kb = scores_step.operands["a"], scores_step.operands["b"]
+        lead_shape = scores_step.array.shape[:-2]
+        qa = _bcast(qa, lead_shape + qa.shape[-2:])
+        q = np.asarray(qa[idx])[row]
+        E = q.shape[-1]
+        qname = "Q_heads" if "Q_heads" in trace else "Q"
+        s = sec("Q", t("q_vec", lang, name=qname, label=qlabel), shape=f"({E},)")
+        s.table(_table("q", q[None, :].astype(np.float64), [qlabel], [str(k) for k in range(E)], lang, p))
+        s = sec("scores", t("q_scores", lang), formula="scores[q, j] = q · k_j",
+                shape=f"({S},)")
+        arr = np.asarray(scores_step.array[idx])[row]
+        lines = []
+        for j in keys:
+            terms = scores_step.terms((*idx, row, j))
+            lines.append(_product_line(f"q · k_{lab.key(j)}", terms, arr[j], p))
+        s.calc(lines)
+        if keys_note:
+            s.text(keys_note)
+    elif scores_step is not None:
+        s = sec("scores", t("t_in_scores", lang), shape=f"({S},)")
+        s.text(t("q_given", lang))
+        arr = np.asarray(scores_step.array[idx])[row]
+        s.table(_table("scores", arr[None, :].astype(np.float64), [qlabel], [lab.key(j) for j in range(S)], lang, p))
+    if "scaled" in trace:
+        st = trace["scaled"]
+        sc = float(st.params.get("scale", float("nan")))
+        d_k = st.params.get("d_k")
+        s = sec("scaled", t("q_scaled", lang), formula=st.formula)
+        if st.params.get("is_default") and d_k is not None:
+            sq = math.sqrt(float(d_k))
+            s.text(t("n_scaled", lang, d=_dk(d_k), sqrt=fmt(sq, p), scale=fmt(sc, p)))
+            op = f"/ {fmt(sq, p)}"
+        else:
+            s.text(t("n_scaled_custom", lang, scale=fmt(sc, p)))
+            op = f"× {fmt(sc, p)}"
+        src = st.operands.get("scores")
+        vals = np.asarray(st.array[idx])[row]
+        srow = None if src is None else np.asarray(_bcast(src, st.array.shape)[idx])[row]
+        s.calc([f"{lab.key(j)}: {fmt(srow[j], p) if srow is not None else '?'} {op} = {fmt(vals[j], p)}"
+                for j in keys])
+    if "masked" in trace:
+        mk = trace["masked"]
+        s = sec("masked", t("q_mask", lang), formula=mk.formula)
+        m = mk.operands.get("mask")
+        vals = np.asarray(mk.array[idx])[row]
+        if m is not None and np.asarray(m).dtype == np.bool_:
+            mrow = np.asarray(_bcast(m, mk.array.shape)[idx])[row]
+            s.text(t("n_mask", lang))
+            cols = keys
+            s.table(Table("mask", [qlabel], [lab.key(j) for j in cols], [[bool(mrow[j]) for j in cols]], "bool"))
+        else:
+            s.text(t("n_mask_float", lang))
+        s.table(_table("masked", vals[keys][None, :].astype(np.float64), [qlabel], [lab.key(j) for j in keys],
+                       lang, p))
+    # softmax
+    s = sec("weights", t("q_softmax", lang), formula=w_step.formula)
+    s.text(t("n_softmax", lang))
+    e, total, mx, logits = (w_step.operands.get(k) for k in ("exp", "sum", "max", "logits"))
+    if all(v is not None for v in (e, total, mx, logits)):
+        x = np.asarray(logits[idx])[row]
+        ex = np.asarray(e[idx])[row]
+        tot = float(np.asarray(total[idx])[row, 0])
+        m = float(np.asarray(mx[idx])[row, 0])
+        lines = [f"{t('max', lang)} = {fmt(m, p)}"]
+        for j in keys:
+            if np.isneginf(x[j]):
+                lines.append(f"{lab.key(j)}: exp(−∞) = 0 → 0")
+            else:
+                lines.append(f"{lab.key(j)}: exp({fmt(x[j], p)} − {fmt_factor(m, p)}) = {fmt(ex[j], p)} → "
+                             f"{fmt(ex[j], p)} / {fmt(tot, p)} = {fmt(w[j], p)}")
+        if S <= SMALL:
+            lines.insert(1, f"{t('sum', lang)} = " + " + ".join(fmt(v, p) for v in ex) + f" = {fmt(tot, p)}")
+        else:
+            lines.insert(1, f"{t('sum', lang)} = Σ ({S}) = {fmt(tot, p)}")
+        s.calc(lines)
+    if keys_note:
+        s.text(keys_note)
+    s.table(_table("weights", w[keys][None, :], [qlabel], [lab.key(j) for j in keys], lang, p))
+    # dropout
+    if "dropout" in trace:
+        d = trace["dropout"]
+        s = sec("dropout", t("t_dropout", lang), formula=d.formula)
+        s.text(t("n_dropout", lang, keep=fmt(1 - float(d.params.get("p", 0.0)), p)))
+        dv = np.asarray(d.array[idx])[row]
+        s.table(_table("dropout", dv[keys][None, :].astype(np.float64), [qlabel], [lab.key(j) for j in keys],
+                       lang, p))
+    # weighted sum
+    if "output" in trace and trace["output"].op == "matmul":
+        o = trace["output"]
+        out = np.asarray(_bcast(o.array, o.array.shape)[idx])[row]
+        Ev = out.shape[-1]
+        s = sec("output", t("q_out", lang), formula=o.formula, shape=f"({Ev},)")
+        s.text(t("n_output", lang))
+        lines = []
+        cols = range(Ev) if Ev <= SMALL else range(SHOW)
+        for c in cols:
+            terms = o.terms((*idx, row, c))
+            if S > 16:
+                terms_shown = [terms[j] for j in keys]
+                expr = " + ".join(f"{fmt_factor(a, p)}×{fmt_factor(b, p)}" for a, b in terms_shown)
+                lines.append(f"output[{qlabel}, {c}] = {expr} + … ({S} terms) = {fmt(out[c], p)}")
+            else:
+                lines.append(_product_line(f"output[{qlabel}, {c}]", terms, out[c], p))
+        if Ev > len(cols):
+            lines.append(t("terms_more", lang, n=Ev))
+        s.calc(lines)
+        s.table(_table("output", out[None, :].astype(np.float64), [qlabel], [str(c) for c in range(Ev)], lang, p))
+        if "concat" in trace:
+            s.text(t("q_after", lang))
+    return doc
+
+
+def explain_query(trace: Trace, row: int, *, head: int = 0, batch: int = 0, lang: str = "en", fmt: str = "text",
+                  precision: int = 4, tokens=None, kv_tokens=None) -> str:
+    """One query's whole calculation: its q, q·k for every key, scaling, mask, softmax, weighted sum.
+
+    Works on single-head traces (arrays (L, S)), on SDPA traces (..., H, L, S) and on multi-head traces
+    (B, H, L, S) such as a BERT layer's; with many keys or wide heads it writes out the keys with the
+    largest weights and summarizes the rest.
+
+    Args:
+        trace: a :class:`qkv.Trace` with at least a ``weights`` step.
+        row: the query's 0-based row.
+        head, batch: which head and batch element (multi-head traces).
+        lang, fmt, precision, tokens, kv_tokens: as in :func:`render`.
+    """
+    _check_common(trace, lang, fmt, precision, tokens, kv_tokens)
+    doc = build_query_doc(trace, row, head=head, batch=batch, lang=lang, precision=precision, tokens=tokens,
+                          kv_tokens=kv_tokens)
+    return _doc.emit(doc, fmt, precision)
