@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from . import _checks, masks, stages
+from . import _checks, stages
 from .attention import _validate
 from .backends import tiled
 from .backends.tiled import get_num_threads, set_num_threads
@@ -100,7 +100,7 @@ def attention_weights(query, key, rows, attn_mask=None, is_causal=False, scale=N
     else:
         s = q @ np.swapaxes(k, -1, -2)                                    # (..., Hq, R, E) x (..., E, S)
     if is_causal:
-        attn_mask = masks.causal(L, S)[idx]                               # (R, S)
+        attn_mask = np.arange(S)[None, :] <= idx[:, None]                 # (R, S): the rows of causal(L, S)
     elif attn_mask is not None:
         m = attn_mask if attn_mask.ndim >= 2 else attn_mask.reshape((1,) * (2 - attn_mask.ndim) + attn_mask.shape)
         attn_mask = m if m.shape[-2] == 1 else m[..., idx, :]             # (..., R or 1, S)

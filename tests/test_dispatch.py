@@ -1,0 +1,157 @@
+"""Backend dispatch: the auto size rule, forced backends, torch tensors, return_lse, threads, bad input."""
+import importlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import qkv
+from qkv.backends import tiled
+
+torch = pytest.importorskip("torch")
+attention_mod = importlib.import_module("qkv.attention")     # (qkv.attention is also the function)
+
+
+def _qkv(rng, shape, dtype=np.float32):
+    return tuple(rng.standard_normal(shape).astype(dtype) for _ in range(3))
+
+
+def test_auto_rule_by_size(rng):
+    small = np.zeros((2, 4, 64, 8), np.float32)
+    assert attention_mod.choose_auto(small, small, small) == "reference"
+    big = np.zeros((1, 8, 512, 8), np.float32)                   # 8·512·512 = 2M scores
+    assert attention_mod.choose_auto(big, big, big) == "tiled"
+    kv = np.zeros((1, 2, 512, 8), np.float32)                    # grouped-query: counts the query heads
+    assert attention_mod.choose_auto(big, kv, kv) == "tiled"
+    few_keys = np.zeros((1, 1, 100_000, 8), np.float32)
+    k = np.zeros((1, 1, 16, 8), np.float32)                      # 1.6M scores but only 16 keys
+    assert attention_mod.choose_auto(few_keys, k, k) == "reference"
+
+
+def test_auto_and_every_backend_agree(rng, monkeypatch):
+    q, k, v = _qkv(rng, (1, 8, 512, 16))
+    calls = []
+    real = tiled.tiled_attention
+    monkeypatch.setitem(qkv.backends.BACKENDS, "tiled", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    auto = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert calls == [1]                                          # large: auto took the tiled engine
+    for name in ("reference", "tiled", "torch"):
+        got = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, backend=name)
+        assert isinstance(got, np.ndarray) and got.dtype == np.float32
+        np.testing.assert_allclose(got, auto, atol=2e-5, rtol=2e-5)
+
+
+def test_trace_forces_reference_and_rejects_other_backends(rng):
+    q, k, v = _qkv(rng, (1, 8, 512, 16))
+    with qkv.trace() as t:
+        qkv.scaled_dot_product_attention(q, k, v)
+    assert "weights" in [s.name for s in t]
+    with pytest.raises(ValueError, match="backend"):
+        qkv.scaled_dot_product_attention(q, k, v, backend="tiled", trace=qkv.Trace())
+
+
+@pytest.mark.parametrize("backend", ["reference", "tiled", "torch"])
+def test_return_lse_from_every_backend(backend, rng):
+    q, k, v = _qkv(rng, (2, 13, 8), np.float64)
+    mask = rng.random((13, 13)) < 0.5
+    mask[4] = False
+    out, w, lse = qkv.scaled_dot_product_attention(q, k, v, mask, backend=backend, return_weights=True,
+                                                   return_lse=True)
+    out2, lse2 = qkv.scaled_dot_product_attention(q, k, v, mask, backend=backend, return_lse=True)
+    np.testing.assert_allclose(out2, out, atol=1e-12)
+    s = np.where(mask, q @ k.transpose(0, 2, 1) / np.sqrt(8), -np.inf)
+    want = torch.logsumexp(torch.from_numpy(s), -1).numpy()
+    np.testing.assert_allclose(lse, want, atol=1e-12)
+    np.testing.assert_allclose(lse2, want, atol=1e-12)
+    assert np.all(lse[:, 4] == -np.inf) and np.all(out[:, 4] == 0) and np.all(w[:, 4] == 0)
+
+
+def test_torch_tensors_in_torch_tensors_out(rng):
+    q, k, v = _qkv(rng, (2, 4, 9, 8))
+    mask = rng.random((9, 9)) < 0.5
+    mask[3] = False                                              # a row with nothing to attend to
+    tq, tk, tv, tm = map(torch.from_numpy, (q, k, v, mask))
+    out = qkv.scaled_dot_product_attention(tq, tk, tv, tm)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    want = qkv.scaled_dot_product_attention(q, k, v, mask, backend="reference")
+    np.testing.assert_allclose(out.numpy(), want, atol=2e-6)
+    assert torch.all(out[..., 3, :] == 0)                        # qkv semantics, not NaN
+    out, w, lse = qkv.scaled_dot_product_attention(tq, tk, tv, is_causal=True, return_weights=True,
+                                                   return_lse=True)
+    ref_out, ref_w, ref_lse = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, return_weights=True,
+                                                               return_lse=True, backend="reference")
+    for a, b in ((out, ref_out), (w, ref_w), (lse, ref_lse)):
+        assert isinstance(a, torch.Tensor)
+        np.testing.assert_allclose(a.numpy(), b, atol=2e-6)
+    # grouped-query and float masks on torch too
+    kq = tk[:, :2]
+    out = qkv.scaled_dot_product_attention(tq, kq, tv[:, :2], enable_gqa=True,
+                                           attn_mask=torch.from_numpy(np.where(mask, 0.0, -np.inf)).float())
+    want = qkv.scaled_dot_product_attention(q, k[:, :2], v[:, :2], np.where(mask, 0.0, -np.inf).astype(np.float32),
+                                            enable_gqa=True, backend="reference")
+    np.testing.assert_allclose(out.numpy(), want, atol=2e-6)
+
+
+def test_torch_tensor_bad_input():
+    t = torch.zeros(2, 3, 4)
+    with pytest.raises(TypeError, match="key"):
+        qkv.scaled_dot_product_attention(t, np.zeros((2, 3, 4), np.float32), t)
+    with pytest.raises(ValueError, match="key"):
+        qkv.scaled_dot_product_attention(t, torch.zeros(2, 3, 5), t)
+    with pytest.raises(TypeError, match="dtype"):
+        qkv.scaled_dot_product_attention(t, t.double(), t)
+    with pytest.raises(ValueError, match="backend"):
+        qkv.scaled_dot_product_attention(t, t, t, backend="tiled")
+    with pytest.raises(ValueError, match="rng"):
+        qkv.scaled_dot_product_attention(t, t, t, dropout_p=0.5, rng=np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("backend, err", [("flash", ValueError), ("", ValueError), (3, TypeError),
+                                          ("Tiled", ValueError)])
+def test_invalid_backend_names(backend, err):
+    q = np.zeros((2, 3, 4))
+    with pytest.raises(err, match="backend") as e:
+        qkv.scaled_dot_product_attention(q, q, q, backend=backend)
+    if err is ValueError:
+        assert "reference" in str(e.value) and "tiled" in str(e.value) and "torch" in str(e.value)
+
+
+@pytest.mark.parametrize("n, err", [(0, ValueError), (-2, ValueError), (1.5, TypeError), ("2", TypeError),
+                                    (True, TypeError)])
+def test_invalid_thread_counts(n, err):
+    with pytest.raises(err, match="n"):
+        qkv.set_num_threads(n)
+    q = np.zeros((2, 3, 4))
+    with pytest.raises(err, match="threads"):
+        tiled.forward(q, q, q, scale=1.0, threads=n)
+    assert qkv.get_num_threads() == tiled.default_num_threads()
+
+
+def test_importing_the_engine_does_not_import_torch():
+    code = ("import sys, numpy as np, qkv, qkv.backends.torch_backend; q = np.zeros((1, 8, 512, 8)); "
+            "qkv.scaled_dot_product_attention(q, q, q, backend='tiled'); "
+            "print(sorted(qkv.backends.names()), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['reference', 'tiled', 'torch'] False"
+
+
+def test_works_without_threadpoolctl(rng, monkeypatch):
+    q, k, v = _qkv(rng, (2, 40, 8))
+    want = tiled.forward(q, k, v, scale=0.3, block_q=8, threads=2)[0]
+    monkeypatch.setitem(sys.modules, "threadpoolctl", None)       # import threadpoolctl -> ImportError
+    monkeypatch.setattr(tiled, "_controller", None)
+    got = tiled.forward(q, k, v, scale=0.3, block_q=8, threads=2)[0]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_mha_large_input_without_weights_takes_the_tiled_path(rng, monkeypatch):
+    mha = qkv.MultiHeadAttention(64, 8, seed=0)
+    x = rng.standard_normal((1, 512, 64)).astype(np.float32)
+    want, _ = mha(x, is_causal=True)
+    seen = []
+    real = qkv.backends.BACKENDS["tiled"]
+    monkeypatch.setitem(qkv.backends.BACKENDS, "tiled", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    got, w = mha(x, is_causal=True)
+    assert w is None and len(seen) == 1 and seen[0]["return_weights"] is False
+    np.testing.assert_array_equal(got, want)

@@ -1,0 +1,287 @@
+"""The tiled engine against the reference backend and torch's SDPA.
+
+Small block sizes (passed to ``tiled.forward``) put block boundaries, partial blocks and skipped blocks into
+inputs of a few dozen tokens, so the whole file runs in seconds.
+"""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import qkv
+from conftest import TOL
+from qkv.backends import tiled
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def _t(a):
+    return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _torch64(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """torch's SDPA in float64: the yardstick for every dtype."""
+    m = None if mask is None else (_t(mask) if mask.dtype == np.bool_ else _t(mask).double())
+    kw = {"enable_gqa": True} if enable_gqa else {}
+    return F.scaled_dot_product_attention(_t(q).double(), _t(k).double(), _t(v).double(), attn_mask=m,
+                                          is_causal=is_causal, scale=scale, **kw).numpy()
+
+
+def _ref(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False, **kw):
+    return qkv.scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
+                                            enable_gqa=enable_gqa, backend="reference", **kw)
+
+
+def _tiled(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False, **kw):
+    sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    out, w, lse = tiled.forward(q, k, v, attn_mask=mask, is_causal=is_causal, scale=sc, enable_gqa=enable_gqa,
+                                return_lse=True, **kw)
+    return out, lse
+
+
+def _mask(kind, r, lead, L, S, dtype):
+    if kind == "none":
+        return None
+    if kind == "bool_full":
+        m = r.random(lead + (L, S)) < 0.6
+    elif kind == "bool_row":
+        m = r.random((L, S)) < 0.6
+    elif kind == "bool_key":
+        m = r.random(lead[:-1] + (1, 1, S)) < 0.7
+    elif kind == "causal_br":
+        m = qkv.masks.causal(L, S, align="bottom-right")
+    elif kind == "window":
+        m = qkv.masks.sliding_window(L, S, window=5)
+    elif kind == "float":
+        m = (r.standard_normal((1, L, S)) * 2).astype(dtype)
+        m[..., ::3] = -np.inf
+        m[..., 0] = 0.0
+        return m
+    else:
+        raise AssertionError(kind)
+    m = np.array(m)
+    m[..., 0] = True                           # torch gives NaN on fully masked rows; tested on their own
+    return m
+
+
+@st.composite
+def configs(draw):
+    hk = draw(st.sampled_from([1, 2]))
+    gqa = draw(st.booleans())
+    return dict(
+        dtype=draw(st.sampled_from([np.float16, np.float32, np.float64])),
+        batch=draw(st.sampled_from([(), (2,)])),
+        hk=hk, gqa=gqa, hq=hk * (draw(st.sampled_from([2, 3])) if gqa else 1),
+        L=draw(st.integers(1, 40)), S=draw(st.integers(1, 40)),
+        E=draw(st.sampled_from([1, 3, 8])), Ev=draw(st.sampled_from([2, 8])),
+        mask=draw(st.sampled_from(["none", "bool_full", "bool_row", "bool_key", "causal", "causal_br",
+                                   "window", "float"])),
+        scale=draw(st.sampled_from([None, 0.5, 3.0])),
+        block_q=draw(st.integers(1, 9)), block_k=draw(st.integers(1, 9)),
+        threads=draw(st.sampled_from([1, 2, 3])),
+        big=draw(st.booleans()),               # large scores: the online (running max) path
+        seed=draw(st.integers(0, 2**16)),
+    )
+
+
+@settings(max_examples=120)
+@given(configs())
+def test_tiled_matches_reference_and_torch(c):
+    r = np.random.default_rng(c["seed"])
+    lead = c["batch"] + (c["hq"],)
+    amp = 6.0 if c["big"] else 1.0
+    q = (r.standard_normal(lead + (c["L"], c["E"])) * amp).astype(c["dtype"])
+    k = (r.standard_normal(c["batch"] + (c["hk"], c["S"], c["E"])) * amp).astype(c["dtype"])
+    v = r.standard_normal(c["batch"] + (c["hk"], c["S"], c["Ev"])).astype(c["dtype"])
+    is_causal = c["mask"] == "causal"
+    mask = None if is_causal else _mask(c["mask"], r, lead, c["L"], c["S"], c["dtype"])
+    kw = dict(is_causal=is_causal, scale=c["scale"], enable_gqa=c["gqa"])
+    got, lse = _tiled(q, k, v, mask, block_q=c["block_q"], block_k=c["block_k"], threads=c["threads"], **kw)
+    want_ref, want_lse = _ref(q, k, v, mask, return_lse=True, **kw)
+    assert got.dtype == q.dtype and got.shape == want_ref.shape
+    tol = TOL[c["dtype"]] if c["dtype"] != np.float32 else dict(atol=1e-5, rtol=1e-5)
+    if c["big"]:                                  # scores up to ~100: float32 rounding of s is ~1e-5 relative
+        tol = {np.float16: tol, np.float32: dict(atol=2e-4, rtol=2e-4), np.float64: tol}[c["dtype"]]
+    np.testing.assert_allclose(got, want_ref, **tol)
+    want = _torch64(q, k, v, mask, **kw)
+    np.testing.assert_allclose(got.astype(np.float64), want, **{a: b * (3 if c["dtype"] == np.float16 else 1)
+                                                                 for a, b in tol.items()})
+    np.testing.assert_allclose(lse, want_lse, rtol=tol["rtol"], atol=tol["atol"] * 10)
+
+
+@pytest.mark.parametrize("n", [63, 64, 65, 127, 128, 129])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_block_boundaries_plus_minus_one(n, is_causal, rng):
+    q, k, v = (rng.standard_normal((2, n, 16)).astype(np.float32) for _ in range(3))
+    want = _torch64(q, k, v, is_causal=is_causal)
+    for bq, bk in [(64, 64), (32, 128), (128, 32)]:
+        got, _ = _tiled(q, k, v, is_causal=is_causal, block_q=bq, block_k=bk)
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_default_blocks_at_their_boundaries(rng):
+    for L in (tiled.BLOCK_Q - 1, tiled.BLOCK_Q + 1):
+        for S in (tiled.BLOCK_K - 1, tiled.BLOCK_K + 1):
+            q = rng.standard_normal((1, L, 8)).astype(np.float32)
+            k, v = (rng.standard_normal((1, S, 8)).astype(np.float32) for _ in range(2))
+            got = qkv.scaled_dot_product_attention(q, k, v, backend="tiled")
+            np.testing.assert_allclose(got, _torch64(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_dtypes(dtype, rng):
+    q, k, v = (rng.standard_normal((2, 3, 37, 16)).astype(dtype) for _ in range(3))
+    got = qkv.scaled_dot_product_attention(q, k, v, backend="tiled")
+    assert got.dtype == dtype
+    ref = qkv.scaled_dot_product_attention(q, k, v, backend="reference")
+    np.testing.assert_allclose(got, ref, **TOL[dtype])
+    np.testing.assert_allclose(got, _torch64(q, k, v), **{a: 2 * b for a, b in TOL[dtype].items()})
+
+
+def test_float16_is_computed_in_float32(rng):
+    q, k, v = (rng.standard_normal((2, 29, 8)).astype(np.float16) for _ in range(3))
+    got = qkv.scaled_dot_product_attention(q, k, v, backend="tiled")
+    want = qkv.scaled_dot_product_attention(*(a.astype(np.float32) for a in (q, k, v)), backend="tiled")
+    np.testing.assert_array_equal(got, want.astype(np.float16))
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_fully_masked_rows_are_zero_with_lse_minus_inf(kind, rng):
+    q, k, v = (rng.standard_normal((2, 20, 8)) for _ in range(3))
+    mask = rng.random((20, 20)) < 0.5
+    mask[:, 0] = True
+    mask[[3, 11]] = False                                 # two queries that may attend to nothing
+    m = mask if kind == "bool" else np.where(mask, 0.0, -np.inf)
+    for big in (1.0, 50.0):                               # shift-free path and running-max path
+        out, lse = _tiled(q * big, k, v, m, block_q=4, block_k=6)
+        ref, ref_lse = _ref(q * big, k, v, m, return_lse=True)
+        assert np.all(out[:, [3, 11]] == 0) and np.all(lse[:, [3, 11]] == -np.inf)
+        assert not np.any(np.isnan(out))
+        np.testing.assert_allclose(out, ref, atol=1e-12)
+        np.testing.assert_allclose(lse, ref_lse, atol=1e-12)
+
+
+def test_lse_is_logsumexp_of_the_scaled_masked_scores(rng):
+    q, k, v = (rng.standard_normal((3, 33, 8)) for _ in range(3))
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, backend="tiled", return_lse=True)
+    s = q @ k.transpose(0, 2, 1) / math.sqrt(8)
+    s = np.where(np.tril(np.ones((33, 33), bool)), s, -np.inf)
+    want = torch.logsumexp(torch.from_numpy(s), dim=-1).numpy()
+    np.testing.assert_allclose(lse, want, atol=1e-12)
+
+
+def test_gqa_matches_repeated_heads(rng):
+    q = rng.standard_normal((2, 6, 30, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 2, 41, 8)).astype(np.float32) for _ in range(2))
+    got, _ = _tiled(q, k, v, enable_gqa=True, block_q=7, block_k=9)
+    want, _ = _tiled(q, np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1), block_q=7, block_k=9)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_thread_count_does_not_change_results(rng):
+    q, k, v = (rng.standard_normal((2, 4, 70, 16)).astype(np.float32) for _ in range(3))
+    base, _ = _tiled(q, k, v, threads=1, block_q=16, block_k=32)
+    for n in (2, 3, 5):
+        got, _ = _tiled(q, k, v, threads=n, block_q=16, block_k=32)
+        np.testing.assert_allclose(got, base, atol=1e-6, rtol=1e-6)
+    old = qkv.get_num_threads()
+    try:
+        qkv.set_num_threads(3)
+        assert qkv.get_num_threads() == 3
+        got = qkv.scaled_dot_product_attention(q, k, v, backend="tiled")
+        np.testing.assert_allclose(got, base, atol=1e-6, rtol=1e-6)
+    finally:
+        qkv.set_num_threads(None)
+    assert qkv.get_num_threads() == tiled.default_num_threads() == old
+
+
+def test_masked_blocks_are_skipped_and_full_blocks_unmasked():
+    # causal, blocks of 8: rows i0..i0+7 need keys 0..i0 unmasked and i0+1..i0+7 masked, none beyond
+    P = tiled._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), None, True, 1.0, False)
+    plan = [P.key_blocks(i0, i0 + 8, None, 8) for i0 in range(0, 32, 8)]
+    assert plan[0] == [(0, 1, "full"), (1, 8, "causal")]
+    assert plan[2] == [(0, 8, "full"), (8, 16, "full"), (16, 17, "full"), (17, 24, "causal")]
+    for i0, p in zip(range(0, 32, 8), plan):
+        assert sum(j1 - j0 for j0, j1, _ in p) == i0 + 8               # 8·(8+16+24+32) of 32·32 scores
+    win = qkv.masks.sliding_window(32, window=4)
+    P = tiled._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), win, False, 1.0, False)
+    blocks = P.key_blocks(16, 24, P.mask2d(()), 8)
+    assert [b[:2] for b in blocks] == [(8, 16), (16, 24)]        # keys 0..7 are out of every row's window
+    assert all(kind == "mask" for *_, kind in blocks)
+    allowed = np.ones((32, 32), bool)
+    P = tiled._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), allowed, False, 1.0, False)
+    assert all(kind == "full" for *_, kind in P.key_blocks(0, 8, P.mask2d(()), 8))
+
+
+def test_dropout_reproducible_independent_of_threads(rng):
+    q, k, v = (rng.standard_normal((2, 3, 40, 8)) for _ in range(3))
+    sc = 1 / math.sqrt(8)
+    runs = [tiled.forward(q, k, v, dropout_p=0.3, scale=sc, rng=np.random.default_rng(5), threads=t,
+                          return_weights=True, block_q=8, block_k=16)[:2] for t in (1, 2)]
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    out, w = runs[0]
+    np.testing.assert_allclose(out, w @ v, atol=1e-12)                # the output uses exactly these weights
+    dropped = (w == 0).mean()
+    assert 0.2 < dropped < 0.4                                         # about p of the weights are dropped
+    kept = qkv.scaled_dot_product_attention(q, k, v, return_weights=True, backend="reference")[1]
+    np.testing.assert_allclose(w[w > 0], (kept / 0.7)[w > 0], rtol=1e-12)
+    other = tiled.forward(q, k, v, dropout_p=0.3, scale=sc, rng=np.random.default_rng(6), block_q=8,
+                          block_k=16)[0]
+    assert not np.allclose(other, out)
+
+
+def test_return_weights_from_tiled(rng):
+    q, k, v = (rng.standard_normal((2, 2, 21, 8)).astype(np.float32) for _ in range(3))
+    mask = qkv.masks.sliding_window(21, window=4, causal=False)
+    out, w = qkv.scaled_dot_product_attention(q, k, v, mask, return_weights=True, backend="tiled")
+    ref_out, ref_w = qkv.scaled_dot_product_attention(q, k, v, mask, return_weights=True, backend="reference")
+    np.testing.assert_allclose(w, ref_w, atol=1e-6)
+    np.testing.assert_allclose(out, ref_out, atol=1e-5)
+
+
+def test_broadcast_leading_dims_and_strided_inputs(rng):
+    q = rng.standard_normal((3, 1, 2, 17, 8))
+    k = rng.standard_normal((4, 2, 19, 8))
+    v = rng.standard_normal((4, 2, 8, 19)).swapaxes(-1, -2)          # a non-contiguous view
+    got, _ = _tiled(q, k, v, block_q=5, block_k=4)
+    np.testing.assert_allclose(got, _torch64(q, k, np.ascontiguousarray(v)), atol=1e-12)
+    assert got.shape == (3, 4, 2, 17, 8)
+
+
+def test_attention_weights_rows_equal_full_weights(rng):
+    q = rng.standard_normal((2, 4, 30, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 2, 25, 8)).astype(np.float32)
+    mask = rng.random((2, 1, 30, 25)) < 0.6
+    mask[..., 0] = True
+    mask[0, 0, 7] = False                                             # a fully masked row, batch 0
+    for kw in (dict(attn_mask=mask), dict(is_causal=True), dict(scale=0.3)):
+        _, full = qkv.scaled_dot_product_attention(q, k, k, enable_gqa=True, return_weights=True,
+                                                   backend="reference", **kw)
+        rows = [7, 0, -1, 12]
+        got = qkv.attention_weights(q, k, rows, enable_gqa=True, **kw)
+        assert got.shape == (2, 4, 4, 25) and got.dtype == np.float32
+        np.testing.assert_allclose(got, full[..., [7, 0, 29, 12], :], atol=1e-6)
+        one = qkv.attention_weights(q, k, 12, enable_gqa=True, **kw)
+        np.testing.assert_allclose(one, full[..., [12], :], atol=1e-6)
+
+
+def test_attention_weights_of_one_token_of_a_long_sequence():
+    r = np.random.default_rng(0)
+    q = r.standard_normal((1, 100_000, 16)).astype(np.float32)
+    w = qkv.attention_weights(q, q, [99_999, 5], is_causal=True)
+    assert w.shape == (1, 2, 100_000)
+    np.testing.assert_allclose(w.sum(-1), 1.0, rtol=1e-5)
+    assert np.all(w[0, 1, 6:] == 0)                                   # row 5 sees keys 0..5
+    s = (q[0, 5] @ q[0, :6].T) / 4
+    np.testing.assert_allclose(w[0, 1, :6], np.exp(s - s.max()) / np.exp(s - s.max()).sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad, err", [("x", TypeError), (1.5, TypeError), ([], TypeError), ([3, 30], ValueError),
+                                      (-31, ValueError), (True, TypeError), ([[1]], TypeError)])
+def test_attention_weights_bad_rows(bad, err):
+    q = np.zeros((30, 4))
+    with pytest.raises(err, match="rows"):
+        qkv.attention_weights(q, q, bad)
