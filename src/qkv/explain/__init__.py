@@ -8,14 +8,8 @@
 """
 from . import examples
 from .examples import Worked, WorkedExampleError, builtin_names, load_example, load_file, run
+from .checker import CheckReport, ClaimResult, check
 from .render import explain_query, render
 
 __all__ = ["CheckReport", "ClaimResult", "Worked", "WorkedExampleError", "builtin_names", "check", "examples",
            "explain_query", "load_example", "load_file", "render", "run"]
-
-
-def __getattr__(name):                      # the checker is imported on first use
-    if name in ("check", "CheckReport", "ClaimResult"):
-        from . import check as _check_mod
-        return getattr(_check_mod, name)
-    raise AttributeError(f"module 'qkv.explain' has no attribute {name!r}")

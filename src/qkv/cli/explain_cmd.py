@@ -1,0 +1,190 @@
+"""``qkv explain``, ``qkv examples`` and ``qkv check``: the hand calculation, step by step, and its checker."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from . import UserError
+from ._app import cli
+
+DEFAULT_EXAMPLE = "seed003"
+
+
+def _load(example: str | None, path: str | None):
+    from qkv.explain import examples as ex
+
+    if example is not None and path is not None:
+        raise UserError("give either --example NAME or a FILE, not both")
+    if path is not None:
+        if os.path.isdir(path):
+            raise UserError(f"cannot read {path!r}: it is a folder, expected a worked-example file")
+        if not os.path.exists(path):
+            raise UserError(f"cannot read {path!r}: no such file")
+        try:
+            return ex.load_file(path)
+        except OSError as exc:
+            raise UserError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+    name = DEFAULT_EXAMPLE if example is None else example
+    names = ex.builtin_names()
+    if name not in names:
+        raise UserError(f"--example: unknown example {name!r}; expected one of {', '.join(names)} (see qkv examples)")
+    return ex.load_example(name)
+
+
+def _mask(spec: str | None, worked):
+    """--mask: causal, none, padding:N (keys N… are padding), window:N (causal sliding window of N keys)."""
+    if spec is None:
+        return None
+    from qkv import masks
+
+    s = spec.strip().lower()
+    if s in ("causal", "none"):
+        return s
+    L, S = worked.n_queries, worked.n_keys
+    kind, _, num = s.partition(":")
+    if kind in ("padding", "window") and num:
+        try:
+            n = int(num)
+        except ValueError:
+            n = None
+        if n is None or n < 1:
+            raise UserError(f"--mask: expected {kind}:N with a positive integer N, got {spec!r}")
+        if kind == "padding":
+            if n > S:
+                raise UserError(f"--mask: padding:{n} keeps {n} keys but there are only {S}")
+            return masks.padding([n], max_len=S).reshape(1, S).repeat(L, axis=0)       # (L, S)
+        return masks.sliding_window(L, S, window=n, causal=True)
+    raise UserError(f"--mask: expected causal, none, padding:N or window:N, got {spec!r}")
+
+
+def _emit(text: str) -> None:
+    click.echo(text, nl=not text.endswith("\n"))
+
+
+@cli.command("explain")
+@click.argument("file", required=False, type=click.Path(dir_okay=True))
+@click.option("--example", "-e", metavar="NAME", help="A built-in example (qkv examples lists them; default seed003).")
+@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True, help="Language.")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True,
+              help="Output format (rich tables on a terminal for text; plain text when piped).")
+@click.option("--precision", type=click.IntRange(0, 12), default=4, show_default=True, help="Decimals shown.")
+@click.option("--heads", type=click.IntRange(min=1), default=None,
+              help="Number of heads (split, per-head attention, concat, W_O); needs X and square W_Q.")
+@click.option("--mask", "mask_spec", metavar="causal|none|padding:N|window:N", default=None,
+              help="Override the example's mask (True = may attend): causal, none, padding:N (only the first N "
+                   "keys are real), window:N (causal, the last N keys).")
+@click.option("--query", metavar="ROW", default=None,
+              help="Explain only this query (its 0-based row or its token): q, q·k for every key, scaling, "
+                   "softmax, weighted sum.")
+@click.option("--head", type=click.IntRange(min=0), default=0, show_default=True, help="With --query: the head.")
+def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, head):
+    """Explain attention step by step, as a textbook: every element's arithmetic for small inputs.
+
+    With no argument: seed 003's example (我 爱 吃; X 3×4; W_Q, W_K, W_V 4×3). FILE is a worked-example
+    file (YAML or JSON); --example NAME picks a built-in one.
+    """
+    from qkv.explain import _doc, examples as ex
+    from qkv.explain.render import build_doc, build_query_doc
+
+    worked = _load(example, file)
+    trace = ex.run(worked, heads=heads, mask=_mask(mask_spec, worked))
+    tokens = list(worked.tokens) if worked.tokens_given else None
+    kv_tokens = list(worked.kv_tokens) if worked.kv_tokens_given else None
+    if query is None:
+        doc = build_doc(trace, lang=lang, precision=precision, tokens=tokens, kv_tokens=kv_tokens,
+                        title=worked.title)
+    else:
+        row = _query_row(query, worked)
+        n_heads = trace["weights"].array.shape[-3] if trace["weights"].array.ndim >= 3 else 1
+        if head >= n_heads:
+            raise UserError(f"--head: expected 0 … {n_heads - 1}, got {head}")
+        doc = build_query_doc(trace, row, head=head, lang=lang, precision=precision, tokens=tokens,
+                              kv_tokens=kv_tokens)
+    if fmt == "text" and sys.stdout.isatty():
+        _doc.print_rich(doc, precision)
+        return 0
+    _emit(_doc.emit(doc, fmt, precision))
+    return 0
+
+
+def _query_row(query: str, worked) -> int:
+    if worked.tokens_given and query in worked.tokens:
+        if worked.tokens.count(query) > 1:
+            raise UserError(f"--query: the token {query!r} appears {worked.tokens.count(query)} times; give its "
+                            "row number instead")
+        return worked.tokens.index(query)
+    try:
+        row = int(query)
+    except ValueError:
+        known = f"one of {worked.tokens} or " if worked.tokens_given else ""
+        raise UserError(f"--query: expected {known}a row 0 … {worked.n_queries - 1}, got {query!r}") from None
+    if not 0 <= row < worked.n_queries:
+        raise UserError(f"--query: expected a row 0 … {worked.n_queries - 1}, got {row}")
+    return row
+
+
+@cli.command("examples")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def examples_cmd(fmt):
+    """List the built-in worked examples (use one with qkv explain --example NAME)."""
+    from qkv.explain import examples as ex
+
+    rows = []
+    for name in ex.builtin_names():
+        w = ex.load_example(name)
+        first = {"X": "X", "QK": "Q", "scores": "scores"}[w.start]
+        arr = getattr(w, first)
+        start = f"{first} {arr.shape[0]}×{arr.shape[1]}"
+        extras = [start]
+        if w.heads > 1:
+            extras.append(f"{w.heads} heads")
+        if w.mask is not None:
+            extras.append("causal mask" if isinstance(w.mask, str) else "mask")
+        if w.X_kv is not None:
+            extras.append("cross-attention")
+        if w.claims:
+            extras.append(f"{sum(len(r) for rows_ in w.claims.values() for r in rows_.values())} claimed numbers")
+        rows.append({"name": name, "title": w.title, "default": name == DEFAULT_EXAMPLE, "details": extras})
+    if fmt == "json":
+        _emit(json.dumps(rows, ensure_ascii=False, indent=2) + "\n")
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    lines = []
+    for r in rows:
+        mark = " (default)" if r["default"] else ""
+        lines.append(f"{r['name']:<{width}}  {r['title']}{mark}  [{', '.join(r['details'])}]")
+    lines.append("")
+    lines.append("qkv explain --example NAME    explain one;   qkv check --example NAME    check its claims")
+    _emit("\n".join(lines) + "\n")
+    return 0
+
+
+@cli.command("check")
+@click.argument("file", required=False, type=click.Path(dir_okay=True))
+@click.option("--example", "-e", metavar="NAME", help="Check a built-in example's claims instead of a FILE.")
+@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True, help="Language.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="text: root mistakes first; json: {ok, claims, summary}.")
+@click.option("--precision", type=click.IntRange(0, 12), default=4, show_default=True,
+              help="Decimals of the true values shown (text).")
+def check_cmd(file, example, lang, fmt, precision):
+    """Check a worked example's claimed numbers: correct, carried (inherited) or wrong (a root mistake).
+
+    Exit code 0 when every claim is correct, 1 when any is carried or wrong, 2 when the file cannot be used.
+    """
+    from qkv.explain import _doc, check
+
+    if file is None and example is None:
+        raise UserError("expected a FILE to check (or --example NAME); see qkv check --help")
+    worked = _load(example, file)
+    report = check(worked)
+    if fmt == "json":
+        _emit(report.to_json())
+    elif sys.stdout.isatty():
+        _doc.print_rich(report.doc(lang, precision), precision)
+    else:
+        _emit(report.render(lang, "text", precision))
+    return report.exit_code

@@ -1,0 +1,259 @@
+"""Check a worked example: every claimed number is ``correct``, ``carried`` or ``wrong``.
+
+- ``expected``: the true value, from :func:`qkv.explain.examples.run` (qkv's own computation path).
+- ``recomputed``: what follows from the file's own earlier claims — the same stages
+  (:mod:`qkv.stages`: project, score, scale, apply_mask, softmax, weighted_sum) applied to the inputs with
+  every earlier claimed number put in place of the value it claims.
+- A claim *matches* a value when ``|claimed − value| ≤ max(half a unit in the last decimal place as written,
+  0.1% of |value|)``, or ``≤ tolerance`` when the file sets one.
+- ``correct``: matches the true value. ``carried``: does not, but matches the recomputed value (an inherited
+  error: an earlier slip, or rounding). ``wrong``: matches neither — a new mistake at this step (a root).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _doc
+from ._doc import Doc, Section, fmt
+from ._i18n import check_lang, t
+from .examples import CLAIM_NAMES, Worked, half_unit, load_file, run, text_of
+
+__all__ = ["check", "CheckReport", "ClaimResult", "matches"]
+
+STATUSES = ("correct", "carried", "wrong")
+
+
+def matches(claimed, value: float, tolerance: float | None = None) -> bool:
+    """The issue's rule: ``|claimed − value| ≤ max(half a unit in the last decimal as written, 0.1% of |value|)``
+    (or ``≤ tolerance`` when given). ``claimed`` keeps its text (a :class:`~qkv.explain.examples.Number`);
+    a plain float is taken as written by ``repr``."""
+    v = float(value)
+    if not math.isfinite(v):
+        return False
+    diff = abs(float(claimed) - v)
+    slack = 1e-12 * max(1.0, abs(v))                       # binary floating point, not a tolerance
+    if tolerance is not None:
+        return diff <= tolerance + slack
+    return diff <= max(half_unit(claimed), 1e-3 * abs(v)) + slack
+
+
+@dataclass
+class ClaimResult:
+    name: str
+    row: int
+    col: int
+    label: str | None
+    claimed: float
+    expected: float
+    recomputed: float
+    status: str
+    text: str = ""                                         # the claimed number as written
+    width: int = 0                                         # the number of columns of the claimed matrix
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "row": self.row, "col": self.col, "label": self.label,
+                "claimed": float(self.claimed), "expected": _json_float(self.expected),
+                "recomputed": _json_float(self.recomputed), "status": self.status}
+
+
+def _json_float(x):
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class CheckReport:
+    """The verdict on every claimed number (in pipeline order: Q, K, V, scores, scaled, weights, output)."""
+
+    claims: list[ClaimResult]
+    title: str | None = None
+    tolerance: float | None = None
+    summary: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.summary = {s: sum(c.status == s for c in self.claims) for s in STATUSES}
+
+    @property
+    def ok(self) -> bool:
+        return all(c.status == "correct" for c in self.claims)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every claim is correct, 1 when any is carried or wrong."""
+        return 0 if self.ok else 1
+
+    @property
+    def roots(self) -> list[ClaimResult]:
+        return [c for c in self.claims if c.status == "wrong"]
+
+    @property
+    def carried(self) -> list[ClaimResult]:
+        return [c for c in self.claims if c.status == "carried"]
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "claims": [c.to_dict() for c in self.claims], "summary": dict(self.summary)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, indent=2, allow_nan=False) + "\n"
+
+    def doc(self, lang: str = "en", precision: int = 4) -> Doc:
+        check_lang(lang)
+        p = precision
+        title = t("c_title", lang, title=self.title or "worked example")
+        doc = Doc(title=title, lang=lang)
+        n = len(self.claims)
+        doc.intro.append(t("c_summary", lang, n=n, **self.summary))
+        doc.intro.append(t("c_rule_tol", lang, tol=fmt(self.tolerance, 12)) if self.tolerance is not None
+                         else t("c_rule", lang))
+        if n == 0:
+            doc.intro.append(t("c_none", lang))
+        elif self.ok:
+            doc.intro.append(t("c_ok", lang))
+        for status, key in (("wrong", "c_roots"), ("carried", "c_carried")):
+            groups = _groups([c for c in self.claims if c.status == status])
+            if not groups:
+                continue
+            sec = Section(step=status, title=t(key, lang))
+            lines = []
+            for where, cs in groups:
+                claimed = ", ".join(c.text for c in cs)
+                true = ", ".join(fmt(c.expected, p) for c in cs)
+                line = f"{where}: {t('c_claimed', lang)} [{claimed}]  {t('c_true', lang)} [{true}]"
+                if status == "carried" or any(not _same(c.recomputed, c.expected) for c in cs):
+                    rec = ", ".join(fmt(c.recomputed, p) for c in cs)
+                    line += f"  {t('c_from', lang)} [{rec}]"
+                lines.append(line)
+            sec.calc(lines)
+            doc.sections.append(sec)
+        correct = _groups([c for c in self.claims if c.status == "correct"])
+        if correct:
+            sec = Section(step="correct", title=t("c_correct", lang))
+            sec.calc([f"{where}: [{', '.join(c.text for c in cs)}]" for where, cs in correct])
+            doc.sections.append(sec)
+        return doc
+
+    def render(self, lang: str = "en", fmt: str = "text", precision: int = 4) -> str:
+        """The report: root mistakes first, then what they carried into, then what is correct."""
+        if fmt == "json":
+            return self.to_json()
+        if fmt not in _doc.FORMATS:
+            raise ValueError(f"fmt: expected one of {', '.join(_doc.FORMATS)}, got {fmt!r}")
+        return _doc.emit(self.doc(lang, precision), fmt, precision)
+
+
+def _same(a, b) -> bool:
+    return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(b)))
+
+
+def _groups(cs: list[ClaimResult]):
+    """Claims grouped by (name, row), each written ``name[label]`` or ``name[label, col …]``."""
+    out: dict[tuple, list[ClaimResult]] = {}
+    for c in cs:
+        out.setdefault((c.name, c.row), []).append(c)
+    res = []
+    for (name, row), items in out.items():
+        label = items[0].label if items[0].label is not None else str(row)
+        if len(items) == items[0].width:
+            where = f"{name}[{label}]"
+        else:
+            where = f"{name}[{label}, {' '.join(str(c.col) for c in items)}]"
+        res.append((where, items))
+    return res
+
+
+# ----------------------------------------------------------------------------------------------- the check
+def _overlay(base: np.ndarray, claims: dict | None) -> np.ndarray:
+    out = np.array(base, dtype=np.float64, copy=True)
+    for i, row in (claims or {}).items():
+        for j, x in enumerate(row):
+            if x is not None:
+                out[i, j] = float(x)
+    return out
+
+
+def _true_values(worked: Worked) -> dict[str, np.ndarray]:
+    tr = run(worked)
+    vals = {}
+    for name in CLAIM_NAMES:
+        if name in tr and name in ("scores", "scaled", "weights", "output") and worked.heads > 1:
+            continue
+        if name in tr:
+            a = np.asarray(tr[name].array, dtype=np.float64)
+            vals[name] = a.reshape(a.shape[-2:]) if a.ndim > 2 else a
+    return vals
+
+
+def check(worked) -> CheckReport:
+    """Verify the numbers a worked example claims (see the module docstring for the rule).
+
+    Args:
+        worked: a :class:`~qkv.explain.examples.Worked`, or a path to a worked-example file.
+
+    Returns:
+        a :class:`CheckReport`: ``.ok``, ``.claims`` (:class:`ClaimResult` each with name, row, col, label,
+        claimed, expected, recomputed, status), ``.summary``, ``.to_json()``, ``.render(lang, fmt)``.
+    """
+    from .. import masks, stages
+
+    if not isinstance(worked, Worked):
+        import os
+        if isinstance(worked, (str, os.PathLike)):
+            worked = load_file(worked)
+        else:
+            raise TypeError(f"worked: expected a qkv.explain.examples.Worked or a file path, got "
+                            f"{type(worked).__name__}")
+    true = _true_values(worked)
+    claims = worked.claims
+    # What follows from the earlier claims: the same stages, on the inputs with claimed numbers put in.
+    rec: dict[str, np.ndarray] = {}
+    bel: dict[str, np.ndarray] = {}
+    for name in ("Q", "K", "V"):
+        if name in true:
+            rec[name] = true[name]                           # computed from the file's inputs
+            bel[name] = _overlay(true[name], claims.get(name))
+    if worked.heads == 1:
+        if "Q" in bel and "K" in bel:
+            rec["scores"] = stages.score(bel["Q"], bel["K"])
+        elif worked.scores is not None:
+            rec["scores"] = np.asarray(worked.scores, dtype=np.float64)
+        if "scores" in rec:
+            bel["scores"] = _overlay(rec["scores"], claims.get("scores"))
+            d_k = float(worked.d_k) if worked.d_k is not None else float(worked.key_width())
+            rec["scaled"] = stages.scale(bel["scores"], 1.0 / math.sqrt(d_k), d_k=d_k)
+            bel["scaled"] = _overlay(rec["scaled"], claims.get("scaled"))
+            L, S = bel["scaled"].shape
+            m = worked.mask
+            mk = masks.causal(L, S) if (isinstance(m, str) and m == "causal") else m
+            rec["weights"] = stages.softmax(stages.apply_mask(bel["scaled"], mk))
+            bel["weights"] = _overlay(rec["weights"], claims.get("weights"))
+            if "V" in bel:
+                rec["output"] = stages.weighted_sum(bel["weights"], bel["V"])
+    results: list[ClaimResult] = []
+    for name in CLAIM_NAMES:
+        rows = claims.get(name)
+        if not rows:
+            continue
+        key_side = name in ("K", "V")
+        labels_given = worked.kv_tokens_given if (key_side and worked.kv_tokens is not None) else worked.tokens_given
+        labels = worked.key_labels if key_side else worked.tokens
+        for i in sorted(rows):
+            for j, x in enumerate(rows[i]):
+                if x is None:
+                    continue
+                e = float(true[name][i, j])
+                r = float(rec[name][i, j])
+                if matches(x, e, worked.tolerance):
+                    status = "correct"
+                elif matches(x, r, worked.tolerance):
+                    status = "carried"
+                else:
+                    status = "wrong"
+                c = ClaimResult(name=name, row=int(i), col=int(j), label=labels[i] if labels_given else None,
+                                claimed=float(x), expected=e, recomputed=r, status=status, text=text_of(x),
+                                width=len(rows[i]))
+                results.append(c)
+    return CheckReport(claims=results, title=worked.title or worked.name, tolerance=worked.tolerance)
