@@ -20,6 +20,7 @@ import importlib.metadata
 import json
 import math
 import numbers
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,7 @@ class BertModel:
     def __init__(self, config: BertConfig, weights: dict[str, np.ndarray], tokenizer) -> None:
         self.config = config
         self.tokenizer = tokenizer
+        self._tokenizer_lock = threading.Lock()
         c = config
         self._word = weights["embeddings.word_embeddings.weight"]          # (vocab, D)
         self._pos = weights["embeddings.position_embeddings.weight"]       # (max_pos, D)
@@ -259,9 +261,10 @@ class BertModel:
     def _tokenize(self, texts: list[str], max_len: int, *, where: str):
         """Encode texts with the tokenizer, truncating to ``max_len`` tokens ([CLS] and [SEP] included)."""
         tok = self.tokenizer
-        tok.no_padding()
-        tok.enable_truncation(max_len)
-        encodings = tok.encode_batch(texts)
+        with self._tokenizer_lock:                     # the truncation setting is the tokenizer's state
+            tok.no_padding()
+            tok.enable_truncation(max_len)
+            encodings = tok.encode_batch(texts)
         cut = [i for i, e in enumerate(encodings) if e.overflowing]
         if cut:
             shown = ", ".join(str(i) for i in cut[:10]) + (", …" if len(cut) > 10 else "")
@@ -321,8 +324,7 @@ class BertModel:
         """
         eps = self.config.layer_norm_eps
         attn, _ = layer.attention.forward(x, key_mask=key_mask, trace=trace)   # (B, T, D), through W_O
-        attn += x
-        x = layer_norm(attn, layer.ln1_g, layer.ln1_b, eps)
+        x = layer_norm(attn + x, layer.ln1_g, layer.ln1_b, eps)           # not in place: the trace holds attn
         if real_only and key_mask is not None:
             rows = x[key_mask]                                             # (N_real, D)
             h = self._ffn(rows, layer)
