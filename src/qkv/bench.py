@@ -1,0 +1,306 @@
+"""Side-by-side benchmark of the engine: qkv tiled, qkv reference, torch SDPA, in one run.
+
+For each mode (``forward``, ``causal`` forward, ``backward`` = gradients from ``grad_out``) and sequence length
+N, the implementations run *interleaved* (one call of each, repeated) so that a noisy machine slows them
+alike; the table reports the median. Used by ``qkv bench`` and ``benchmarks/bench_engine.py``.
+
+Columns: median seconds; GFLOP/s of the nominal matmul work (forward ``4·B·H·N²·E``, halved for causal;
+backward ``14·B·H·N²·E``: the forward's 2 matmuls plus the backward's 5, as FlashAttention counts them);
+that rate as a % of this machine's NumPy float32 matmul rate measured in the same run with the same
+thread count; peak memory (growth of the process's peak RSS during one call, read from /proc after
+resetting the peak; tracemalloc where /proc is missing); time relative to torch.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+MODES = ("forward", "causal", "backward")
+IMPLS = ("tiled", "reference", "torch")
+#: The reference runs when its (B, H, N, N) temporaries (about four of them) fit in this many bytes.
+REFERENCE_MAX_BYTES = 2 << 30
+
+
+def flops(mode: str, batch: int, heads: int, n: int, dim: int) -> float:
+    """Nominal floating-point operations of one call (see the module docstring)."""
+    pairs = n * n if mode != "causal" else n * (n + 1) / 2
+    per_pair = 14 * dim if mode == "backward" else 4 * dim
+    return batch * heads * pairs * per_pair
+
+
+def _median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def matmul_rate(threads: int, n: int = 2048, repeats: int = 5) -> float:
+    """This machine's NumPy float32 matmul rate (GFLOP/s) on ``threads`` BLAS threads."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    with _blas_threads(threads):
+        a @ b
+        t = _median_time(lambda: a @ b, repeats)
+    return 2 * n ** 3 / t / 1e9
+
+
+@contextlib.contextmanager
+def _blas_threads(n: int):
+    try:
+        import threadpoolctl
+    except ImportError:
+        yield
+        return
+    with threadpoolctl.threadpool_limits(limits=n, user_api="blas"):
+        yield
+
+
+def _read_status(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def peak_memory(fn) -> tuple[float, str]:
+    """Bytes by which one call of ``fn`` raised the process's peak memory, and how it was measured."""
+    rss = _read_status("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:        # reset VmHWM to the current RSS
+            f.write("5")
+        reset = True
+    except OSError:
+        reset = False
+    if rss is not None and reset:
+        fn()
+        hwm = _read_status("VmHWM")
+        return float(max(0, hwm - rss)), "rss"
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        fn()
+        return float(tracemalloc.get_traced_memory()[1]), "tracemalloc"
+    finally:
+        tracemalloc.stop()
+
+
+def _make_calls(impl, mode, q, k, v, go, threads):
+    """A zero-argument callable running ``impl`` in ``mode``; None when the combination is not offered."""
+    import qkv
+    causal = mode == "causal"
+    if impl in ("tiled", "reference"):
+        if mode == "backward":
+            if impl == "reference":
+                return None
+            return lambda: qkv.scaled_dot_product_attention_backward(go, q, k, v)
+        return lambda: qkv.scaled_dot_product_attention(q, k, v, is_causal=causal, backend=impl)
+    import torch
+    F = torch.nn.functional
+    tq, tk, tv, tgo = (torch.from_numpy(a) for a in (q, k, v, go))
+    if mode == "backward":
+        tq, tk, tv = (t.clone().requires_grad_() for t in (tq, tk, tv))
+
+        def run():
+            tq.grad = tk.grad = tv.grad = None
+            F.scaled_dot_product_attention(tq, tk, tv).backward(tgo)
+        return run
+    return lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+
+
+def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch: int = 1, repeats: int = 5,
+        threads: int | None = None, modes=MODES, impls=IMPLS, memory: bool = True, progress: bool = True,
+        reference_max_bytes: int = REFERENCE_MAX_BYTES) -> dict:
+    """Run the sweep; returns a JSON-ready dict ``{"machine", "config", "rows"}`` (see README, *Engine*)."""
+    import qkv
+    from qkv import _checks
+
+    lengths = [_checks.positive_int(n, "lengths") for n in lengths]
+    heads = _checks.positive_int(heads, "heads")
+    dim = _checks.positive_int(dim, "dim")
+    batch = _checks.positive_int(batch, "batch")
+    repeats = _checks.positive_int(repeats, "repeats")
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"modes: expected some of {MODES}, got {m!r}")
+    impls = list(impls)
+    for i in impls:
+        if i not in IMPLS:
+            raise ValueError(f"impls: expected some of {IMPLS}, got {i!r}")
+    torch = None
+    if "torch" in impls:
+        try:
+            import torch
+        except ImportError:
+            impls.remove("torch")
+    from qkv.backends import tiled
+    saved_threads = tiled._config["threads"]
+    if threads is not None:
+        qkv.set_num_threads(threads)
+    threads = qkv.get_num_threads()
+    old_torch_threads = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(threads)
+    try:
+        rate = matmul_rate(threads, 2048 if max(lengths) >= 1024 else 512)   # small sweeps: a quick estimate
+        rows = []
+        cells = [(m, n) for m in modes for n in lengths]
+        bar = _progress(len(cells) * len(impls), progress)
+        for mode, n in cells:
+            rng = np.random.default_rng(n)
+            q, k, v, go = (rng.standard_normal((batch, heads, n, dim), dtype=np.float32) for _ in range(4))
+            calls = {}
+            for impl in impls:
+                fn = _make_calls(impl, mode, q, k, v, go, threads)
+                if impl == "reference" and 4 * 4 * batch * heads * n * n > reference_max_bytes:
+                    fn = None                                     # would not fit in memory
+                if fn is not None:
+                    with _blas_threads(threads) if impl == "reference" else contextlib.nullcontext():
+                        fn()                                      # warm-up
+                    calls[impl] = fn
+            times = {impl: [] for impl in calls}
+            for _ in range(repeats):                              # interleaved: noise hits all alike
+                for impl, fn in calls.items():
+                    with _blas_threads(threads) if impl == "reference" else contextlib.nullcontext():
+                        t = time.perf_counter()
+                        fn()
+                        times[impl].append(time.perf_counter() - t)
+            mem = {}
+            if memory:
+                for impl, fn in calls.items():
+                    with _blas_threads(threads) if impl == "reference" else contextlib.nullcontext():
+                        mem[impl] = peak_memory(fn)
+            work = flops(mode, batch, heads, n, dim)
+            torch_t = statistics.median(times["torch"]) if "torch" in times else None
+            for impl in impls:
+                if bar is not None:
+                    bar.update(1)
+                if impl not in calls:
+                    rows.append(dict(mode=mode, n=n, impl=impl, median_s=None, gflops=None, pct_matmul=None,
+                                     peak_mb=None, ratio_torch=None, times_s=[]))
+                    continue
+                t = statistics.median(times[impl])
+                g = work / t / 1e9
+                rows.append(dict(mode=mode, n=n, impl=impl, median_s=t, gflops=g, pct_matmul=100 * g / rate,
+                                 peak_mb=mem[impl][0] / 2**20 if impl in mem else None,
+                                 ratio_torch=None if torch_t is None else t / torch_t, times_s=times[impl]))
+        if bar is not None:
+            bar.close()
+    finally:
+        tiled._config["threads"] = saved_threads
+        if torch is not None:
+            torch.set_num_threads(old_torch_threads)
+    return {
+        "machine": _machine(threads, rate, torch),
+        "config": dict(batch=batch, heads=heads, dim=dim, dtype="float32", repeats=repeats, lengths=lengths,
+                       modes=list(modes), impls=impls, threads=threads,
+                       memory="peak RSS growth" if memory else None),
+        "rows": rows,
+    }
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="qkv bench", unit="run", leave=False, file=sys.stderr)
+
+
+def _machine(threads, rate, torch) -> dict:
+    blas = None
+    try:
+        import threadpoolctl
+        info = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+        if info:
+            blas = f"{info[0].get('internal_api')} {info[0].get('version')} ({info[0].get('architecture')})"
+    except ImportError:
+        pass
+    return dict(cpus=os.cpu_count(), threads=threads, python=platform.python_version(), numpy=np.__version__,
+                blas=blas, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE"),
+                torch=None if torch is None else torch.__version__, matmul_gflops=rate,
+                date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def long_sequence(n: int = 65536, *, heads: int = 1, dim: int = 64, threads: int | None = None) -> dict:
+    """Run one tiled forward of length ``n`` in a fresh process; its peak RSS (ru_maxrss) and time."""
+    code = (
+        "import resource, time, json, numpy as np, qkv\n"
+        f"n, h, e, th = {n}, {heads}, {dim}, {threads!r}\n"
+        "qkv.set_num_threads(th)\n"
+        "r = np.random.default_rng(0)\n"
+        "q, k, v = (r.standard_normal((1, h, n, e), dtype=np.float32) for _ in range(3))\n"
+        "t = time.perf_counter(); out = qkv.scaled_dot_product_attention(q, k, v, backend='tiled')\n"
+        "t = time.perf_counter() - t\n"
+        "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "print(json.dumps(dict(n=n, heads=h, dim=e, seconds=t, peak_rss_mb=rss / 2**20, "
+        "scores_would_take_mb=h * n * n * 4 / 2**20, finite=bool(np.isfinite(out).all()))))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"long-sequence run failed: {res.stderr.strip().splitlines()[-1:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def format_table(result: dict) -> list[list[str]]:
+    """Rows of strings for a table: mode, N, impl, median ms, GFLOP/s, % matmul, peak MB, × torch."""
+    out = []
+    for r in result["rows"]:
+        def f(x, fmt):
+            return "—" if x is None else format(x, fmt)
+        out.append([r["mode"], str(r["n"]), r["impl"], f(None if r["median_s"] is None else r["median_s"] * 1e3,
+                                                         ".1f"),
+                    f(r["gflops"], ".1f"), f(r["pct_matmul"], ".0f"), f(r["peak_mb"], ".1f"),
+                    f(r["ratio_torch"], ".2f")])
+    return out
+
+
+HEADERS = ["mode", "N", "impl", "median ms", "GFLOP/s", "% matmul", "peak MB", "× torch"]
+
+
+def plot(result: dict, path: str) -> None:
+    """Median time against N, one panel per mode, one line per implementation (matplotlib, lazily)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    modes = result["config"]["modes"]
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.5 * len(modes), 3.8), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        for impl in result["config"]["impls"]:
+            pts = [(r["n"], r["median_s"]) for r in result["rows"]
+                   if r["mode"] == mode and r["impl"] == impl and r["median_s"] is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=impl)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(mode)
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("median seconds")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    c = result["config"]
+    fig.suptitle(f"qkv bench: B={c['batch']} H={c['heads']} E={c['dim']} float32, {c['threads']} threads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def dumps(result: dict) -> str:
+    return json.dumps(result, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)

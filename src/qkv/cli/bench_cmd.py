@@ -1,0 +1,113 @@
+"""``qkv bench``: the engine side by side with torch's SDPA (the logic lives in :mod:`qkv.bench`)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from . import UserError
+from ._app import cli
+
+
+def _ints(text: str, name: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise UserError(f"{name}: expected comma-separated integers like 512,1024, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise UserError(f"{name}: expected positive integers, got {text!r}")
+    return vals
+
+
+def _words(text: str, name: str, allowed) -> list[str]:
+    vals = [x for x in text.replace(" ", "").split(",") if x]
+    bad = [x for x in vals if x not in allowed]
+    if bad or not vals:
+        raise UserError(f"{name}: expected some of {','.join(allowed)}, got {text!r}")
+    return vals
+
+
+@cli.command("bench")
+@click.option("--lengths", default="512,1024,2048,4096", show_default=True,
+              help="Sequence lengths N, comma-separated.")
+@click.option("--modes", default="forward,causal,backward", show_default=True,
+              help="Any of forward, causal, backward (= gradients from grad_out, forward included).")
+@click.option("--impls", default="tiled,reference,torch", show_default=True,
+              help="Any of tiled, reference, torch (torch is skipped when not installed).")
+@click.option("--heads", default=8, show_default=True, type=int, help="Heads H.")
+@click.option("--dim", default=64, show_default=True, type=int, help="Head width E.")
+@click.option("--batch", default=1, show_default=True, type=int, help="Batch B.")
+@click.option("--repeats", default=5, show_default=True, type=int, help="Timed calls of each (median).")
+@click.option("--threads", default=None, type=int, help="Threads for qkv and torch (default: the available cores).")
+@click.option("--memory/--no-memory", default=True, show_default=True, help="Measure peak memory per call.")
+@click.option("--long", "long_n", default=None, type=int,
+              help="Also run one tiled forward of this length with 1 head in a fresh process and report its "
+                   "peak RSS (e.g. 65536).")
+@click.option("--json", "json_out", default=None, is_flag=False, flag_value="-",
+              help="Write the results as JSON to FILE; --json alone prints JSON instead of the table.")
+@click.option("--plot", "plot_out", default=None, metavar="FILE", help="Save a plot of time against N (matplotlib).")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, long_n, json_out, plot_out,
+          progress):
+    """Time qkv's tiled engine, its reference path and torch's SDPA side by side (float32).
+
+    Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
+    and the time relative to torch. The implementations run interleaved, so machine noise hits all alike.
+    """
+    from qkv import bench as B
+
+    for name, val in (("--heads", heads), ("--dim", dim), ("--batch", batch), ("--repeats", repeats),
+                      ("--threads", threads), ("--long", long_n)):
+        if val is not None and val < 1:
+            raise UserError(f"{name}: expected a positive integer, got {val}")
+    result = B.run(_ints(lengths, "--lengths"), heads=heads, dim=dim, batch=batch, repeats=repeats,
+                   threads=threads, modes=_words(modes, "--modes", B.MODES),
+                   impls=_words(impls, "--impls", B.IMPLS), memory=memory, progress=progress)
+    if long_n is not None:
+        result["long"] = B.long_sequence(long_n, dim=dim, threads=threads)
+    if plot_out:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UserError("--plot needs matplotlib: pip install 'qkv[viz]'") from None
+        B.plot(result, plot_out)
+    if json_out == "-":
+        click.echo(B.dumps(result))
+        return 0
+    if json_out:
+        with open(json_out, "w", encoding="utf-8") as f:
+            f.write(B.dumps(result) + "\n")
+    _print_table(result)
+    if plot_out:
+        click.echo(f"plot: {plot_out}")
+    if json_out:
+        click.echo(f"json: {json_out}")
+    return 0
+
+
+def _print_table(result: dict) -> None:
+    from qkv import bench as B
+
+    m, c = result["machine"], result["config"]
+    title = (f"B={c['batch']} H={c['heads']} E={c['dim']} float32, {c['threads']} threads; numpy matmul "
+             f"{m['matmul_gflops']:.0f} GFLOP/s ({m['blas']}); torch {m['torch'] or 'not installed'}")
+    rows = B.format_table(result)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        click.echo(title)
+        click.echo(" | ".join(B.HEADERS))
+        for r in rows:
+            click.echo(" | ".join(r))
+    else:
+        table = Table(title=title)
+        for h in B.HEADERS:
+            table.add_column(h, justify="left" if h in ("mode", "impl") else "right")
+        for r in rows:
+            table.add_row(*r)
+        Console(file=sys.stdout, width=max(100, len(title) + 4)).print(table)
+    if "long" in result:
+        lg = result["long"]
+        click.echo(f"long: N={lg['n']} H={lg['heads']} E={lg['dim']} tiled forward {lg['seconds']:.2f} s, peak RSS "
+                   f"{lg['peak_rss_mb']:.0f} MB (its score matrix alone would take {lg['scores_would_take_mb']:.0f} MB)")

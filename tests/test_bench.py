@@ -1,0 +1,61 @@
+"""``qkv bench`` on tiny sizes: the table, the JSON structure and the plot (never timing assertions)."""
+import json
+
+import pytest
+
+from qkv import bench
+from qkv.cli import main
+
+pytest.importorskip("click")
+
+TINY = ["--lengths", "16,33", "--heads", "2", "--dim", "8", "--repeats", "2", "--threads", "2", "--no-progress"]
+
+
+def test_bench_json_structure(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    assert main(["bench", *TINY, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for h in bench.HEADERS:
+        assert h in printed                                   # the table is printed too
+    res = json.loads(out.read_text())
+    assert set(res) == {"machine", "config", "rows"}
+    assert res["machine"]["matmul_gflops"] > 0 and res["config"]["threads"] == 2
+    impls = res["config"]["impls"]
+    assert len(res["rows"]) == 3 * 2 * len(impls)
+    keys = {"mode", "n", "impl", "median_s", "gflops", "pct_matmul", "peak_mb", "ratio_torch", "times_s"}
+    for r in res["rows"]:
+        assert set(r) == keys
+        if r["impl"] == "reference" and r["mode"] == "backward":
+            assert r["median_s"] is None                      # no reference backward
+            continue
+        assert r["median_s"] > 0 and len(r["times_s"]) == 2
+        assert r["gflops"] == pytest.approx(bench.flops(r["mode"], 1, 2, r["n"], 8) / r["median_s"] / 1e9)
+        assert r["peak_mb"] >= 0
+        if "torch" in impls:
+            assert r["ratio_torch"] > 0
+            if r["impl"] == "torch":
+                assert r["ratio_torch"] == pytest.approx(1.0)
+
+
+def test_bench_json_to_stdout_and_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "b.png"
+    assert main(["bench", *TINY, "--modes", "forward", "--impls", "tiled,reference", "--no-memory",
+                 "--json", "--plot", str(png)]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert [r["impl"] for r in res["rows"]] == ["tiled", "reference"] * 2
+    assert all(r["peak_mb"] is None and r["ratio_torch"] is None for r in res["rows"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_long_sequence_reports_peak_rss():
+    res = bench.long_sequence(2048, heads=1, dim=8, threads=1)
+    assert res["n"] == 2048 and res["finite"] and res["peak_rss_mb"] > 0 and res["seconds"] > 0
+
+
+@pytest.mark.parametrize("args, msg", [(["--lengths", "a,b"], "--lengths"), (["--modes", "sideways"], "--modes"),
+                                       (["--threads", "0"], "--threads"), (["--impls", "jax"], "--impls")])
+def test_bench_bad_options_one_line(args, msg, capsys):
+    assert main(["bench", *args, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and len(err.strip().splitlines()) == 1
