@@ -103,6 +103,7 @@ def test_config(model):
     assert (c.num_layers, c.num_heads, c.hidden_size, c.head_dim, c.intermediate_size) == (6, 12, 384, 32, 1536)
     assert (c.max_position_embeddings, c.max_seq_length, c.hidden_act) == (512, 256, "gelu")
     assert len(model.attention) == 6 and model.attention[0].num_heads == 12
+    assert repr(model.run(["hi", "hello there"])).startswith("BertOutput(batch=2, tokens=4 (padded), lengths=[3, 4]")
 
 
 def _copy_checkpoint(src, dst, names=("config.json", "model.safetensors", "tokenizer.json", "vocab.txt",

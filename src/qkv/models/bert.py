@@ -91,6 +91,13 @@ class BertOutput:
     keys: list[np.ndarray]
     values: list[np.ndarray]
 
+    def __repr__(self) -> str:
+        B, T = self.input_ids.shape
+        H = self.attentions[0].shape[1] if self.attentions else 0
+        return (f"BertOutput(batch={B}, tokens={T} (padded), lengths={[len(t) for t in self.tokens]}, "
+                f"{len(self.hidden_states)} hidden states {self.hidden_states[0].shape}, "
+                f"{len(self.attentions)} layers × {H} heads of attentions/queries/keys/values)")
+
     @property
     def last_hidden_state(self) -> np.ndarray:
         """(B, T, D), the last layer's output."""
