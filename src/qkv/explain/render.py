@@ -506,7 +506,7 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     where = []
     if len(W.shape) >= 3:
         where.append(t("head", lang, h=head))
-    if len(W.shape) >= 4:
+    if len(W.shape) >= 4 and int(np.prod(W.shape[:-3])) > 1:
         where.append(t("batch", lang, b=batch))
     doc = Doc(title=t("q_title", lang, label=qlabel, where=(" (" + ", ".join(where) + ")") if where else ""),
               lang=lang)
