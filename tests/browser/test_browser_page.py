@@ -182,17 +182,92 @@ def test_seed003_page_shows_qkvs_numbers(open_page):
     o.check_clean()
 
 
-def test_hover_shows_the_arithmetic_as_explain_writes_it(open_page):
-    o = open_page(seed_page())
-    o.page.get_by_test_id("Q-0-0").hover()
+def explain_text(worked, **kw) -> str:
+    """qkv explain's rendering of a worked example (the hover text must be written the same way)."""
+    import importlib
+    examples = pytest.importorskip("qkv.explain.examples")
+    render = importlib.import_module("qkv.explain.render")
+    return render.render(examples.run(worked, **kw), tokens=worked.tokens, kv_tokens=worked.kv_tokens)
+
+
+def hover(o: Opened, testid: str) -> str:
+    o.page.get_by_test_id(testid).hover()
     text = o.page.get_by_test_id("arith").text_content()
-    assert text.endswith("1.2×0.1 + 0.8×0.4 + (−0.5)×0.7 + 0.3×1.0 = 0.39")
-    assert o.page.get_by_test_id("Q-0-0").get_attribute("title") == text
-    o.page.get_by_test_id("output-2-0").hover()
-    text = o.page.get_by_test_id("arith").text_content()
-    w, v = qkv_reference(X, W_Q, W_K, W_V)["heads"][0]["weights"][2], X @ W_V
-    assert text.count("×") == 3 and text.endswith(f"= {np.round(w @ v[:, 0], 4):g}")
+    assert o.page.get_by_test_id(testid).get_attribute("title") == text
+    return text
+
+
+@pytest.mark.parametrize("name, causal", [("seed003", False), ("causal", True), ("two_head", False),
+                                          ("seed000", False), ("cross", False)])
+def test_hover_shows_the_arithmetic_as_explain_writes_it(open_page, name, causal):
+    examples = pytest.importorskip("qkv.explain.examples")
+    worked = examples.load_example(name)
+    o = open_page({"playground": viz.from_worked(worked)}, f"hover-{name}")
+    explained = explain_text(worked)
+    lines = {line.strip() for line in explained.splitlines()}
+    cells = o.cells()
+    hovered = 0
+    for testid in sorted(cells):
+        m = re.fullmatch(r"(Q|K|V|scores|scaled|weights|output|final_output)-(\d+)-(\d+)", testid)
+        if not m or (int(m.group(2)) + int(m.group(3))) % 2:        # every other cell keeps the test quick
+            continue
+        text = hover(o, testid)
+        for line in text.splitlines():
+            # a whole line of qkv explain's output, or (the one key's division of a softmax row) a part of one
+            assert line.strip() in lines or (testid.startswith("weights") and line.strip() in explained), \
+                f"{testid}: {line.strip()!r} is not written as qkv explain writes it"
+        hovered += 1
+    assert hovered >= 5
+    if name == "seed003":
+        assert hover(o, "Q-0-0") == "Q[我, 0] = 1.2×0.1 + 0.8×0.4 + (−0.5)×0.7 + 0.3×1.0 = 0.39"
     o.check_clean()
+
+
+def run_reference(worked, **kw) -> dict:
+    """The page's matrices from qkv.explain.examples.run (qkv's own path), per head where there are heads."""
+    examples = pytest.importorskip("qkv.explain.examples")
+    t = examples.run(worked, **kw)
+    two_d = lambda a: np.asarray(a).reshape(-1, *np.shape(a)[-2:])   # (..., R, C) -> (slices, R, C)
+    ref = {"heads": [{n: two_d(t[n].array)[h] for n in ("scores", "scaled", "weights") if n in t}
+                     for h in range(two_d(t["weights"].array).shape[0])]}
+    for n in ("Q", "K", "V"):
+        if n in t and t[n].op != "input":
+            ref[n] = two_d(t[n].array)[0]
+    if "concat" in t:
+        ref["output"], ref["final_output"] = t["concat"].array[0], t["final_output"].array[0]
+    elif "output" in t:
+        ref["output"] = two_d(t["output"].array)[0]
+    return ref
+
+
+def assert_matches_run(o: Opened, ref: dict):
+    H = len(ref["heads"])
+    for h in range(H):
+        if H > 1:
+            o.page.get_by_test_id(f"head-tab-{h}").click()
+        cells = o.cells()
+        for name in ("Q", "K", "V", "output", "final_output"):
+            if name in ref:
+                assert_displayed(cells, name, ref[name])
+        for name, M in ref["heads"][h].items():
+            if name != "scores" or any(k.startswith("scores-") for k in cells):   # given scores are inputs
+                assert_displayed(cells, name, M)
+
+
+def test_every_builtin_example_matches_qkv(open_page):
+    examples = pytest.importorskip("qkv.explain.examples")
+    for name in examples.builtin_names():
+        worked = examples.load_example(name)
+        o = open_page({"playground": viz.from_worked(worked)}, f"example-{name}")
+        assert o.page.get_by_test_id("title").text_content() == worked.title
+        assert_matches_run(o, run_reference(worked))
+        if not isinstance(worked.mask, str):
+            o.page.get_by_test_id("toggle-causal").check()
+            L, S = worked.n_queries, worked.n_keys
+            mask = qkv.masks.causal(L, S) if worked.mask is None else qkv.masks.combine(qkv.masks.causal(L, S), worked.mask)
+            assert_matches_run(o, run_reference(worked, mask=mask))
+        o.screenshot(f"example-{name}")
+        o.check_clean()
 
 
 def test_editing_inputs_recomputes_everything(open_page):

@@ -58,23 +58,72 @@ def _tokens(tokens, n: int, name: str) -> list[str]:
     return tokens
 
 
-def playground_data(X, W_Q, W_K, W_V, *, tokens=None, X_kv=None, kv_tokens=None, W_O=None, mask=None,
+def playground_data(X=None, W_Q=None, W_K=None, W_V=None, *, Q=None, K=None, V=None, scores=None,
+                    d_k: float | None = None, tokens=None, X_kv=None, kv_tokens=None, W_O=None, mask=None,
                     heads: int = 1, causal: bool = False, scaling: bool = True, title: str | None = None) -> dict:
-    """The playground's starting point, checked: X (L, D), W_Q/W_K (D, E·H), W_V (D, Ev·H), optional
-    X_kv (S, D_kv), W_O (Ev·H, D_out), boolean mask (L, S) (True = may attend)."""
-    Xl = _matrix(X, "X")
-    L, D = len(Xl), len(Xl[0])
-    Xkv = None if X_kv is None else _matrix(X_kv, "X_kv")
-    S, Dkv = (L, D) if Xkv is None else (len(Xkv), len(Xkv[0]))
-    wq = _matrix(W_Q, "W_Q", rows=D)
-    wk = _matrix(W_K, "W_K", rows=Dkv, cols=len(wq[0]))
-    wv = _matrix(W_V, "W_V", rows=Dkv)
+    """The playground's starting point, checked. It starts from one of
+
+    - token vectors: ``X`` (L, D), ``W_Q``/``W_K`` (D, H·E), ``W_V`` (D, H·Ev), optional ``X_kv`` (S, D_kv)
+      for cross-attention and ``W_O`` (H·Ev, D_out);
+    - ``Q`` (L, E) and ``K`` (S, E), optional ``V`` (S, Ev);
+    - ``scores`` (L, S) and ``d_k``, optional ``V`` (S, Ev).
+
+    ``mask``: boolean (L, S), True = may attend (a float mask of 0 / -inf is converted), or ``"causal"``.
+    ``d_k``: the √d_k divisor when it is not the width of a head. ``heads`` > 1 only from token vectors.
+    """
+    if X is not None:
+        start = "X"
+        if W_Q is None or W_K is None or W_V is None:
+            raise ValueError("W_Q, W_K, W_V: expected all three with X")
+        Xl = _matrix(X, "X")
+        L, D = len(Xl), len(Xl[0])
+        Xkv = None if X_kv is None else _matrix(X_kv, "X_kv")
+        S, Dkv = (L, D) if Xkv is None else (len(Xkv), len(Xkv[0]))
+        wq = _matrix(W_Q, "W_Q", rows=D)
+        wk = _matrix(W_K, "W_K", rows=Dkv, cols=len(wq[0]))
+        wv = _matrix(W_V, "W_V", rows=Dkv)
+        q = k = v = sc = None
+    elif Q is not None:
+        start = "QK"
+        if K is None:
+            raise ValueError("K: expected K with Q")
+        q = _matrix(Q, "Q")
+        k = _matrix(K, "K", cols=len(q[0]))
+        L, S = len(q), len(k)
+        v = None if V is None else _matrix(V, "V", rows=S)
+        Xl = Xkv = wq = wk = wv = sc = None
+    elif scores is not None:
+        start = "scores"
+        sc = _matrix(scores, "scores")
+        L, S = len(sc), len(sc[0])
+        if d_k is None:
+            raise ValueError("d_k: expected the d_k of the given scores (scaled = scores / √d_k)")
+        v = None if V is None else _matrix(V, "V", rows=S)
+        Xl = Xkv = wq = wk = wv = q = k = None
+    else:
+        raise ValueError("expected a starting point: X (with W_Q, W_K, W_V), Q and K, or scores")
+    if d_k is not None:
+        d_k = float(d_k)
+        if not (math.isfinite(d_k) and d_k > 0):
+            raise ValueError(f"d_k: expected a positive number, got {d_k}")
+        d_k = int(d_k) if d_k.is_integer() else d_k
     heads = int(heads or 1)
-    if heads < 1 or len(wq[0]) % heads or len(wv[0]) % heads:
-        raise ValueError(f"heads: expected a number of heads dividing the widths of W_Q ({len(wq[0])}) and "
-                         f"W_V ({len(wv[0])}), got {heads}")
-    wo = None if W_O is None else _matrix(W_O, "W_O", rows=len(wv[0]))
+    width_q = len(wq[0]) if wq else None
+    width_v = len(wv[0]) if wv else None
+    if heads != 1 and (start != "X" or len(wq[0]) % heads or len(wv[0]) % heads):
+        raise ValueError(f"heads: expected a number of heads dividing the widths of W_Q ({width_q}) and "
+                         f"W_V ({width_v}), got {heads}")
+    out_width = width_v if start == "X" else (len(v[0]) if v else None)
+    wo = None
+    if W_O is not None:
+        if out_width is None:
+            raise ValueError("W_O: expected no W_O without values")
+        wo = _matrix(W_O, "W_O", rows=out_width)
     m = None
+    if isinstance(mask, str):
+        if mask.strip().lower() != "causal":
+            raise ValueError(f"mask: expected 'causal', a boolean array or None, got {mask!r}")
+        causal, mask = True, None
     if mask is not None:
         marr = np.asarray(mask)
         while marr.ndim > 2 and marr.shape[0] == 1:
@@ -87,20 +136,22 @@ def playground_data(X, W_Q, W_K, W_V, *, tokens=None, X_kv=None, kv_tokens=None,
         if marr.shape != (L, S):
             raise ValueError(f"mask: expected shape {(L, S)}, got {marr.shape}")
         m = marr.tolist()
-    return {"title": title or "Attention playground", "tokens": _tokens(tokens, L, "tokens"),
-            "kv_tokens": None if Xkv is None else _tokens(kv_tokens, S, "kv_tokens"),
-            "X": Xl, "X_kv": Xkv, "W_Q": wq, "W_K": wk, "W_V": wv, "W_O": wo, "mask": m, "heads": heads,
-            "causal": bool(causal), "scaling": bool(scaling)}
+    cross = Xkv is not None or kv_tokens is not None or (start != "X" and S != L)
+    return {"title": title or "Attention playground", "start": start, "tokens": _tokens(tokens, L, "tokens"),
+            "kv_tokens": _tokens(kv_tokens, S, "kv_tokens") if cross else None,
+            "X": Xl, "X_kv": Xkv, "W_Q": wq, "W_K": wk, "W_V": wv, "Q": q, "K": k, "V": v, "scores": sc,
+            "d_k": d_k, "W_O": wo, "mask": m, "heads": heads, "causal": bool(causal), "scaling": bool(scaling)}
 
 
 def from_worked(worked, *, tokens=None) -> dict:
     """Playground data from a worked example (``qkv.explain.examples.Worked``); ``tokens`` relabels it."""
     heads = getattr(worked, "heads", None) or 1
-    return playground_data(worked.X, worked.W_Q, worked.W_K, worked.W_V,
+    kv = getattr(worked, "kv_tokens", None)
+    return playground_data(worked.X, worked.W_Q, worked.W_K, worked.W_V, Q=worked.Q, K=worked.K, V=worked.V,
+                           scores=worked.scores, d_k=worked.d_k,
                            tokens=tokens if tokens is not None else worked.tokens,
-                           X_kv=getattr(worked, "X_kv", None), kv_tokens=getattr(worked, "kv_tokens", None),
-                           W_O=getattr(worked, "W_O", None) if heads > 1 else None,
-                           mask=getattr(worked, "mask", None), heads=heads, title=worked.title)
+                           X_kv=worked.X_kv, kv_tokens=kv, W_O=worked.W_O if heads > 1 else None,
+                           mask=worked.mask, heads=heads, title=worked.title)
 
 
 def model_data(text: str, *, model=None, digits: int = 6) -> dict:

@@ -24,29 +24,62 @@
   function clone(m) { return m.map(function (r) { return r.slice(); }); }
   function zeros(n, m) { var out = []; for (var i = 0; i < n; i++) { out.push(new Array(m).fill(0)); } return out; }
 
+  // x.toFixed(p), but an exact tie rounds half to even as Python's format() does (ties are odd / 2^(p+1)).
+  function toFixedEven(x, p) {
+    var t = x * Math.pow(2, p + 1);
+    if (Number.isInteger(t) && Math.abs(t % 2) === 1) {
+      var lo = Math.floor(x * Math.pow(10, p));            // exact: x·10^p = k + 0.5
+      return ((lo % 2 === 0 ? lo : lo + 1) / Math.pow(10, p)).toFixed(p);
+    }
+    return x.toFixed(p);
+  }
   // A matrix cell: fixed decimals, ASCII minus, never "-0.0000".
   function cellText(x) {
     if (x === -Infinity) return "-\u221e";
     if (x === Infinity) return "\u221e";
     if (Number.isNaN(x)) return "NaN";
-    var s = x.toFixed(DIGITS);
+    var s = toFixedEven(x, DIGITS);
     if (/^-0\.?0*$/.test(s)) s = s.slice(1);
     return s;
   }
-  // A number inside the arithmetic, as qkv explain writes it: shortest form with at least one decimal,
-  // rounded to 4 decimals, negatives as (−0.5).
+  // A number in the arithmetic exactly as qkv explain writes it (qkv.explain._doc.fmt, precision 4):
+  // rounded to 4 decimals, trailing zeros dropped but one kept (0.39, 1.0), 0, −0.5, tiny ones as 3.2e−5.
   function num(x) {
-    if (x === -Infinity) return MINUS + "\u221e";
-    var r = Math.round(x * 1e4) / 1e4;
-    if (Object.is(r, -0)) r = 0;
-    var s = String(r);
-    if (s.indexOf("e") >= 0) s = r.toPrecision(4);
-    else if (s.indexOf(".") < 0) s += ".0";
-    return s.replace("-", MINUS);
+    var p = 4, s;
+    if (Number.isNaN(x)) return "NaN";
+    if (!Number.isFinite(x)) return x < 0 ? MINUS + "\u221e" : "\u221e";
+    if (x === 0) return "0";
+    if (Math.abs(x) < 0.5 * Math.pow(10, -p)) {
+      var parts = x.toExponential(Math.max(p - 2, 1)).split("e"), mant = parts[0];
+      if (mant.indexOf(".") >= 0) mant = mant.replace(/0+$/, "").replace(/\.$/, "");
+      return (mant + "e" + String(parseInt(parts[1], 10))).replace(/-/g, MINUS);
+    }
+    s = toFixedEven(x, p);
+    if (s.indexOf(".") >= 0) { s = s.replace(/0+$/, ""); if (s.endsWith(".")) s += "0"; }
+    if (s === "-0.0" || s === "0.0") s = "0";
+    return s.replace(/-/g, MINUS);
   }
-  function factor(x) { var s = num(x); return x < 0 ? "(" + s + ")" : s; }
-  function sumOfProducts(pairs, result) {
-    return pairs.map(function (p) { return factor(p[0]) + "\u00d7" + factor(p[1]); }).join(" + ") + " = " + num(result);
+  function factor(x) { var s = num(x); return s.charAt(0) === MINUS ? "(" + s + ")" : s; }
+  // "lhs = a×b + c×d + … = r", as qkv explain's product lines (more than 8 terms: the first 3 and a count).
+  function productLine(lhs, pairs, result) {
+    var show = pairs.length <= 8 ? pairs : pairs.slice(0, 3);
+    var expr = show.map(function (p) { return factor(p[0]) + "\u00d7" + factor(p[1]); }).join(" + ");
+    if (pairs.length > 8) expr += " + \u2026 (" + pairs.length + " terms)";
+    return lhs + " = " + expr + " = " + num(result);
+  }
+  // qkv explain's softmax lines for query row i, then the one division that gives weights[i][j].
+  function softmaxLines(label, keyLabels, x, soft, j) {
+    var C = x.length, show = C <= 8 ? C : 6, parts = [], k;
+    for (k = 0; k < show; k++) {
+      parts.push(x[k] === -Infinity ? "exp(" + MINUS + "\u221e) = 0"
+                                    : "exp(" + num(x[k]) + " " + MINUS + " " + factor(soft.max) + ") = " + num(soft.exp[k]));
+    }
+    var lines = ["row " + label + ": max = " + num(soft.max),
+                 "  " + parts.join(";  ") + (C > show ? "; \u2026" : "")];
+    lines.push(C <= 8 ? "  sum = " + soft.exp.map(num).join(" + ") + " = " + num(soft.sum)
+                      : "  sum = \u03a3 (" + C + ") = " + num(soft.sum));
+    lines.push("  " + keyLabels[j] + ": " + num(soft.exp[j]) + " / " + num(soft.sum) + " = " + num(soft.w[j]));
+    return lines.join("\n");
   }
 
   // ------------------------------------------------------------------ the computation
@@ -71,11 +104,20 @@
     return { max: m, exp: e, sum: total, w: e.map(function (x) { return x / (total === 0 ? 1 : total); }) };
   }
 
+  // st.start: "X" (token vectors and projections), "QK" (Q, K and maybe V given) or "scores" (scores given).
   function compute(st) {
-    var Xkv = st.X_kv || st.X;
-    var L = st.X.length, S = Xkv.length;
-    var Q = matmul(st.X, st.W_Q), K = matmul(Xkv, st.W_K), V = matmul(Xkv, st.W_V);
-    var H = st.heads, E = st.W_Q[0].length / H, Ev = st.W_V[0].length / H;
+    var Q = null, K = null, V = null;
+    if (st.start === "X") {
+      var Xkv = st.X_kv || st.X;
+      Q = matmul(st.X, st.W_Q); K = matmul(Xkv, st.W_K); V = matmul(Xkv, st.W_V);
+    } else if (st.start === "QK") {
+      Q = st.Q; K = st.K; V = st.V;
+    } else {
+      V = st.V;
+    }
+    var L = st.start === "scores" ? st.scores.length : Q.length;
+    var S = st.start === "scores" ? st.scores[0].length : K.length;
+    var H = st.heads, E = Q ? Q[0].length / H : null, Ev = V ? V[0].length / H : null;
     var allowed = [];
     for (var i = 0; i < L; i++) {
       allowed.push([]);
@@ -85,26 +127,32 @@
         allowed[i].push(ok);
       }
     }
-    var scale = st.scaling ? 1 / Math.sqrt(E) : 1;
+    // d_k: the example's own d_k while the heads are as it gave them, otherwise the width of one head.
+    var d_k = (st.d_k !== null && st.heads === initial.heads) ? st.d_k : E;
+    var scale = st.scaling ? 1 / Math.sqrt(d_k) : 1;
     var heads = [];
     for (var h = 0; h < H; h++) {
-      var Qh = columns(Q, h * E, (h + 1) * E), Kh = columns(K, h * E, (h + 1) * E), Vh = columns(V, h * Ev, (h + 1) * Ev);
-      var scores = matmul(Qh, transpose(Kh));
+      var Qh = Q && columns(Q, h * E, (h + 1) * E), Kh = K && columns(K, h * E, (h + 1) * E);
+      var Vh = V && columns(V, h * Ev, (h + 1) * Ev);
+      var scores = st.start === "scores" ? st.scores : matmul(Qh, transpose(Kh));
       var scaled = scores.map(function (r) { return r.map(function (x) { return x * scale; }); });
       var soft = scaled.map(function (r, i) {
         return softmaxRow(r.map(function (x, j) { return allowed[i][j] ? x : -Infinity; }));
       });
       var weights = soft.map(function (s) { return s.w; });
       heads.push({ Q: Qh, K: Kh, V: Vh, scores: scores, scaled: scaled, soft: soft, weights: weights,
-                   output: matmul(weights, Vh) });
+                   output: Vh ? matmul(weights, Vh) : null });
     }
-    var output = [];
-    for (i = 0; i < L; i++) {
-      output.push([]);
-      for (h = 0; h < H; h++) output[i] = output[i].concat(heads[h].output[i]);
+    var output = null;
+    if (V) {
+      output = [];
+      for (i = 0; i < L; i++) {
+        output.push([]);
+        for (h = 0; h < H; h++) output[i] = output[i].concat(heads[h].output[i]);
+      }
     }
-    var final = st.W_O ? matmul(output, st.W_O) : null;
-    return { Q: Q, K: K, V: V, E: E, Ev: Ev, scale: scale, allowed: allowed, heads: heads, output: output,
+    var final = st.W_O && output ? matmul(output, st.W_O) : null;
+    return { Q: Q, K: K, V: V, E: E, Ev: Ev, d_k: d_k, scale: scale, allowed: allowed, heads: heads, output: output,
              final: final, L: L, S: S };
   }
 
@@ -112,20 +160,21 @@
   var initial = DATA.playground;
   var state = null;
   function resetState() {
+    function copy(m) { return m ? clone(m) : null; }
     state = {
-      title: initial.title || "Attention playground",
-      tokens: initial.tokens.slice(),
-      kv_tokens: initial.X_kv ? initial.kv_tokens.slice() : null,
-      X: clone(initial.X), X_kv: initial.X_kv ? clone(initial.X_kv) : null,
-      W_Q: clone(initial.W_Q), W_K: clone(initial.W_K), W_V: clone(initial.W_V),
-      W_O: initial.W_O ? clone(initial.W_O) : null,
-      mask: initial.mask ? clone(initial.mask) : null,
+      title: initial.title || "Attention playground", start: initial.start || "X",
+      tokens: initial.tokens.slice(), kv_tokens: initial.kv_tokens ? initial.kv_tokens.slice() : null,
+      X: copy(initial.X), X_kv: copy(initial.X_kv), W_Q: copy(initial.W_Q), W_K: copy(initial.W_K),
+      W_V: copy(initial.W_V), Q: copy(initial.Q), K: copy(initial.K), V: copy(initial.V),
+      scores: copy(initial.scores), W_O: copy(initial.W_O), mask: copy(initial.mask),
+      d_k: initial.d_k === undefined ? null : initial.d_k,
       heads: initial.heads || 1, causal: !!initial.causal, scaling: initial.scaling !== false, shown: 0,
       invalid: {}
     };
   }
   function keyTokens() { return state.kv_tokens || state.tokens; }
-  function headChoices() {
+  function headChoices() {                // several heads only from token vectors (the projections split)
+    if (state.start !== "X") return [1];
     var E = state.W_Q[0].length, Ev = state.W_V[0].length, out = [];
     for (var h = 1; h <= Math.min(E, Ev); h++) { if (E % h === 0 && Ev % h === 0) out.push(h); }
     return out;
@@ -242,26 +291,48 @@
       });
     }
     box.appendChild(toks);
-    var D = state.X[0].length, Dkv = (state.X_kv || state.X)[0].length;
-    box.appendChild(inputTable("X", "X (one row per token)", state.tokens, indexLabels(D)));
-    if (state.X_kv) box.appendChild(inputTable("X_kv", "X_kv (keys/values)", state.kv_tokens, indexLabels(Dkv)));
-    box.appendChild(inputTable("W_Q", "W_Q", indexLabels(D), indexLabels(state.W_Q[0].length)));
-    box.appendChild(inputTable("W_K", "W_K", indexLabels(Dkv), indexLabels(state.W_K[0].length)));
-    box.appendChild(inputTable("W_V", "W_V", indexLabels(Dkv), indexLabels(state.W_V[0].length)));
+    var kt = keyTokens();
+    if (state.start === "X") {
+      var D = state.X[0].length, Dkv = (state.X_kv || state.X)[0].length;
+      box.appendChild(inputTable("X", "X (one row per token)", state.tokens, indexLabels(D)));
+      if (state.X_kv) box.appendChild(inputTable("X_kv", "X_kv (keys/values)", kt, indexLabels(Dkv)));
+      box.appendChild(inputTable("W_Q", "W_Q", indexLabels(D), indexLabels(state.W_Q[0].length)));
+      box.appendChild(inputTable("W_K", "W_K", indexLabels(Dkv), indexLabels(state.W_K[0].length)));
+      box.appendChild(inputTable("W_V", "W_V", indexLabels(Dkv), indexLabels(state.W_V[0].length)));
+    } else if (state.start === "QK") {
+      box.appendChild(inputTable("Q", "Q (given)", state.tokens, indexLabels(state.Q[0].length)));
+      box.appendChild(inputTable("K", "K (given)", kt, indexLabels(state.K[0].length)));
+      if (state.V) box.appendChild(inputTable("V", "V (given)", kt, indexLabels(state.V[0].length)));
+    } else {
+      box.appendChild(inputTable("scores", "scores (given)", state.tokens, kt));
+      if (state.V) box.appendChild(inputTable("V", "V (given)", kt, indexLabels(state.V[0].length)));
+    }
+    if (state.start !== "X") {
+      box.appendChild(el("p", { "class": "note", "data-testid": "start-note" },
+        "This example starts from " + (state.start === "QK" ? "Q and K" : "the scores") +
+        (state.d_k !== null ? " with d_k = " + String(state.d_k) : "") + "; edit them here."));
+    }
   }
 
-  // Token labels changed: rewrite the row headers of the input tables (the results are redrawn by update()).
+  // Token labels changed: rewrite the row/column headers of the input tables (update() redraws the results).
   function relabel() {
-    state.tokens.forEach(function (t, i) {
-      var th = document.querySelector('[data-testid="X-row-' + i + '"]');
-      if (th) th.textContent = t;
-    });
-    if (state.kv_tokens) {
-      state.kv_tokens.forEach(function (t, i) {
-        var th = document.querySelector('[data-testid="X_kv-row-' + i + '"]');
+    var kt = keyTokens();
+    ["X", "Q", "scores"].forEach(function (name) {
+      state.tokens.forEach(function (t, i) {
+        var th = document.querySelector('#inputs [data-testid="' + name + '-row-' + i + '"]');
         if (th) th.textContent = t;
       });
-    }
+    });
+    kt.forEach(function (t, i) {
+      ["X_kv-row-", "K-row-", "V-row-", "scores-col-"].forEach(function (prefix) {
+        var th = document.querySelector('#inputs [data-testid="' + prefix + i + '"]');
+        if (th) th.textContent = t;
+      });
+      if (!state.kv_tokens) {
+        var th = document.querySelector('#inputs [data-testid="V-row-' + i + '"]');
+        if (th) th.textContent = t;
+      }
+    });
   }
 
   function numberCell(td, x, text) { td.textContent = cellText(x); td.tabIndex = 0; explainOn(td, text); }
@@ -275,15 +346,17 @@
       return table(name, name, name + " = " + (name === "Q" ? "X" : xkv) + " · W_" + name,
                    name === "Q" ? toks : ktoks, indexLabels(M[0].length), function (i, j, td) {
         var pairs = src[i].map(function (x, t) { return [x, W[t][j]]; });
-        numberCell(td, M[i][j], name + "[" + i + "," + j + "] = " + sumOfProducts(pairs, M[i][j]));
+        numberCell(td, M[i][j], productLine(name + "[" + (name === "Q" ? toks : ktoks)[i] + ", " + j + "]", pairs, M[i][j]));
         if (H > 1 && Math.floor(j / width) % 2 === 1) td.classList.add("head-alt");
       });
     }
-    var proj = el("div", { "class": "matrices" });
-    proj.appendChild(projection("Q", state.X, state.W_Q, r.Q, E));
-    proj.appendChild(projection("K", state.X_kv || state.X, state.W_K, r.K, E));
-    proj.appendChild(projection("V", state.X_kv || state.X, state.W_V, r.V, Ev));
-    box.appendChild(proj);
+    if (state.start === "X") {
+      var proj = el("div", { "class": "matrices" });
+      proj.appendChild(projection("Q", state.X, state.W_Q, r.Q, E));
+      proj.appendChild(projection("K", state.X_kv || state.X, state.W_K, r.K, E));
+      proj.appendChild(projection("V", state.X_kv || state.X, state.W_V, r.V, Ev));
+      box.appendChild(proj);
+    }
 
     // Heads: which head's scores / scaled / mask / weights are shown.
     var shown = Math.min(state.shown, H - 1), hd = r.heads[shown];
@@ -299,52 +372,54 @@
       }
       var cols = function (a, n) { return n === 1 ? "column " + a : "columns " + a + "–" + (a + n - 1); };
       tabs.appendChild(el("span", { "class": "note", "data-testid": "head-note" },
-        "Head " + shown + " uses " + cols(shown * E, E) + " of Q and K and " + cols(shown * Ev, Ev) + " of V (d_k = " + E +
+        "Head " + shown + " uses " + cols(shown * E, E) + " of Q and K and " + cols(shown * Ev, Ev) + " of V (d_k = " + String(r.d_k) +
         "). output puts the heads' outputs side by side (concat)" + (state.W_O ? "; final output = concat · W_O." : ".")));
     }
     box.appendChild(tabs);
-    var hs = H > 1 ? " (head " + shown + ")" : "";
+    var hs = H > 1 ? " (head " + shown + ")" : "", hp = H > 1 ? "head " + shown + ": " : "";
     var attn = el("div", { "class": "matrices" });
-    attn.appendChild(table("scores", "scores" + hs, "= Q·Kᵀ", toks, ktoks, function (i, j, td) {
-      var pairs = hd.Q[i].map(function (q, t) { return [q, hd.K[j][t]]; });
-      numberCell(td, hd.scores[i][j], "scores[" + i + "," + j + "] = Q[" + i + "]·K[" + j + "] = " + sumOfProducts(pairs, hd.scores[i][j]));
-    }));
+    if (state.start !== "scores") {
+      attn.appendChild(table("scores", "scores" + hs, "= Q·Kᵀ", toks, ktoks, function (i, j, td) {
+        var pairs = hd.Q[i].map(function (q, t) { return [q, hd.K[j][t]]; });
+        numberCell(td, hd.scores[i][j], hp + productLine("scores[" + toks[i] + ", " + ktoks[j] + "]", pairs, hd.scores[i][j]));
+      }));
+    }
     attn.appendChild(table("scaled", "scaled" + hs, state.scaling ? "= scores ÷ √d_k" : "= scores × 1 (scaling off)", toks, ktoks, function (i, j, td) {
       var s = hd.scores[i][j], v = hd.scaled[i][j];
-      var text = state.scaling ? "scaled[" + i + "," + j + "] = " + num(s) + " ÷ √" + E + " = " + num(s) + " ÷ " + num(Math.sqrt(E)) + " = " + num(v)
-                               : "scaled[" + i + "," + j + "] = " + num(s) + " × 1 = " + num(v) + " (scaling off)";
-      if (!r.allowed[i][j]) { td.classList.add("masked"); text += "; masked: becomes " + MINUS + "∞ before softmax"; }
+      var text = hp + "scaled[" + toks[i] + ", " + ktoks[j] + "] = " + num(s) +
+                 (state.scaling ? " / " + num(Math.sqrt(r.d_k)) : " \u00d7 " + num(1.0)) + " = " + num(v);
+      if (!r.allowed[i][j]) td.classList.add("masked");     // struck through: −∞ before softmax (see the mask)
       numberCell(td, v, text);
     }));
     attn.appendChild(table("mask", "mask", "1 = may attend", toks, ktoks, function (i, j, td) {
       td.textContent = r.allowed[i][j] ? "1" : "0";
       td.tabIndex = 0;
-      explainOn(td, "mask[" + i + "," + j + "] = " + (r.allowed[i][j] ? "1: query " + i + " may attend to key " + j
-                                                                 : "0: query " + i + " may not attend to key " + j));
+      explainOn(td, "mask[" + toks[i] + ", " + ktoks[j] + "] = " + (r.allowed[i][j] ? "\u2713 (may attend)"
+                                                                             : "\u2717: the score becomes " + MINUS + "\u221e, its weight 0"));
     }));
     attn.appendChild(table("weights", "weights" + hs, "= softmax(scaled)", toks, ktoks, function (i, j, td) {
-      var s = hd.soft[i], w = hd.weights[i][j], text;
-      if (!r.allowed[i][j]) text = "weights[" + i + "," + j + "] = 0 (masked: exp(" + MINUS + "∞) = 0)";
-      else text = "weights[" + i + "," + j + "] = exp(" + num(hd.scaled[i][j]) + " " + MINUS + " " + num(s.max) + ") ÷ " +
-                  num(s.sum) + " = " + num(s.exp[j]) + " ÷ " + num(s.sum) + " = " + num(w);
+      var w = hd.weights[i][j];
+      var logits = hd.scaled[i].map(function (x, k) { return r.allowed[i][k] ? x : -Infinity; });
+      var text = hp + softmaxLines(toks[i], ktoks, logits, hd.soft[i], j);
       numberCell(td, w, text);
       td.style.backgroundColor = "rgba(37, 99, 235, " + Math.max(0, Math.min(1, w)) * 0.55 + ")";
     }));
     box.appendChild(attn);
 
+    if (!r.output) return;                  // an example without V stops at the weights
     var outs = el("div", { "class": "matrices" });
     var outCaption = H > 1 ? "output (heads concatenated)" : "output";
     outs.appendChild(table("output", outCaption, H > 1 ? "= [weights_h · V_h for each head h]" : "= weights · V", toks,
                            indexLabels(r.output[0].length), function (i, j, td) {
       var h = Math.floor(j / Ev), c = j % Ev, hh = r.heads[h];
       var pairs = hh.weights[i].map(function (w, t) { return [w, hh.V[t][c]]; });
-      numberCell(td, r.output[i][j], "output[" + i + "," + j + "] = " + (H > 1 ? "head " + h + ": " : "") + sumOfProducts(pairs, r.output[i][j]));
+      numberCell(td, r.output[i][j], (H > 1 ? "head " + h + ": " : "") + productLine("output[" + toks[i] + ", " + c + "]", pairs, r.output[i][j]));
       if (H > 1 && h % 2 === 1) td.classList.add("head-alt");
     }));
     if (r.final) {
       outs.appendChild(table("final_output", "final output", "= output · W_O", toks, indexLabels(r.final[0].length), function (i, j, td) {
         var pairs = r.output[i].map(function (x, t) { return [x, state.W_O[t][j]]; });
-        numberCell(td, r.final[i][j], "final_output[" + i + "," + j + "] = " + sumOfProducts(pairs, r.final[i][j]));
+        numberCell(td, r.final[i][j], productLine("final_output[" + toks[i] + ", " + j + "]", pairs, r.final[i][j]));
       }));
     }
     box.appendChild(outs);
