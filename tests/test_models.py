@@ -388,3 +388,15 @@ def test_readme_model_section_runs(model, capsys):
         expected = [line.split("# ", 1)[1].strip() for line in code.splitlines()
                     if line.startswith("print(") and "# " in line]
         assert [o.strip() for o in out[:len(expected)]] == expected
+
+
+@needs_package
+def test_tokenizer_of_another_model(model_dir, tmp_path):
+    folder = _copy_checkpoint(model_dir, tmp_path / "ckpt", ("config.json", "model.safetensors"))
+    words = (model_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    (folder / "vocab.txt").write_text("\n".join(words + [f"extra{i}" for i in range(10)]), encoding="utf-8")
+    with pytest.raises(ValueError, match="vocab.txt in .*30532 tokens, but config.json's vocab_size .* is 30522"):
+        load_bert(folder)
+    (folder / "vocab.txt").write_text("hello\nworld\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"vocab.txt in .*(sep_token not found|no \[SEP\] token)"):
+        load_bert(folder)

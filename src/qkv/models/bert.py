@@ -680,6 +680,11 @@ def load_bert(path: str | Path | None = None) -> BertModel:
     config = _config(folder)
     weights = _weights(folder, config)
     tokenizer = _tokenizer(folder)
+    n_vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if n_vocab > config.vocab_size:
+        name = "tokenizer.json" if (folder / "tokenizer.json").is_file() else "vocab.txt"
+        raise ValueError(f"{name} in {folder}: {n_vocab} tokens, but config.json's vocab_size (the rows of the "
+                         f"word embeddings) is {config.vocab_size}: the tokenizer does not belong to this model")
     return BertModel(config, weights, tokenizer)
 
 
