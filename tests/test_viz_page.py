@@ -118,3 +118,31 @@ def test_readme_viz_section_example_runs(tmp_path, monkeypatch):
     assert (tmp_path / "seed003.png").read_bytes().startswith(b"\x89PNG")
     assert b"<svg" in (tmp_path / "heads.svg").read_bytes()[:1000]
     assert (tmp_path / "attention.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_starting_points_q_k_and_scores():
+    q = viz.playground_data(Q=np.eye(3), K=np.ones((4, 3)), d_k=4)
+    assert q["start"] == "QK" and q["X"] is None and q["V"] is None and q["d_k"] == 4
+    assert q["kv_tokens"] == ["t0", "t1", "t2", "t3"]              # L ≠ S: keys get their own labels
+    s = viz.playground_data(scores=[[4.0, 2.0, 0.0]], d_k=4, V=[[10.0], [0.0], [-10.0]])
+    assert s["start"] == "scores" and s["scores"] == [[4.0, 2.0, 0.0]] and s["V"] == [[10.0], [0.0], [-10.0]]
+    with pytest.raises(ValueError, match="K: expected K with Q"):
+        viz.playground_data(Q=np.eye(3))
+    with pytest.raises(ValueError, match="d_k: expected the d_k of the given scores"):
+        viz.playground_data(scores=np.eye(3))
+    with pytest.raises(ValueError, match="expected a starting point"):
+        viz.playground_data()
+    with pytest.raises(ValueError, match="heads: expected"):
+        viz.playground_data(Q=np.eye(4), K=np.eye(4), heads=2)
+    assert viz.playground_data(X, W_Q, W_Q, W_Q, mask="causal")["causal"] is True
+
+
+def test_from_worked_every_builtin_example():
+    examples = pytest.importorskip("qkv.explain.examples")
+    for name in examples.builtin_names():
+        w = examples.load_example(name)
+        d = viz.from_worked(w)
+        assert d["start"] == w.start and d["heads"] == w.heads and d["title"] == w.title
+        assert d["tokens"] == list(w.tokens)
+        html = viz.render_page({"playground": d})
+        assert embedded(html)["playground"] == json.loads(json.dumps(d))
