@@ -133,7 +133,11 @@ def test_heatmap_head_options(tmp_path, capsys):
 
 @pytest.mark.model
 def test_model_heatmaps_and_page(tmp_path, capsys):
-    pytest.importorskip("qkv.models")
+    models = pytest.importorskip("qkv.models")
+    try:
+        models.load_bert()
+    except ImportError as exc:                                      # the model package is not installed
+        pytest.skip(f"no model: {exc}")
     code, _, err = run(capsys, "heatmap", "--model", "The cat sat.", "--layer", "1", "--head", "2",
                        "-o", str(tmp_path / "h.png"))
     assert code == 0, err
