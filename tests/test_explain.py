@@ -5,6 +5,7 @@ nn.MultiheadAttention for the two-head example, and the trace itself — every n
 must be the recorded one (the renderer never recomputes).
 """
 import io
+from pathlib import Path
 import json
 import math
 import re
@@ -430,3 +431,24 @@ def test_cli_examples_lists_every_example(capsys):
     assert "(default)" in out.splitlines()[0]
     rc, out, _ = run_cli(capsys, "examples", "--format", "json")
     assert [e["name"] for e in json.loads(out)] == NAMES
+
+
+def test_readme_explain_section_runs(capsys):
+    """The Python block of the README's `explain` section runs as written."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"<!-- BEGIN section:explain -->(.*?)<!-- END section:explain -->", readme, re.S).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert blocks
+    for code in blocks:
+        ns = {}
+        exec(compile(code, "README.md", "exec"), ns)
+    assert "(head 7)" in ns["text"]
+    out = capsys.readouterr().out
+    assert "步骤1" in out and "q · k_我 = 1.5×0.57 + 1.71×0.75 + 1.92×0.93 = 3.9231" in out
+    for cmd in re.findall(r"^qkv (\S.*?)\s+#", section, re.M):      # the shell examples parse and run
+        args = [a for a in cmd.split() if a not in ("my_example.yaml",)]
+        if "check" in args and len(args) == 1:
+            continue
+        rc = main(args)
+        capsys.readouterr()
+        assert rc in (0, 1), cmd

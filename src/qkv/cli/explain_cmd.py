@@ -103,6 +103,13 @@ def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, he
             raise UserError(f"--head: expected 0 … {n_heads - 1}, got {head}")
         doc = build_query_doc(trace, row, head=head, lang=lang, precision=precision, tokens=tokens,
                               kv_tokens=kv_tokens)
+    if query is None and heads is None and mask_spec is None and worked.claims:
+        from qkv.explain import check
+        from qkv.explain._i18n import t
+
+        r = check(worked)
+        how = f"qkv check --example {worked.name}" if file is None else f"qkv check {file}"
+        doc.intro.append(t("claims_note", lang, n=len(r.claims), how=how, **r.summary))
     if fmt == "text" and sys.stdout.isatty():
         _doc.print_rich(doc, precision)
         return 0

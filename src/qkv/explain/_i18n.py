@@ -92,6 +92,10 @@ _T = {
     "q_after": ("This head's output row is then concatenated with the other heads' and multiplied by W_O "
                 "(final_output).", "这个头的输出行随后与其他头的输出拼接，再乘以 W_O（final_output）。"),
     "q_given": ("The scores were given (not computed from Q and K).", "分数是直接给定的（不是由 Q、K 计算的）。"),
+    "claims_note": ("This example also holds {n} numbers its source claims: {correct} correct, {carried} carried, "
+                    "{wrong} wrong — `{how}` shows which. Below: the true calculation.",
+                    "这个例子还记录了原文声称的 {n} 个数：{correct} 个正确，{carried} 个继承错误，{wrong} 个错误 —— "
+                    "`{how}` 会逐个列出。下面是真实的计算过程。"),
     # check
     "c_title": ("Check: {title}", "检查：{title}"),
     "c_summary": ("{n} claimed numbers: {correct} correct, {carried} carried, {wrong} wrong",
