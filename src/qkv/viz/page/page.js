@@ -328,10 +328,6 @@
         var th = document.querySelector('#inputs [data-testid="' + prefix + i + '"]');
         if (th) th.textContent = t;
       });
-      if (!state.kv_tokens) {
-        var th = document.querySelector('#inputs [data-testid="V-row-' + i + '"]');
-        if (th) th.textContent = t;
-      }
     });
   }
 
