@@ -180,13 +180,14 @@ class _Problem:
                 got = self._kv.get(src)
                 if got is None:
                     k = np.ascontiguousarray(self.key[src[0]], dtype=self.cdt)                # (S, E)
+                    k_t = np.ascontiguousarray(k.T)          # (E, S): Q·Kᵀ blocks read contiguous rows
                     v = self.value[src[1]]                                                    # (S, Ev)
                     v_ext = np.empty((self.S, self.Ev + 1), self.cdt)                        # (S, Ev+1)
                     v_ext[:, :self.Ev] = v
                     v_ext[:, self.Ev] = 1.0                  # P·[V, 1] = [P·V, rowsum(P)]: l_i for free
                     k_norm = float(np.sqrt(np.einsum("se,se->s", k, k).max()))
                     v_max = float(np.abs(v_ext[:, :self.Ev]).max())
-                    got = (k, v_ext, k_norm, v_max)
+                    got = (k, v_ext, k_norm, v_max, k_t)
                     self._kv[src] = got
         return got
 
@@ -238,16 +239,18 @@ class _Problem:
 _causal_cache: dict = {}
 
 
-def _causal_blocked(d: int, rows: int, cols: int) -> np.ndarray:
-    """(rows, cols) bool, True where key j0 + c is after query i0 + r, i.e. ``c − r > d = i0 − j0``.
+def _causal_additive(d: int, rows: int, cols: int, dtype) -> np.ndarray:
+    """(rows, cols): −inf where key j0 + c is after query i0 + r (``c − r > d = i0 − j0``), 0 elsewhere.
 
-    The same few patterns recur for every query block (mostly ``d = −1``: the block right of the diagonal),
-    so they are built once and kept.
+    Added to a scores block (a ufunc: vectorized, and it releases the GIL, unlike a masked copy). The same
+    few patterns recur for every query block (mostly ``d = −1``: the block right of the diagonal), so they
+    are built once and kept.
     """
-    key = (d, rows, cols)
+    key = (d, rows, cols, np.dtype(dtype).char)
     got = _causal_cache.get(key)
     if got is None:
-        got = np.subtract.outer(np.arange(cols), np.arange(rows)).T > d                 # (rows, cols)
+        blocked = np.subtract.outer(np.arange(cols), np.arange(rows)).T > d               # (rows, cols)
+        got = np.where(blocked, -np.inf, 0.0).astype(dtype)
         if len(_causal_cache) > 64:
             _causal_cache.clear()
         _causal_cache[key] = got
@@ -259,7 +262,7 @@ def _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1):
     if kind == "full":
         return
     if kind == "causal":
-        np.copyto(s, -np.inf, where=_causal_blocked(i0 - j0, i1 - i0, j1 - j0))
+        np.add(s, _causal_additive(i0 - j0, i1 - i0, j1 - j0, s.dtype), out=s)
         return
     blk = mask2d[i0:i1, j0:j1]
     if blk.dtype == np.bool_:
@@ -276,7 +279,7 @@ def _dropout_rng(seed, lead, idx, i0):
 # ---------------------------------------------------------------------------------------------- forward
 def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed):
     """One (head, query block): the online softmax over the key blocks; writes out/lse/weights rows."""
-    K, V_ext, k_norm, v_max = P.kv(idx)                      # (S, E), (S, Ev+1)
+    K, V_ext, k_norm, v_max, K_T = P.kv(idx)                 # (S, E), (S, Ev+1), (E, S)
     Ev = P.Ev
     mask2d = P.mask2d(idx)
     qs = P.q_rows(idx, i0, i1)                               # (Bq, E), scale folded in
@@ -286,7 +289,7 @@ def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     # Shift-free when no score can leave ±SHIFT_FREE_BOUND and the sums stay far from overflow.
     shift_free = (not P.float_mask and q_norm * k_norm <= SHIFT_FREE_BOUND
                   and SHIFT_FREE_BOUND + math.log(P.S) + math.log1p(v_max) < _LOG_HEADROOM)
-    s_buf = np.empty((Bq, min(block_k, P.S)), P.cdt)
+    s_buf = np.empty((Bq, min(block_k, P.S)), P.cdt)        # (Bq, bk) scores, then probabilities
     tmp = np.empty((Bq, Ev + 1), P.cdt)
     acc = np.zeros((Bq, Ev + 1), P.cdt)                      # [Σ p·v, Σ p] per row (the ones column)
     m_i = np.zeros(Bq, P.cdt) if shift_free else np.full(Bq, -np.inf, P.cdt)
@@ -295,7 +298,7 @@ def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
     for j0, j1, kind in blocks:
         s = s_buf[:, :j1 - j0]
-        np.matmul(qs, K[j0:j1].T, out=s)                     # (Bq, E) x (E, bk) -> (Bq, bk)
+        np.matmul(qs, K_T[:, j0:j1], out=s)                  # (Bq, E) x (E, bk) -> (Bq, bk)
         _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
         if shift_free:
             np.exp(s, out=s)                                 # p = exp(s − 0)
@@ -387,7 +390,7 @@ def tiled_attention(query, key, value, *, attn_mask, dropout_p, is_causal, scale
 # ---------------------------------------------------------------------------------------------- backward
 def _backward_task(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k, dq_part, dk, dv, prep):
     """dK, dV of the key blocks ``key_starts`` of one key/value head; dQ into this task's partial."""
-    K, V_ext, _, _ = P.kv(q_heads[0])
+    K, V_ext, _, _, _ = P.kv(q_heads[0])
     V = V_ext[:, :P.Ev]
     L = P.L
     for j0 in key_starts:
