@@ -276,6 +276,16 @@ BAD = [
      "the label appears 2 times"),
     ("dk.yaml", "scores: [[1, 2]]\nd_k: -4\n", "d_k: expected a positive number"),
     ("emptymatrix.yaml", "Q: []\nK: [[1]]\n", "Q: expected a matrix with at least one row"),
+    ("dupkey.yaml", SEED003_INPUTS + "W_Q: [[1]]\n", "duplicate key 'W_Q' (line 3 and line 6)"),
+    ("dupkey.json", '{"scores": [[1]], "d_k": 1, "d_k": 2}', "duplicate key 'd_k'"),
+    ("perhead.yaml", SEED003_INPUTS.replace("[[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9], [1.0, 1.1, 1.2]]",
+                                            "[[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]")
+     .replace("W_K: [[0.2, 0.3, 0.4], [0.5, 0.6, 0.7], [0.8, 0.9, 1.0], [1.1, 1.2, 1.3]]", "W_K: [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]")
+     .replace("W_V: [[0.3, 0.4, 0.5], [0.6, 0.7, 0.8], [0.9, 1.0, 1.1], [1.2, 1.3, 1.4]]", "W_V: [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]")
+     + "heads: 2\nclaims: {weights: [[1, 0, 0]]}\n", "per-head weights claims are not supported"),
+    ("huge.yaml", "r: &r [" + ", ".join(["1"] * 3000) + "]\n", "unknown key 'r'"),
+    ("hugeX.yaml", "X: &x [" + ", ".join(["&r [" + ", ".join(["1"] * 2500) + "]"] + ["*r"] * 1999) + "]\n",
+     "X: expected at most 4000000 numbers"),
 ]
 
 

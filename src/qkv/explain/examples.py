@@ -46,6 +46,7 @@ CLAIM_NAMES = ("Q", "K", "V", "scores", "scaled", "weights", "output")
 _KNOWN_KEYS = ("title", "description", "tokens", "kv_tokens", "X", "X_kv", "W_Q", "W_K", "W_V", "W_O", "Q",
                "K", "V", "scores", "d_k", "mask", "heads", "claims", "tolerance")
 _MAX_BYTES = 16 * 1024 * 1024
+_MAX_ELEMENTS = 4_000_000
 
 
 class WorkedExampleError(ValueError):
@@ -131,6 +132,23 @@ def _yaml_loader():
     def construct_bool(loader, node):
         return _YamlBool(node.value, yaml.SafeLoader.construct_yaml_bool(loader, node))
 
+    def construct_mapping(loader, node, deep=False):
+        loader.flatten_mapping(node)
+        seen = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                continue                                          # SafeLoader reports unhashable keys itself
+            if key in seen:
+                m = key_node.start_mark
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {str(key)!r} (line {seen[key] + 1} and line {m.line + 1})", m)
+            seen[key] = key_node.start_mark.line
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    Loader.add_constructor("tag:yaml.org,2002:map", lambda loader, node: _map(loader, node, construct_mapping))
     Loader.add_constructor("tag:yaml.org,2002:float", construct_float)
     Loader.add_constructor("tag:yaml.org,2002:int", construct_int)
     Loader.add_constructor("tag:yaml.org,2002:bool", construct_bool)
@@ -138,6 +156,12 @@ def _yaml_loader():
                                  re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
                                  list("-+0123456789"))
     return yaml, Loader
+
+
+def _map(loader, node, construct_mapping):
+    data = {}
+    yield data
+    data.update(construct_mapping(loader, node))
 
 
 def _one_line(s: str) -> str:
@@ -150,6 +174,8 @@ def _parse_yaml(text: str, where: str):
         return yaml.load(text, Loader=Loader)                     # noqa: S506 - a SafeLoader subclass
     except yaml.constructor.ConstructorError as e:
         tag = getattr(e, "problem", "") or ""
+        if tag.startswith("duplicate key"):
+            raise WorkedExampleError(f"{where}: {tag}; expected each key once") from None
         m = re.search(r"tag '([^']*)'", tag)
         mark = e.problem_mark
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -167,9 +193,17 @@ def _parse_json(text: str, where: str):
     def bad_constant(name):
         raise WorkedExampleError(f"{where}: expected finite numbers, found {name}")
 
+    def pairs(items):
+        out = {}
+        for k, v in items:
+            if k in out:
+                raise WorkedExampleError(f"{where}: duplicate key {k!r}; expected each key once")
+            out[k] = v
+        return out
+
     try:
         return json.loads(text, parse_float=lambda t: Number(float(t), t), parse_int=lambda t: _Int(int(t), t),
-                          parse_constant=bad_constant)
+                          parse_constant=bad_constant, object_pairs_hook=pairs)
     except json.JSONDecodeError as e:
         raise WorkedExampleError(f"{where}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
 
@@ -306,6 +340,10 @@ def _matrix(value, key: str, where: str, *, allow_vector: str | None = None) -> 
                                  f"{_describe(value)}")
     if len(value) == 0:
         raise WorkedExampleError(f"{where}: {key}: expected a matrix with at least one row, found an empty list")
+    first = value[0] if isinstance(value[0], (list, tuple)) else value
+    if len(value) * len(first) > _MAX_ELEMENTS:
+        raise WorkedExampleError(f"{where}: {key}: expected at most {_MAX_ELEMENTS} numbers in a worked example, "
+                                 f"found {len(value)}×{len(first)}")
     if all(not isinstance(r, (list, tuple)) for r in value) and allow_vector:
         for j, x in enumerate(value):
             _number(x, f"{where}: {key}[{j}]")
@@ -502,12 +540,12 @@ def _claims(value, w: Worked, shapes: dict[str, tuple[int, int]], where: str) ->
 
 
 def _why_missing(name: str, w: Worked) -> str:
+    if w.heads > 1:
+        return f"per-head {name} claims are not supported with heads > 1; claim Q, K or V"
     if name in ("Q", "K") and w.start == "scores":
         return "it starts from scores"
     if name == "V" or name == "output":
         return "it gives no V"
-    if w.heads > 1:
-        return f"per-head {name} claims are not supported with heads > 1"
     return "not part of this example"
 
 
