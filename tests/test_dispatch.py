@@ -155,3 +155,14 @@ def test_mha_large_input_without_weights_takes_the_tiled_path(rng, monkeypatch):
     got, w = mha(x, is_causal=True)
     assert w is None and len(seen) == 1 and seen[0]["return_weights"] is False
     np.testing.assert_array_equal(got, want)
+
+
+def test_readme_engine_section_examples_run():
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = re.search(r"<!-- BEGIN section:engine -->(.*?)<!-- END section:engine -->", text, re.S).group(1)
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
