@@ -131,13 +131,28 @@ def test_run_overrides_heads_and_mask():
     t = ex.run(ex.load_example("two_head"), heads=4)
     assert t["Q_heads"].shape == (1, 4, 3, 1)
     with pytest.raises(ValueError, match="heads"):
-        ex.run(w, heads=2)                    # 4×3 projections cannot be split into heads
+        ex.run(w, heads=2)                    # 3 columns cannot be split into 2 heads
     with pytest.raises(ValueError, match="heads"):
         ex.run(ex.load_example("two_head"), heads=3)
     with pytest.raises(ValueError, match="mask"):
         ex.run(w, mask="sideways")
     with pytest.raises(TypeError, match="worked"):
         ex.run({"X": X})
+
+
+def test_heads_on_a_non_square_projection_equal_single_head_attention_per_column():
+    """seed 003's 4×3 projections split into 3 heads of width 1: head h is qkv.attention on column h."""
+    w = ex.load_example("seed003")
+    t = ex.run(w, heads=3)
+    assert t["Q_heads"].shape == (1, 3, 3, 1) and t.names()[-1] == "concat"
+    for h in range(3):
+        out, wts = qkv.attention(X, W_Q[:, h:h + 1], W_K[:, h:h + 1], W_V[:, h:h + 1])
+        np.testing.assert_allclose(t["concat"].array[0, :, h:h + 1], out, rtol=1e-12, atol=1e-15)
+        np.testing.assert_allclose(t["weights"].array[0, h], wts, rtol=1e-12, atol=1e-15)
+    q = explain_query(t, 2, head=2, tokens=w.tokens)
+    assert "no W_O" in q
+    t = ex.run(w, heads=3, mask="causal")
+    assert t["weights"].array[0, 1, 0, 2] == 0.0
 
 
 def test_load_example_unknown_name():
@@ -410,7 +425,8 @@ def test_cli_explain_options(capsys):
     (["explain", "-e", "nope"], "unknown example 'nope'"),
     (["explain", "--mask", "diagonal"], "--mask"),
     (["explain", "--mask", "padding:9"], "padding:9"),
-    (["explain", "--heads", "2"], "heads"),
+    (["explain", "--heads", "2"], "divisible by 2"),
+    (["explain", "-e", "seed000", "--heads", "2"], "starts from X"),
     (["explain", "--query", "猫"], "--query"),
     (["explain", "--query", "0", "--head", "3"], "--head"),
     (["explain", "--lang", "fr"], "--lang"),

@@ -7,8 +7,8 @@ _T = {
     "doc_title": ("Scaled dot-product attention, step by step", "缩放点积注意力：一步一步手算"),
     "overview": ("Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k) · V", "Attention(Q, K, V) = softmax(Q·Kᵀ / √d_k) · V"),
     "overview_mha": ("Multi-head attention: split Q, K, V into heads → per head softmax(Q_h·K_hᵀ / √d_k) · V_h → "
-                     "concat → · W_O",
-                     "多头注意力：把 Q、K、V 拆分成多个头 → 每个头 softmax(Q_h·K_hᵀ / √d_k) · V_h → 拼接 → · W_O"),
+                     "concat → (· W_O)",
+                     "多头注意力：把 Q、K、V 拆分成多个头 → 每个头 softmax(Q_h·K_hᵀ / √d_k) · V_h → 拼接 → （· W_O）"),
     "tokens": ("Tokens", "词"),
     "kv_tokens": ("Key/value tokens", "键/值一侧的词"),
     "step": ("Step {n}", "步骤{n}"),
@@ -91,6 +91,8 @@ _T = {
                     "共 {n} 个键，只列出权重最大的 {k} 个；其余 {rest} 个键的权重合计 {w}"),
     "q_after": ("This head's output row is then concatenated with the other heads' and multiplied by W_O "
                 "(final_output).", "这个头的输出行随后与其他头的输出拼接，再乘以 W_O（final_output）。"),
+    "q_after_concat": ("This head's output row is then concatenated with the other heads' (this example has no "
+                       "W_O).", "这个头的输出行随后与其他头的输出拼接（这个例子没有 W_O）。"),
     "q_given": ("The scores were given (not computed from Q and K).", "分数是直接给定的（不是由 Q、K 计算的）。"),
     "claims_note": ("This example also holds {n} numbers its source claims: {correct} correct, {carried} carried, "
                     "{wrong} wrong — `{how}` shows which. Below: the true calculation.",

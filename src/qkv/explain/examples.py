@@ -638,25 +638,15 @@ def from_dict(doc, *, name: str | None = None, where: str | None = None) -> Work
     if w.heads > 1 or w.W_O is not None:
         if not has_x:
             raise WorkedExampleError(f"{where}: heads: several heads and W_O need X with W_Q, W_K, W_V")
-        D = w.X.shape[1]
-        if w.W_Q.shape != (D, D):
-            raise WorkedExampleError(f"{where}: W_Q: with heads the projections are D×D (D = {D}, the width of "
-                                     f"X), found {w.W_Q.shape[0]}×{w.W_Q.shape[1]}")
-        for key in ("W_K", "W_V"):
-            m = getattr(w, key)
-            if m.shape[1] != D:
-                raise WorkedExampleError(f"{where}: {key}: with heads expected {D} columns, found {m.shape[1]}")
-        if D % w.heads:
-            raise WorkedExampleError(f"{where}: heads: expected a divisor of the width {D}, found {w.heads}")
-        if w.W_O is not None and w.W_O.shape != (D, D):
-            raise WorkedExampleError(f"{where}: W_O: expected shape {D}×{D}, found {w.W_O.shape[0]}×"
-                                     f"{w.W_O.shape[1]}")
+        err = _heads_problem(w.W_Q, w.W_K, w.W_V, w.W_O, w.heads)
+        if err:
+            raise WorkedExampleError(f"{where}: {err}")
 
     if doc.get("d_k") is not None:
         w.d_k = _scalar(doc["d_k"], "d_k", where)
-        if w.heads > 1 and float(w.d_k) != w.X.shape[1] // w.heads:
+        if w.heads > 1 and float(w.d_k) != w.W_Q.shape[1] // w.heads:
             raise WorkedExampleError(f"{where}: d_k: with {w.heads} heads it is the head width "
-                                     f"{w.X.shape[1] // w.heads}, found {text_of(w.d_k)}")
+                                     f"{w.W_Q.shape[1] // w.heads}, found {text_of(w.d_k)}")
     elif not has_x and not has_qk:
         raise WorkedExampleError(f"{where}: d_k: missing; a file that starts from scores needs d_k (the d in √d_k)")
     if doc.get("tolerance") is not None:
@@ -699,6 +689,20 @@ def from_dict(doc, *, name: str | None = None, where: str | None = None) -> Work
             shapes.update(V=(S, Ev), output=(L, Ev))
     w.claims = _claims(doc.get("claims"), w, shapes, where)
     return w
+
+
+def _heads_problem(W_Q, W_K, W_V, W_O, heads: int) -> str | None:
+    """Why these projections cannot be split into ``heads`` heads (None when they can)."""
+    F, Fv = W_Q.shape[1], W_V.shape[1]
+    if F % heads:
+        return (f"heads: {heads} heads need a projection width divisible by {heads}; W_Q has {F} columns "
+                f"(head width = columns / heads)")
+    if Fv % heads:
+        return f"heads: {heads} heads need W_V's width divisible by {heads}; W_V has {Fv} columns"
+    if W_O is not None and W_O.shape[0] != Fv:
+        return (f"W_O: expected {Fv} rows (the width of the concatenated heads), found {W_O.shape[0]}×"
+                f"{W_O.shape[1]}")
+    return None
 
 
 # ----------------------------------------------------------------------------------------------- loading
@@ -791,20 +795,37 @@ def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
         if start != "X":
             raise ValueError(f"heads: several heads need an example that starts from X (this one starts from "
                              f"{'Q and K' if start == 'QK' else 'scores'})")
-        D = worked.X.shape[1]
-        if worked.W_Q.shape != (D, D) or worked.W_K.shape[1] != D or worked.W_V.shape[1] != D:
-            raise ValueError(f"heads: several heads need D×D projections (D = {D}); this example has W_Q "
-                             f"{worked.W_Q.shape}, W_K {worked.W_K.shape}, W_V {worked.W_V.shape}")
-        if D % h:
-            raise ValueError(f"heads: expected a divisor of the width {D}, got {h}")
-        if worked.d_k is not None and float(worked.d_k) != D // h:
-            raise ValueError(f"heads: d_k = {text_of(worked.d_k)} but {h} heads have width {D // h}")
+        problem = _heads_problem(worked.W_Q, worked.W_K, worked.W_V, worked.W_O, h)
+        if problem:
+            raise ValueError(problem)
+        D, F = worked.X.shape[1], worked.W_Q.shape[1]
+        if worked.d_k is not None and float(worked.d_k) != F // h:
+            raise ValueError(f"heads: d_k = {text_of(worked.d_k)} but {h} heads have width {F // h}")
         x_kv = worked.X_kv
-        mha = MultiHeadAttention(D, h, bias=False, kdim=None if x_kv is None else x_kv.shape[1],
-                                 vdim=None if x_kv is None else x_kv.shape[1], dtype=np.float64)
-        W_O = worked.W_O if worked.W_O is not None else np.eye(D)
-        mha.load(W_Q=worked.W_Q, W_K=worked.W_K, W_V=worked.W_V, W_O=W_O)
-        mha.forward(worked.X, x_kv, x_kv, attn_mask=bool_mask, is_causal=causal, trace=trace)
+        square = (worked.W_Q.shape == (D, D) and worked.W_K.shape[1] == D and worked.W_V.shape[1] == D
+                  and (worked.W_O is None or worked.W_O.shape == (D, D)))
+        if square:                                   # the real MultiHeadAttention
+            mha = MultiHeadAttention(D, h, bias=False, kdim=None if x_kv is None else x_kv.shape[1],
+                                     vdim=None if x_kv is None else x_kv.shape[1], dtype=np.float64)
+            W_O = worked.W_O if worked.W_O is not None else np.eye(D)
+            mha.load(W_Q=worked.W_Q, W_K=worked.W_K, W_V=worked.W_V, W_O=W_O)
+            mha.forward(worked.X, x_kv, x_kv, attn_mask=bool_mask, is_causal=causal, trace=trace)
+            return trace
+        # projections of another width (e.g. seed 003's 4×3 split into 3 heads of 1): MultiHeadAttention's
+        # stages in its order — project, split_heads, SDPA per head, merge_heads (concat), [· W_O]
+        with tracing(trace):
+            x = stages.observe_input("X", worked.X[None])                              # (1, L, D)
+            kv = x if x_kv is None else stages.observe_input("X_kv", x_kv[None])       # (1, S, D_kv)
+            kv_name = "X" if x_kv is None else "X_kv"
+            q = stages.project(x, worked.W_Q, name="Q", weight_name="W_Q", input_name="X")
+            k = stages.project(kv, worked.W_K, name="K", weight_name="W_K", input_name=kv_name)
+            v = stages.project(kv, worked.W_V, name="V", weight_name="W_V", input_name=kv_name)
+            q, k, v = (stages.split_heads(a, h, name=n) for a, n in ((q, "Q"), (k, "K"), (v, "V")))
+            out = scaled_dot_product_attention(q, k, v, attn_mask=bool_mask, is_causal=causal, scale=scale,
+                                               backend="reference")               # (1, H, L, Ev)
+            out = stages.merge_heads(out)                                          # (1, L, H·Ev)
+            if worked.W_O is not None:
+                stages.project(out, worked.W_O, name="final_output", weight_name="W_O", input_name="concat")
         return trace
     if start == "X":
         attention(worked.X, worked.W_Q, worked.W_K, worked.W_V, x_kv=worked.X_kv, attn_mask=bool_mask,

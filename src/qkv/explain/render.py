@@ -638,8 +638,10 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
             lines.append(t("terms_more", lang, n=Ev))
         s.calc(lines)
         s.table(_table("output", out[None, :].astype(np.float64), [qlabel], [str(c) for c in range(Ev)], lang, p))
-        if "concat" in trace:
+        if "final_output" in trace and "concat" in trace:
             s.text(t("q_after", lang))
+        elif "concat" in trace:
+            s.text(t("q_after_concat", lang))
     return doc
 
 
