@@ -7,7 +7,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -336,3 +335,17 @@ def test_console_script_end_to_end(tmp_path):
     p = subprocess.run([str(QKV), "check", "--example", "seed000", "--format", "json"], capture_output=True,
                        text=True, env=env, timeout=120)
     assert p.returncode == 1 and json.loads(p.stdout)["summary"] == {"correct": 17, "carried": 1, "wrong": 9}
+
+
+def test_worked_built_in_python():
+    """A Worked made in Python (plain floats, whole-matrix claims) is checked the same way."""
+    w = ex.Worked(Q=np.array([[1.0, 0, 1, 0]]), K=np.array([[0.0, 1, 0, 1], [1, 1, 1, 1]]),
+                  claims={"scores": [[1, 2]], "weights": {0: [0.27, 0.73]}})
+    r = check(w)
+    # scores [0, 2]: the claimed 1 (written 1.0 by repr: ±0.05) is wrong; softmax([0, 1]) = [0.2689, 0.7311]
+    assert [c.status for c in r.claims] == ["wrong", "correct", "correct", "correct"]
+    assert all(c.label is None for c in r.claims)
+    with pytest.raises(ValueError, match="does not compute output"):
+        check(ex.Worked(Q=np.eye(2), K=np.eye(2), claims={"output": [[1, 2]]}))
+    with pytest.raises(TypeError, match="worked"):
+        check(42)

@@ -207,7 +207,18 @@ def check(worked) -> CheckReport:
             raise TypeError(f"worked: expected a qkv.explain.examples.Worked or a file path, got "
                             f"{type(worked).__name__}")
     true = _true_values(worked)
-    claims = worked.claims
+    claims = {}
+    for name, rows in (worked.claims or {}).items():      # a Worked built in Python may hold plain matrices
+        if name not in CLAIM_NAMES:
+            raise ValueError(f"worked.claims: unknown name {name!r}; expected one of {', '.join(CLAIM_NAMES)}")
+        if name not in true:
+            raise ValueError(f"worked.claims: this example does not compute {name}")
+        rows = rows if isinstance(rows, dict) else dict(enumerate(np.atleast_2d(np.asarray(rows, dtype=float))))
+        claims[name] = {int(i): list(r) for i, r in rows.items()}
+        for i, r in claims[name].items():
+            if not 0 <= i < true[name].shape[0] or len(r) != true[name].shape[1]:
+                raise ValueError(f"worked.claims[{name!r}][{i}]: expected a row index 0..{true[name].shape[0] - 1} "
+                                 f"and {true[name].shape[1]} numbers, got {len(r)}")
     # What follows from the earlier claims: the same stages, on the inputs with claimed numbers put in.
     rec: dict[str, np.ndarray] = {}
     bel: dict[str, np.ndarray] = {}
@@ -239,7 +250,7 @@ def check(worked) -> CheckReport:
             continue
         key_side = name in ("K", "V")
         labels_given = worked.kv_tokens_given if (key_side and worked.kv_tokens is not None) else worked.tokens_given
-        labels = worked.key_labels if key_side else worked.tokens
+        labels = worked.key_labels if key_side else (worked.tokens or [])
         for i in sorted(rows):
             for j, x in enumerate(rows[i]):
                 if x is None:

@@ -302,7 +302,9 @@ class Worked:
         """Labels of the key/value rows: ``kv_tokens``, or the tokens in self-attention."""
         if self.kv_tokens is not None:
             return list(self.kv_tokens)
-        return list(self.tokens)
+        if self.tokens is not None and len(self.tokens) == self.n_keys:
+            return list(self.tokens)
+        return [f"#{j}" for j in range(self.n_keys)]
 
     def key_width(self) -> int | None:
         if self.start == "X":
@@ -666,12 +668,8 @@ def from_dict(doc, *, name: str | None = None, where: str | None = None) -> Work
         w.kv_tokens_given = True
     elif cross:
         w.kv_tokens = [f"#{j}" for j in range(S)]
-    elif w.tokens_given is False:
-        w.kv_tokens = None
 
     w.mask = _mask(doc.get("mask"), L, S, where)
-    if isinstance(w.mask, np.ndarray) and w.heads > 1:
-        pass
     # shapes of what can be claimed
     if has_x:
         if w.heads == 1:
