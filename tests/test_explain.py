@@ -468,3 +468,10 @@ def test_readme_explain_section_runs(capsys):
         rc = main(args)
         capsys.readouterr()
         assert rc in (0, 1), cmd
+
+
+def test_markdown_escapes_labels():
+    w = ex.load_example("padding")
+    md = render(ex.run(w), fmt="markdown", tokens=w.tokens)
+    assert "| &lt;pad&gt; |" in md and "<pad>" not in md.split("```")[0]
+    assert "W\\_Q" in md

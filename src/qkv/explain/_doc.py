@@ -148,7 +148,8 @@ def to_text(doc: Doc, precision: int = 4) -> str:
 
 # ----------------------------------------------------------------------------------------------- markdown
 def _md_escape(s: str) -> str:
-    return s.replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
+    return (s.replace("&", "&amp;").replace("\\", "\\\\").replace("|", "\\|").replace("*", "\\*").replace("_", "\\_")
+            .replace("<", "&lt;").replace(">", "&gt;"))
 
 
 def _table_md(tb: Table, precision: int) -> list[str]:
