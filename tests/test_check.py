@@ -276,6 +276,7 @@ BAD = [
      "the label appears 2 times"),
     ("dk.yaml", "scores: [[1, 2]]\nd_k: -4\n", "d_k: expected a positive number"),
     ("emptymatrix.yaml", "Q: []\nK: [[1]]\n", "Q: expected a matrix with at least one row"),
+    ("nullx.yaml", "tokens: [a]\nX:\nW_Q: [[1]]\n", "X: expected a matrix (a list of rows), found nothing"),
     ("dupkey.yaml", SEED003_INPUTS + "W_Q: [[1]]\n", "duplicate key 'W_Q' (line 3 and line 6)"),
     ("dupkey.json", '{"scores": [[1]], "d_k": 1, "d_k": 2}', "duplicate key 'd_k'"),
     ("perhead.yaml", SEED003_INPUTS.replace("[[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9], [1.0, 1.1, 1.2]]",

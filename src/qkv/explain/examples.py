@@ -568,6 +568,9 @@ def from_dict(doc, *, name: str | None = None, where: str | None = None) -> Work
             raise WorkedExampleError(f"{where}: {key}: expected text, found {_describe(v)}")
         setattr(w, key, None if v is None else str(text_of(v) if _is_number(v) else v))
 
+    for key in ("X", "X_kv", "W_Q", "W_K", "W_V", "W_O", "Q", "K", "V", "scores"):
+        if key in doc and doc[key] is None:
+            raise WorkedExampleError(f"{where}: {key}: expected a matrix (a list of rows), found nothing (null)")
     has_x = doc.get("X") is not None
     has_qk = doc.get("Q") is not None or doc.get("K") is not None
     has_scores = doc.get("scores") is not None
