@@ -475,3 +475,11 @@ def test_markdown_escapes_labels():
     md = render(ex.run(w), fmt="markdown", tokens=w.tokens)
     assert "| &lt;pad&gt; |" in md and "<pad>" not in md.split("```")[0]
     assert "W\\_Q" in md
+
+
+def test_extreme_precisions(capsys):
+    rc, out, _ = run_cli(capsys, "explain", "--precision", "0")
+    assert rc == 0 and "Q[我, 0] = 1×0 + 1×0 + 0×1 + 0×1 = 0" in out
+    rc, out, _ = run_cli(capsys, "explain", "--precision", "12")
+    assert rc == 0 and "= 0.39\n" in out                     # 0.39000000000000007 at 12 decimals is 0.39
+    assert fmt(2.5e-7, 2) == "2.5e−7" and fmt(0.3, 0) == "0" and fmt(-0.4, 0) == "0"

@@ -25,7 +25,7 @@ def fmt(x, precision: int = 4) -> str:
         return ("−∞" if x < 0 else "∞")
     if x == 0:
         return "0"
-    if abs(x) < 0.5 * 10.0 ** (-precision):
+    if precision >= 2 and abs(x) < 0.5 * 10.0 ** (-precision):
         s = f"{x:.{max(precision - 2, 1)}e}"
         mant, exp = s.split("e")
         mant = mant.rstrip("0").rstrip(".") if "." in mant else mant
@@ -35,7 +35,7 @@ def fmt(x, precision: int = 4) -> str:
         s = s.rstrip("0")
         if s.endswith("."):
             s += "0"
-    if s in ("-0.0", "0.0"):
+    if s in ("-0.0", "0.0", "-0"):
         s = "0"
     return s.replace("-", MINUS)
 
