@@ -199,11 +199,11 @@ def test_thread_count_does_not_change_results(rng):
 
 
 def test_masked_blocks_are_skipped_and_full_blocks_unmasked():
-    # causal, blocks of 8: rows i0..i0+7 need keys 0..i0 unmasked and i0+1..i0+7 masked, none beyond
+    # causal, blocks of 8: rows i0..i0+7 need keys 0..i0-1 unmasked, i0..i0+7 masked, none beyond
     P = tiled._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), None, True, 1.0, False)
     plan = [P.key_blocks(i0, i0 + 8, None, 8) for i0 in range(0, 32, 8)]
-    assert plan[0] == [(0, 1, "full"), (1, 8, "causal")]
-    assert plan[2] == [(0, 8, "full"), (8, 16, "full"), (16, 17, "full"), (17, 24, "causal")]
+    assert plan[0] == [(0, 8, "causal")]
+    assert plan[2] == [(0, 8, "full"), (8, 16, "full"), (16, 24, "causal")]
     for i0, p in zip(range(0, 32, 8), plan):
         assert sum(j1 - j0 for j0, j1, _ in p) == i0 + 8               # 8·(8+16+24+32) of 32·32 scores
     win = qkv.masks.sliding_window(32, window=4)

@@ -163,6 +163,7 @@ class _Problem:
         self.float_mask = attn_mask is not None and attn_mask.dtype != np.bool_
         self._kv: dict = {}
         self._kv_lock = threading.Lock()
+        self._kv_locks: dict = {}
 
     # leading index of the key/value head serving query lead index ``idx``
     def kv_index(self, idx: tuple) -> tuple:
@@ -176,7 +177,9 @@ class _Problem:
         src = (_src(kv_idx, self.key.shape[:-2]), _src(kv_idx, self.value.shape[:-2]))
         got = self._kv.get(src)
         if got is None:
-            with self._kv_lock:
+            with self._kv_lock:                  # one lock per head: workers prepare different heads at once
+                lock = self._kv_locks.setdefault(src, threading.Lock())
+            with lock:
                 got = self._kv.get(src)
                 if got is None:
                     k = np.ascontiguousarray(self.key[src[0]], dtype=self.cdt)                # (S, E)
@@ -214,7 +217,8 @@ class _Problem:
         S = self.S
         out = []
         if self.is_causal:                 # top-left: row i sees keys j <= i
-            full_end = min(i0 + 1, S)      # keys every row of the block sees
+            full_end = min(i0, S)          # keys every row sees (i0 itself goes with the diagonal block,
+            #                                so that every block's width is a multiple of the block sizes)
             for j0 in range(0, full_end, block_k):
                 out.append((j0, min(j0 + block_k, full_end), "full"))
             end = min(i1, S)
@@ -249,12 +253,36 @@ def _causal_additive(d: int, rows: int, cols: int, dtype) -> np.ndarray:
     key = (d, rows, cols, np.dtype(dtype).char)
     got = _causal_cache.get(key)
     if got is None:
-        blocked = np.subtract.outer(np.arange(cols), np.arange(rows)).T > d               # (rows, cols)
-        got = np.where(blocked, -np.inf, 0.0).astype(dtype)
+        blocked = np.arange(cols)[None, :] - np.arange(rows)[:, None] > d                # (rows, cols)
+        got = np.ascontiguousarray(np.where(blocked, -np.inf, 0.0), dtype=dtype)      # C order, as the scores
         if len(_causal_cache) > 64:
             _causal_cache.clear()
         _causal_cache[key] = got
     return got
+
+
+def _causal_keep(d: int, rows: int, cols: int, dtype) -> np.ndarray:
+    """(rows, cols): 1 where query i0 + r may see key j0 + c, 0 elsewhere (the complement of the above)."""
+    key = ("keep", d, rows, cols, np.dtype(dtype).char)
+    got = _causal_cache.get(key)
+    if got is None:
+        got = np.ascontiguousarray(_causal_additive(d, rows, cols, dtype) == 0, dtype=dtype)
+        _causal_cache[key] = got
+    return got
+
+
+def _mask_probabilities(p, kind, mask2d, i0, i1, j0, j1):
+    """Shift-free blocks: zero the probabilities ``p = exp(s)`` of disallowed pairs, after the exp.
+
+    Cheaper than −inf before it (NumPy's vectorized exp takes a slow path on infinities); valid because in a
+    shift-free block every exp(s) is finite, allowed or not.
+    """
+    if kind == "full":
+        return
+    if kind == "causal":
+        np.multiply(p, _causal_keep(i0 - j0, i1 - i0, j1 - j0, p.dtype), out=p)
+    else:
+        np.multiply(p, mask2d[i0:i1, j0:j1], out=p)
 
 
 def _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1):
@@ -299,10 +327,11 @@ def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     for j0, j1, kind in blocks:
         s = s_buf[:, :j1 - j0]
         np.matmul(qs, K_T[:, j0:j1], out=s)                  # (Bq, E) x (E, bk) -> (Bq, bk)
-        _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
         if shift_free:
             np.exp(s, out=s)                                 # p = exp(s − 0)
+            _mask_probabilities(s, kind, mask2d, i0, i1, j0, j1)
         else:
+            _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
             # -- update m_i; rescale what was accumulated under the old max
             m_new = np.maximum(m_i, np.maximum.reduce(s, axis=1))
             m_safe = np.where(m_new == -np.inf, 0.0, m_new).astype(P.cdt, copy=False)  # all masked so far
