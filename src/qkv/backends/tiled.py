@@ -246,43 +246,19 @@ _causal_cache: dict = {}
 def _causal_additive(d: int, rows: int, cols: int, dtype) -> np.ndarray:
     """(rows, cols): −inf where key j0 + c is after query i0 + r (``c − r > d = i0 − j0``), 0 elsewhere.
 
-    Added to a scores block (a ufunc: vectorized, and it releases the GIL, unlike a masked copy). The same
-    few patterns recur for every query block (mostly ``d = −1``: the block right of the diagonal), so they
-    are built once and kept.
+    Added to a scores block (one vectorized ufunc pass). The same few patterns recur for every query block
+    (mostly ``d = 0``: the diagonal block), so they are built once and kept. C order, as the scores: adding a
+    Fortran-ordered pattern to a C-ordered block is ten times slower.
     """
     key = (d, rows, cols, np.dtype(dtype).char)
     got = _causal_cache.get(key)
     if got is None:
         blocked = np.arange(cols)[None, :] - np.arange(rows)[:, None] > d                # (rows, cols)
-        got = np.ascontiguousarray(np.where(blocked, -np.inf, 0.0), dtype=dtype)      # C order, as the scores
+        got = np.ascontiguousarray(np.where(blocked, -np.inf, 0.0), dtype=dtype)
         if len(_causal_cache) > 64:
             _causal_cache.clear()
         _causal_cache[key] = got
     return got
-
-
-def _causal_keep(d: int, rows: int, cols: int, dtype) -> np.ndarray:
-    """(rows, cols): 1 where query i0 + r may see key j0 + c, 0 elsewhere (the complement of the above)."""
-    key = ("keep", d, rows, cols, np.dtype(dtype).char)
-    got = _causal_cache.get(key)
-    if got is None:
-        got = np.ascontiguousarray(_causal_additive(d, rows, cols, dtype) == 0, dtype=dtype)
-        _causal_cache[key] = got
-    return got
-
-
-def _mask_probabilities(p, kind, mask2d, i0, i1, j0, j1):
-    """Shift-free blocks: zero the probabilities ``p = exp(s)`` of disallowed pairs, after the exp.
-
-    Cheaper than −inf before it (NumPy's vectorized exp takes a slow path on infinities); valid because in a
-    shift-free block every exp(s) is finite, allowed or not.
-    """
-    if kind == "full":
-        return
-    if kind == "causal":
-        np.multiply(p, _causal_keep(i0 - j0, i1 - i0, j1 - j0, p.dtype), out=p)
-    else:
-        np.multiply(p, mask2d[i0:i1, j0:j1], out=p)
 
 
 def _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1):
@@ -327,11 +303,10 @@ def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     for j0, j1, kind in blocks:
         s = s_buf[:, :j1 - j0]
         np.matmul(qs, K_T[:, j0:j1], out=s)                  # (Bq, E) x (E, bk) -> (Bq, bk)
+        _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
         if shift_free:
             np.exp(s, out=s)                                 # p = exp(s − 0)
-            _mask_probabilities(s, kind, mask2d, i0, i1, j0, j1)
         else:
-            _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
             # -- update m_i; rescale what was accumulated under the old max
             m_new = np.maximum(m_i, np.maximum.reduce(s, axis=1))
             m_safe = np.where(m_new == -np.inf, 0.0, m_new).astype(P.cdt, copy=False)  # all masked so far
