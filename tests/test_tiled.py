@@ -285,3 +285,21 @@ def test_attention_weights_bad_rows(bad, err):
     q = np.zeros((30, 4))
     with pytest.raises(err, match="rows"):
         qkv.attention_weights(q, q, bad)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("order", ["rising", "falling", "zigzag"])
+def test_running_max_paths(order, dtype):
+    # Scores far outside the shift-free bound: each key block raises the max by 50 (rising: every block
+    # is redone with a max pass and rescales), lowers it (falling: later blocks underflow harmlessly
+    # against the running max), or alternates; all equal the reference.
+    S = 24
+    steps = {"rising": np.arange(S), "falling": -np.arange(S), "zigzag": (np.arange(S) % 2) * 3 - 1.0}[order]
+    q = np.array([[[1.0], [0.5], [-0.25]]], dtype)                       # (1, 3, 1)
+    k = (50.0 * steps).astype(dtype)[None, :, None]                      # (1, S, 1)
+    v = np.random.default_rng(0).standard_normal((1, S, 4)).astype(dtype)
+    for bk in (1, 5, S):
+        got, lse = _tiled(q, k, v, scale=1.0, block_k=bk)
+        ref, ref_lse = _ref(q, k, v, scale=1.0, return_lse=True)
+        np.testing.assert_allclose(got, ref, **TOL[dtype])
+        np.testing.assert_allclose(lse, ref_lse, rtol=1e-6)

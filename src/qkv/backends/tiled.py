@@ -50,8 +50,8 @@ from .. import _checks
 from . import register
 
 #: Default query block of the forward (rows per task) and key block (columns per matmul).
-BLOCK_Q = 512
-BLOCK_K = 1024
+BLOCK_Q = 1024
+BLOCK_K = 512
 #: Causal forward: smaller query blocks waste less of the diagonal block (half of a block_q² square).
 BLOCK_Q_CAUSAL = 256
 #: Backward: key block (rows of dK/dV per step) and query block.
@@ -60,6 +60,8 @@ BLOCK_Q_BACKWARD = 512
 #: A query block whose scaled scores are all within ±SHIFT_FREE_BOUND runs without a running max:
 #: exp(30) ≈ 1e13 and exp(−30) ≈ 1e−13 are far from float32's overflow (3e38) and underflow (1e−38).
 SHIFT_FREE_BOUND = 30.0
+#: Lazy rescaling keeps the running max m_i while a block's row sums Σ exp(s − m_i) stay below exp(this).
+LAZY_BOUND = 40.0
 #: exp of anything below this is 0 in float32 and float64 alike; a fully masked row keeps lse = −inf.
 _LOG_HEADROOM = 80.0
 
@@ -172,7 +174,11 @@ class _Problem:
         return idx[:-1] + (idx[-1] // self.n_rep,)
 
     def kv(self, idx: tuple):
-        """``(K, V_ext, k_norm_max, v_abs_max)`` for the key/value head of ``idx``; computed once per head."""
+        """``(K, V_ext, k_norm_max, v_abs_max, K_T_ext)`` for the key/value head of ``idx``, once per head.
+
+        K (S, E); V_ext = [V, 1] (S, Ev+1); K_T_ext = [Kᵀ; 1] (E+1, S), contiguous rows, its row of ones
+        multiplying the −m_i column of the query block (the running max folded into the matmul).
+        """
         kv_idx = self.kv_index(idx)
         src = (_src(kv_idx, self.key.shape[:-2]), _src(kv_idx, self.value.shape[:-2]))
         got = self._kv.get(src)
@@ -183,13 +189,15 @@ class _Problem:
                 got = self._kv.get(src)
                 if got is None:
                     k = np.ascontiguousarray(self.key[src[0]], dtype=self.cdt)                # (S, E)
-                    k_t = np.ascontiguousarray(k.T)          # (E, S): Q·Kᵀ blocks read contiguous rows
+                    k_t = np.empty((self.E + 1, self.S), self.cdt)                          # (E+1, S)
+                    k_t[:self.E] = k.T                       # Q·Kᵀ blocks read contiguous rows
+                    k_t[self.E] = 1.0
                     v = self.value[src[1]]                                                    # (S, Ev)
                     v_ext = np.empty((self.S, self.Ev + 1), self.cdt)                        # (S, Ev+1)
                     v_ext[:, :self.Ev] = v
                     v_ext[:, self.Ev] = 1.0                  # P·[V, 1] = [P·V, rowsum(P)]: l_i for free
                     k_norm = float(np.sqrt(np.einsum("se,se->s", k, k).max()))
-                    v_max = float(np.abs(v_ext[:, :self.Ev]).max())
+                    v_max = float(max(v.max(), -v.min()))
                     got = (k, v_ext, k_norm, v_max, k_t)
                     self._kv[src] = got
         return got
@@ -283,40 +291,70 @@ def _dropout_rng(seed, lead, idx, i0):
 # ---------------------------------------------------------------------------------------------- forward
 def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed):
     """One (head, query block): the online softmax over the key blocks; writes out/lse/weights rows."""
-    K, V_ext, k_norm, v_max, K_T = P.kv(idx)                 # (S, E), (S, Ev+1), (E, S)
-    Ev = P.Ev
+    with np.errstate(over="ignore", invalid="ignore"):      # overflow is detected and the block redone
+        _forward_rows(P, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed)
+
+
+def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed):
+    K, V_ext, k_norm, v_max, K_T = P.kv(idx)                 # (S, E), (S, Ev+1), (E+1, S)
+    E, Ev = P.E, P.Ev
     mask2d = P.mask2d(idx)
-    qs = P.q_rows(idx, i0, i1)                               # (Bq, E), scale folded in
     Bq = i1 - i0
+    qs = np.empty((Bq, E + 1), P.cdt)                        # [Q·scale, −m_i]: scale folded in once
+    qs[:, :E] = P.q_rows(idx, i0, i1)
+    qs[:, E] = 0.0
     blocks = P.key_blocks(i0, i1, mask2d, block_k)
-    q_norm = float(np.sqrt(np.einsum("le,le->l", qs, qs).max()))
-    # Shift-free when no score can leave ±SHIFT_FREE_BOUND and the sums stay far from overflow.
+    q_norm = float(np.sqrt(np.einsum("le,le->l", qs[:, :E], qs[:, :E]).max()))
+    # How large a block's Σ exp(s − m_i) may grow before acc could overflow (float32 and float64 alike).
+    log_room = _LOG_HEADROOM - math.log(P.S) - math.log1p(v_max)
+    # Shift-free: no score can leave ±SHIFT_FREE_BOUND, so m_i = 0 for good.
     shift_free = (not P.float_mask and q_norm * k_norm <= SHIFT_FREE_BOUND
-                  and SHIFT_FREE_BOUND + math.log(P.S) + math.log1p(v_max) < _LOG_HEADROOM)
+                  and SHIFT_FREE_BOUND < log_room)
+    # Otherwise lazy rescaling: m_i (folded into the matmul as qs[:, E] = −m_i) is a max some block
+    # attained; a block is exponentiated against it as is, and only when its row sums grow past
+    # exp(LAZY_BOUND) (or a row has seen nothing yet) is it redone with a max pass and a rescale.
+    lazy = not shift_free and dropout_p == 0 and log_room > LAZY_BOUND + 1
+    row_limit = math.exp(LAZY_BOUND)
     s_buf = np.empty((Bq, min(block_k, P.S)), P.cdt)        # (Bq, bk) scores, then probabilities
     tmp = np.empty((Bq, Ev + 1), P.cdt)
     acc = np.zeros((Bq, Ev + 1), P.cdt)                      # [Σ p·v, Σ p] per row (the ones column)
-    m_i = np.zeros(Bq, P.cdt) if shift_free else np.full(Bq, -np.inf, P.cdt)
+    m_i = np.zeros(Bq, P.cdt)                                # running max (the shift actually subtracted)
+    seen = np.full(Bq, shift_free)                           # m_i is a max some block attained
+    all_seen = shift_free
     l_i = np.zeros(Bq, P.cdt) if dropout_p > 0 else None    # with dropout, Σ p before dropping
     gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
     keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
     for j0, j1, kind in blocks:
         s = s_buf[:, :j1 - j0]
-        np.matmul(qs, K_T[:, j0:j1], out=s)                  # (Bq, E) x (E, bk) -> (Bq, bk)
-        _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
         if shift_free:
+            np.matmul(qs[:, :E], K_T[:E, j0:j1], out=s)      # (Bq, E) x (E, bk) -> (Bq, bk)
+            _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
             np.exp(s, out=s)                                 # p = exp(s − 0)
         else:
-            # -- update m_i; rescale what was accumulated under the old max
-            m_new = np.maximum(m_i, np.maximum.reduce(s, axis=1))
-            m_safe = np.where(m_new == -np.inf, 0.0, m_new).astype(P.cdt, copy=False)  # all masked so far
-            alpha = np.exp(m_i - m_safe)                     # exp(−inf) = 0 on the first block
-            np.subtract(s, m_safe[:, None], out=s)
+            np.matmul(qs, K_T[:, j0:j1], out=s)              # (Bq, E+1) x (E+1, bk) -> s − m_i
+            _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
+            if lazy and all_seen:
+                np.exp(s, out=s)                             # p = exp(s − m_i), m_i unchanged
+                np.matmul(s, V_ext[j0:j1], out=tmp)          # (Bq, bk) x (bk, Ev+1) -> (Bq, Ev+1)
+                if np.all(tmp[:, Ev] <= row_limit):          # (NaN/inf fail too)
+                    acc += tmp
+                    continue
+                np.matmul(qs, K_T[:, j0:j1], out=s)          # grew too much: redo with a max pass
+                _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
+            # -- update m_i: raise it to this block's max; rescale what was accumulated under the old
+            m_blk = np.maximum.reduce(s, axis=1)             # relative to the current m_i; −inf if all masked
+            hit = np.isfinite(m_blk)
+            shift = np.where(seen, np.maximum(m_blk, 0.0), np.where(hit, m_blk, 0.0)).astype(P.cdt)
+            np.subtract(s, shift[:, None], out=s)
             np.exp(s, out=s)                                 # p = exp(s − m_i)
+            alpha = np.where(seen, np.exp(-shift), 0.0)      # exp(m_old − m_new); nothing yet: 0
             acc *= alpha[:, None]
             if l_i is not None:
                 l_i *= alpha
-            m_i = m_new
+            m_i += shift
+            qs[:, E] = -m_i
+            seen |= hit
+            all_seen = bool(seen.all())
         if gen is not None:
             l_i += s.sum(axis=1)                             # the softmax denominator ignores dropout
             keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
@@ -330,7 +368,7 @@ def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     inv = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=nz)
     out[idx][i0:i1] = acc[:, :Ev] * inv[:, None]
     log_l = np.log(l_i, out=np.full_like(l_i, -np.inf), where=nz)
-    row_lse = np.where(nz, np.where(np.isfinite(m_i), m_i, 0.0) + log_l, -np.inf)
+    row_lse = np.where(nz, m_i + log_l, -np.inf)
     if lse is not None:
         lse[idx][i0:i1] = row_lse
     if weights is not None:                                  # second pass: p = exp(s − lse), stored
@@ -339,7 +377,7 @@ def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         w_rows = weights[idx]
         for j0, j1, kind in blocks:
             s = s_buf[:, :j1 - j0]
-            np.matmul(qs, K[j0:j1].T, out=s)
+            np.matmul(qs[:, :E], K_T[:E, j0:j1], out=s)      # (Bq, E) x (E, bk) -> (Bq, bk)
             _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
             np.subtract(s, sub, out=s)
             np.exp(s, out=s)
