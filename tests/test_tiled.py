@@ -198,22 +198,49 @@ def test_thread_count_does_not_change_results(rng):
     assert qkv.get_num_threads() == tiled.default_num_threads() == old
 
 
-def test_masked_blocks_are_skipped_and_full_blocks_unmasked():
-    # causal, blocks of 8: rows i0..i0+7 need keys 0..i0-1 unmasked, i0..i0+7 masked, none beyond
-    P = tiled._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), None, True, 1.0, False)
-    plan = [P.key_blocks(i0, i0 + 8, None, 8) for i0 in range(0, 32, 8)]
-    assert plan[0] == [(0, 8, "causal")]
-    assert plan[2] == [(0, 8, "full"), (8, 16, "full"), (16, 24, "causal")]
-    for i0, p in zip(range(0, 32, 8), plan):
-        assert sum(j1 - j0 for j0, j1, _ in p) == i0 + 8               # 8·(8+16+24+32) of 32·32 scores
+def test_masked_blocks_are_skipped_and_full_blocks_unmasked(monkeypatch):
+    def plan(i0, i1, S=64, block_k=8):
+        P = tiled._Problem(np.zeros((64, 4)), np.zeros((S, 4)), np.zeros((S, 4)), None, True, 1.0, False)
+        return P.key_blocks(i0, i1, None, block_k)
+
+    # causal: keys before the row block in full blocks, then the diagonal square
+    assert plan(0, 8) == [(0, 8, 0, 8, "causal")]
+    assert plan(16, 24) == [(0, 8, 0, 8, "full"), (0, 8, 8, 16, "full"), (0, 8, 16, 24, "causal")]
+    # the diagonal square split in quadrants down to DIAGONAL_MIN rows: upper-right skipped
+    monkeypatch.setattr(tiled, "DIAGONAL_MIN", 2)
+    got = plan(8, 16, block_k=16)
+    assert got == [(0, 8, 0, 8, "full"),
+                   (0, 2, 8, 10, "causal"), (2, 4, 8, 10, "full"), (2, 4, 10, 12, "causal"),
+                   (4, 8, 8, 12, "full"),
+                   (4, 6, 12, 14, "causal"), (6, 8, 12, 14, "full"), (6, 8, 14, 16, "causal")]
+    # every allowed pair is covered exactly once, and few disallowed ones are computed
+    for i0, i1, S in [(8, 16, 64), (0, 13, 64), (5, 31, 20), (40, 64, 30)]:
+        seen = np.zeros((i1 - i0, S), int)
+        for r0, r1, j0, j1, kind in plan(i0, i1, S=S, block_k=3):
+            seen[r0:r1, j0:j1] += 1
+            if kind == "full":
+                assert np.all(np.arange(j0, j1)[None, :] <= np.arange(i0 + r0, i0 + r1)[:, None])
+        allowed = np.arange(S)[None, :] <= np.arange(i0, i1)[:, None]
+        assert np.all(seen[allowed] == 1) and seen.max() == 1
+        assert seen[~allowed].sum() <= (i1 - i0) * 2
     win = qkv.masks.sliding_window(32, window=4)
     P = tiled._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), win, False, 1.0, False)
     blocks = P.key_blocks(16, 24, P.mask2d(()), 8)
-    assert [b[:2] for b in blocks] == [(8, 16), (16, 24)]        # keys 0..7 are out of every row's window
+    assert [b[2:4] for b in blocks] == [(8, 16), (16, 24)]      # keys 0..7 are out of every row's window
     assert all(kind == "mask" for *_, kind in blocks)
     allowed = np.ones((32, 32), bool)
     P = tiled._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), allowed, False, 1.0, False)
     assert all(kind == "full" for *_, kind in P.key_blocks(0, 8, P.mask2d(()), 8))
+
+
+@pytest.mark.parametrize("L, S", [(300, 300), (300, 200), (200, 300), (257, 257)])
+def test_causal_diagonal_split(L, S, rng, monkeypatch):
+    monkeypatch.setattr(tiled, "DIAGONAL_MIN", 16)
+    q = rng.standard_normal((2, L, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, S, 8)).astype(np.float32) for _ in range(2))
+    for amp in (1.0, 8.0):                                   # shift-free and running-max paths
+        got, _ = _tiled(q * amp, k, v, is_causal=True, block_q=128, block_k=48)
+        np.testing.assert_allclose(got, _torch64(q * amp, k, v, is_causal=True), atol=2e-5, rtol=2e-5)
 
 
 def test_dropout_reproducible_independent_of_threads(rng):

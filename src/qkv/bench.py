@@ -28,6 +28,9 @@ MODES = ("forward", "causal", "backward")
 IMPLS = ("tiled", "reference", "torch")
 #: The reference runs when its (B, H, N, N) temporaries (about four of them) fit in this many bytes.
 REFERENCE_MAX_BYTES = 2 << 30
+#: A pause before each timed call, so that one implementation's idle worker threads (OpenMP spins for a
+#: while after each torch call) do not eat into the next one's time.
+SETTLE_S = 0.02
 
 
 def flops(mode: str, batch: int, heads: int, n: int, dim: int) -> float:
@@ -177,6 +180,7 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
             times = {impl: [] for impl in calls}
             for _ in range(repeats):                              # interleaved: noise hits all alike
                 for impl, fn in calls.items():
+                    time.sleep(SETTLE_S)
                     with _blas_threads(threads) if impl == "reference" else contextlib.nullcontext():
                         t = time.perf_counter()
                         fn()
