@@ -20,7 +20,8 @@ from .backends import tiled
 from .backends.tiled import get_num_threads, set_num_threads
 from .cache import KVCache
 
-__all__ = ["KVCache", "attention_weights", "get_num_threads", "scaled_dot_product_attention_backward", "set_num_threads"]
+__all__ = ["KVCache", "attention_weights", "get_num_threads", "scaled_dot_product_attention_backward",
+           "set_num_threads"]
 
 
 def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask=None, is_causal=False,

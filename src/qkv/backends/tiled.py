@@ -5,25 +5,33 @@ the running max ``m_i``, the running sum ``l_i`` of ``exp(s − m_i)`` and the r
 the value rows; when a later block raises the max, rescale ``l_i`` and ``acc`` by ``alpha = exp(m_old − m_new)``.
 At the end ``output = acc / l_i`` and ``lse = m_i + log l_i``. Memory is O(block_q · block_k) per worker.
 
-Two refinements that make it fast in NumPy, where every elementwise pass over a block costs about as much as
-a sixth of the block's matmul:
+What makes it fast in NumPy, where every elementwise pass over a block costs about a sixth of the block's
+matmul, so that a block is, as often as possible, just matmul → exp → matmul:
 
 * ``l_i`` comes out of the ``P·V`` matmul: the value rows get a column of ones, ``V_ext = [V, 1]``, so
   ``P·V_ext = [P·V, rowsum(P)]`` — no separate reduction pass.
-* *Shift-free* blocks. Softmax is shift invariant; the max is subtracted only so ``exp`` cannot overflow.
-  When ``|q_i|·|k_j| ≤ SHIFT_FREE_BOUND`` for every pair (Cauchy–Schwarz bounds every scaled score by the
-  product of the norms), ``exp(s)`` can neither overflow nor underflow in float32, so the whole query block
-  runs with ``m_i = 0``: no max pass, no subtraction, no rescaling. Otherwise (or with a float mask, whose
-  values are not bounded) it runs the classic online softmax. Both give the same numbers up to rounding.
+* *Shift-free* query blocks. Softmax is shift invariant; the max is subtracted only so ``exp`` cannot
+  overflow. When ``|q_i|·|k_j| ≤ SHIFT_FREE_BOUND`` for every pair (Cauchy–Schwarz bounds every scaled score
+  by the product of the norms), ``exp(s)`` can neither overflow nor underflow, so the query block runs with
+  ``m_i = 0``: no max pass, no subtraction, no rescaling.
+* *Lazy rescaling* otherwise (large scores, float masks). ``−m_i`` is a column of the query block and the
+  keys get a row of ones, so the matmul itself yields ``s − m_i``; a block is exponentiated against the
+  ``m_i`` it finds, and only when its row sums (the ones column again) pass ``exp(LAZY_BOUND)`` — or a row
+  has not seen an allowed key yet — is it redone with a max pass that raises ``m_i`` and rescales ``acc``
+  by ``alpha = exp(m_old − m_new)``. ``m_i`` is always a max some block attained, so scores far below it
+  underflow only where they are negligible.
 
-Blocks that a mask removes entirely are skipped: ``is_causal`` by arithmetic, a boolean mask by looking at the
-block (``any``/``all`` over a slice of the broadcast mask — masks from :mod:`qkv.masks`, causal or sliding
-window, skip their empty blocks this way); a block the mask allows entirely is not masked at all.
+All three paths give the same numbers up to rounding; the tests drive each.
+
+Blocks that a mask removes entirely are skipped: ``is_causal`` by arithmetic (the diagonal square split in
+quadrants so little of its masked triangle is computed), a boolean mask by looking at the block (``any`` /
+``all`` over a slice of the broadcast mask — masks from :mod:`qkv.masks`, causal or sliding window, skip their
+empty blocks this way); a block the mask allows entirely is not masked at all.
 
 Backward (FlashAttention-2): recompute ``P = exp(S − lse)`` block by block from the saved log-sum-exp, with
-``D_i = rowsum(dO ∘ O)``: ``dV += Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dS = P ∘ (dP − D_i)``, ``dK += dSᵀ·Q·scale``,
-``dQ += dS·K·scale``. Key blocks are the parallel unit (their ``dK``, ``dV`` belong to one worker); ``dQ`` is
-summed from per-task partials.
+``D_i = rowsum(dO ∘ O)``: ``dV += Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dS = P ∘ (dP − D_i)``,
+``dK += dSᵀ·Q·scale``, ``dQ += dS·K·scale``. Key blocks are the parallel unit (their ``dK``, ``dV`` belong to
+one worker); ``dQ`` is summed from per-task partials.
 
 Parallelism: tasks (batch × heads × query blocks forward, key blocks backward) run on a thread pool of
 :func:`get_num_threads` workers; NumPy releases the GIL inside matmul and ufunc loops. While workers run, BLAS

@@ -110,4 +110,5 @@ def _print_table(result: dict) -> None:
     if "long" in result:
         lg = result["long"]
         click.echo(f"long: N={lg['n']} H={lg['heads']} E={lg['dim']} tiled forward {lg['seconds']:.2f} s, peak RSS "
-                   f"{lg['peak_rss_mb']:.0f} MB (its score matrix alone would take {lg['scores_would_take_mb']:.0f} MB)")
+                   f"{lg['peak_rss_mb']:.0f} MB (its score matrix alone would take "
+                   f"{lg['scores_would_take_mb']:.0f} MB)")
