@@ -7,8 +7,8 @@ alike; the table reports the median. Used by ``qkv bench`` and ``benchmarks/benc
 Columns: median seconds; GFLOP/s of the nominal matmul work (forward ``4·B·H·N²·E``, halved for causal;
 backward ``14·B·H·N²·E``: the forward's 2 matmuls plus the backward's 5, as FlashAttention counts them);
 that rate as a % of this machine's NumPy float32 matmul rate measured in the same run with the same
-thread count; peak memory (growth of the process's peak RSS during one call, read from /proc after
-resetting the peak; tracemalloc where /proc is missing); time relative to torch.
+thread count; peak memory (growth of the peak RSS during one call, in a fresh process per cell, read from
+/proc after resetting the peak; tracemalloc where /proc is missing); time relative to torch.
 """
 from __future__ import annotations
 
@@ -28,9 +28,10 @@ MODES = ("forward", "causal", "backward")
 IMPLS = ("tiled", "reference", "torch")
 #: The reference runs when its (B, H, N, N) temporaries (about four of them) fit in this many bytes.
 REFERENCE_MAX_BYTES = 2 << 30
-#: A pause before each timed call, so that one implementation's idle worker threads (OpenMP spins for a
-#: while after each torch call) do not eat into the next one's time.
-SETTLE_S = 0.02
+#: A pause before each timed call, so that one implementation's idle worker threads do not eat into the
+#: next one's time (OpenBLAS's threads, after the reference's multi-threaded matmuls, and torch's OpenMP
+#: threads spin for tens of milliseconds before they sleep).
+SETTLE_S = 0.1
 
 
 def flops(mode: str, batch: int, heads: int, n: int, dim: int) -> float:
@@ -102,6 +103,31 @@ def peak_memory(fn) -> tuple[float, str]:
         return float(tracemalloc.get_traced_memory()[1]), "tracemalloc"
     finally:
         tracemalloc.stop()
+
+
+def memory_in_fresh_process(impl: str, mode: str, n: int, *, heads: int, dim: int, batch: int,
+                            threads: int) -> float | None:
+    """Peak-RSS growth (bytes) of one call, measured in a fresh Python process (so that memory another
+    implementation freed earlier cannot hide it): inputs are made, the peak is reset, the call runs."""
+    code = ("import json, sys; from qkv import bench; "
+            f"print(json.dumps(bench._child_memory({impl!r}, {mode!r}, {n}, {heads}, {dim}, {batch}, {threads})))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if res.returncode != 0:
+        return None
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _child_memory(impl, mode, n, heads, dim, batch, threads):
+    import qkv
+    qkv.set_num_threads(threads)
+    if impl == "torch":
+        import torch
+        torch.set_num_threads(threads)
+    rng = np.random.default_rng(n)
+    q, k, v, go = (rng.standard_normal((batch, heads, n, dim), dtype=np.float32) for _ in range(4))
+    fn = _make_calls(impl, mode, q, k, v, go, threads)
+    with _blas_threads(threads) if impl == "reference" else contextlib.nullcontext():
+        return peak_memory(fn)[0]
 
 
 def _make_calls(impl, mode, q, k, v, go, threads):
@@ -187,9 +213,9 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
                         times[impl].append(time.perf_counter() - t)
             mem = {}
             if memory:
-                for impl, fn in calls.items():
-                    with _blas_threads(threads) if impl == "reference" else contextlib.nullcontext():
-                        mem[impl] = peak_memory(fn)
+                for impl in calls:
+                    mem[impl] = memory_in_fresh_process(impl, mode, n, heads=heads, dim=dim, batch=batch,
+                                                        threads=threads)
             work = flops(mode, batch, heads, n, dim)
             torch_t = statistics.median(times["torch"]) if "torch" in times else None
             for impl in impls:
@@ -202,7 +228,7 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
                 t = statistics.median(times[impl])
                 g = work / t / 1e9
                 rows.append(dict(mode=mode, n=n, impl=impl, median_s=t, gflops=g, pct_matmul=100 * g / rate,
-                                 peak_mb=mem[impl][0] / 2**20 if impl in mem else None,
+                                 peak_mb=mem[impl] / 2**20 if mem.get(impl) is not None else None,
                                  ratio_torch=None if torch_t is None else t / torch_t, times_s=times[impl]))
         if bar is not None:
             bar.close()
@@ -214,7 +240,7 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
         "machine": _machine(threads, rate, torch),
         "config": dict(batch=batch, heads=heads, dim=dim, dtype="float32", repeats=repeats, lengths=lengths,
                        modes=list(modes), impls=impls, threads=threads,
-                       memory="peak RSS growth" if memory else None),
+                       memory="peak RSS growth of one call, fresh process" if memory else None),
         "rows": rows,
     }
 

@@ -445,6 +445,8 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     out = np.empty(P.lead + (P.L, P.Ev), P.cdt)
     lse = np.empty(P.lead + (P.L,), P.cdt) if return_lse else None
     weights = np.zeros(P.lead + (P.L, P.S), P.cdt) if return_weights else None
+    if dropout_p > 0 and rng is None:
+        rng = np.random.default_rng()
     seed = int(rng.integers(2**63)) if dropout_p > 0 else 0
     starts = list(range(0, P.L, bq))
     if is_causal:
