@@ -139,3 +139,16 @@ def test_backward_bad_input(kwargs, err, match):
     args.update(kwargs)
     with pytest.raises(err, match=match):
         qkv.scaled_dot_product_attention_backward(**args)
+
+
+def test_gqa_with_batch_broadcast_keys(rng):
+    q, go = (rng.standard_normal((2, 6, 40, 8)) for _ in range(2))
+    k, v = (rng.standard_normal((1, 2, 50, 8)) for _ in range(2))
+    got = qkv.scaled_dot_product_attention_backward(go, q, k, v, enable_gqa=True, is_causal=True)
+    tq, tk, tv = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+    out = F.scaled_dot_product_attention(tq, tk.expand(2, 2, 50, 8), tv.expand(2, 2, 50, 8), enable_gqa=True,
+                                         is_causal=True)
+    out.backward(torch.from_numpy(go))
+    for g, t in zip(got, (tq, tk, tv)):
+        assert g.shape == tuple(t.shape)
+        np.testing.assert_allclose(g, t.grad.numpy(), atol=1e-12)
