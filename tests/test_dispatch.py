@@ -166,3 +166,16 @@ def test_readme_engine_section_examples_run():
     assert blocks
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
+
+
+def test_engine_called_from_many_threads_and_from_its_own_workers(rng):
+    from concurrent.futures import ThreadPoolExecutor
+    q, k, v = _qkv(rng, (2, 3, 64, 8))
+    want = tiled.forward(q, k, v, scale=0.3, block_q=16, threads=1)[0]
+    with ThreadPoolExecutor(4) as ex:                              # concurrent callers share the pool
+        outs = list(ex.map(lambda _: tiled.forward(q, k, v, scale=0.3, block_q=16, threads=2)[0], range(8)))
+    for o in outs:
+        np.testing.assert_allclose(o, want, atol=1e-6)
+    pool = tiled._get_pool(2)                                      # a task that calls the engine again
+    got = pool.submit(lambda: tiled.forward(q, k, v, scale=0.3, block_q=16, threads=2)[0]).result(timeout=30)
+    np.testing.assert_allclose(got, want, atol=1e-6)

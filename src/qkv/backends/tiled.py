@@ -134,8 +134,9 @@ def _blas_one_thread():
 
 def _run(tasks, fn, threads: int) -> None:
     """Run ``fn(*task)`` for every task, on ``threads`` workers, BLAS single-threaded inside."""
+    inside_worker = threading.current_thread().name.startswith("qkv-tiled")   # never wait on our own pool
     with _blas_one_thread():
-        if threads == 1 or len(tasks) <= 1:
+        if threads == 1 or len(tasks) <= 1 or inside_worker:
             for t in tasks:
                 fn(*t)
             return
