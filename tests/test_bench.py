@@ -48,6 +48,14 @@ def test_bench_json_to_stdout_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_markdown_table(capsys):
+    assert main(["bench", *TINY, "--modes", "causal", "--impls", "tiled", "--no-memory", "--markdown"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(out) if line.startswith("| mode"))
+    assert out[header + 1].startswith("|---|") and len(out) == header + 4      # header, rule, two rows
+    assert out[header + 2].startswith("| causal | 16 | tiled |")
+
+
 def test_bench_long_sequence_reports_peak_rss():
     res = bench.long_sequence(2048, heads=1, dim=8, threads=1)
     assert res["n"] == 2048 and res["finite"] and res["peak_rss_mb"] > 0 and res["seconds"] > 0

@@ -305,6 +305,24 @@ def format_table(result: dict) -> list[list[str]]:
 HEADERS = ["mode", "N", "impl", "median ms", "GFLOP/s", "% matmul", "peak MB", "× torch"]
 
 
+def markdown(result: dict) -> str:
+    """The table as GitHub Markdown, with a line saying what ran where (for the README)."""
+    m, c = result["machine"], result["config"]
+    lines = [f"B={c['batch']} H={c['heads']} E={c['dim']} float32, {c['threads']} threads, median of "
+             f"{c['repeats']}; NumPy matmul {m['matmul_gflops']:.0f} GFLOP/s ({m['blas']}); torch {m['torch']}; "
+             f"{m['date']}", "",
+             "| " + " | ".join(HEADERS) + " |",
+             "|" + "|".join("---" if h in ("mode", "impl") else "---:" for h in HEADERS) + "|"]
+    for row in format_table(result):
+        lines.append("| " + " | ".join(row) + " |")
+    if "long" in result:
+        lg = result["long"]
+        lines += ["", f"Long: N = {lg['n']}, H = {lg['heads']}, E = {lg['dim']}: tiled forward {lg['seconds']:.1f} s, "
+                      f"peak RSS {lg['peak_rss_mb']:.0f} MB (the score matrix alone would take "
+                      f"{lg['scores_would_take_mb']:.0f} MB)."]
+    return "\n".join(lines)
+
+
 def plot(result: dict, path: str) -> None:
     """Median time against N, one panel per mode, one line per implementation (matplotlib, lazily)."""
     import matplotlib

@@ -46,9 +46,10 @@ def _words(text: str, name: str, allowed) -> list[str]:
 @click.option("--json", "json_out", default=None, is_flag=False, flag_value="-",
               help="Write the results as JSON to FILE; --json alone prints JSON instead of the table.")
 @click.option("--plot", "plot_out", default=None, metavar="FILE", help="Save a plot of time against N (matplotlib).")
+@click.option("--markdown", is_flag=True, help="Print the table as Markdown (as in the README).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
 def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, long_n, json_out, plot_out,
-          progress):
+          markdown, progress):
     """Time qkv's tiled engine, its reference path and torch's SDPA side by side (float32).
 
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
@@ -77,7 +78,10 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
     if json_out:
         with open(json_out, "w", encoding="utf-8") as f:
             f.write(B.dumps(result) + "\n")
-    _print_table(result)
+    if markdown:
+        click.echo(B.markdown(result))
+    else:
+        _print_table(result)
     if plot_out:
         click.echo(f"plot: {plot_out}")
     if json_out:
