@@ -1,8 +1,8 @@
 """Side-by-side benchmark of the engine: qkv tiled, qkv reference, torch SDPA, in one run.
 
 For each mode (``forward``, ``causal`` forward, ``backward`` = gradients from ``grad_out``) and sequence length
-N, the implementations run *interleaved* (one call of each, repeated) so that a noisy machine slows them
-alike; the table reports the median. Used by ``qkv bench`` and ``benchmarks/bench_engine.py``.
+N, the implementations run *interleaved* (a turn of each, repeated; a turn is a short pause, an untimed
+call and a timed one) so that a noisy machine slows them alike; the table reports the median. Used by ``qkv bench`` and ``benchmarks/bench_engine.py``.
 
 Columns: median seconds; GFLOP/s of the nominal matmul work (forward ``4·B·H·N²·E``, halved for causal;
 backward ``14·B·H·N²·E``: the forward's 2 matmuls plus the backward's 5, as FlashAttention counts them);
@@ -28,10 +28,12 @@ MODES = ("forward", "causal", "backward")
 IMPLS = ("tiled", "reference", "torch")
 #: The reference runs when its (B, H, N, N) temporaries (about four of them) fit in this many bytes.
 REFERENCE_MAX_BYTES = 2 << 30
-#: A pause before each timed call, so that one implementation's idle worker threads do not eat into the
-#: next one's time (OpenBLAS's threads, after the reference's multi-threaded matmuls, and torch's OpenMP
-#: threads spin for tens of milliseconds before they sleep).
-SETTLE_S = 0.1
+#: A pause before each implementation's turn, so that the previous one's idle worker threads do not eat
+#: into its time (OpenBLAS's threads, after the reference's multi-threaded matmuls, and torch's OpenMP
+#: threads spin for tens of milliseconds before they sleep). Each turn then makes one untimed call and
+#: one timed call: after a pause the first call runs cold (measured: up to +40 % at N = 2048, as the
+#: cores and caches wake up), and attention is usually called in a loop.
+SETTLE_S = 0.05
 
 
 def flops(mode: str, batch: int, heads: int, n: int, dim: int) -> float:
@@ -208,6 +210,7 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
                 for impl, fn in calls.items():
                     time.sleep(SETTLE_S)
                     with _blas_threads(threads) if impl == "reference" else contextlib.nullcontext():
+                        fn()                                      # untimed: back to a warm steady state
                         t = time.perf_counter()
                         fn()
                         times[impl].append(time.perf_counter() - t)
@@ -271,16 +274,21 @@ def _machine(threads, rate, torch) -> dict:
 
 
 def long_sequence(n: int = 65536, *, heads: int = 1, dim: int = 64, threads: int | None = None) -> dict:
-    """Run one tiled forward of length ``n`` in a fresh process; its peak RSS (ru_maxrss) and time."""
+    """Run one tiled forward of length ``n`` in a fresh process; its peak RSS and time.
+
+    The peak is the child's VmHWM (its own address space since exec), not ``ru_maxrss``, which on Linux
+    starts from the RSS of the parent at fork time.
+    """
     code = (
-        "import resource, time, json, numpy as np, qkv\n"
+        "import time, json, numpy as np, qkv\n"
+        "from qkv import bench\n"
         f"n, h, e, th = {n}, {heads}, {dim}, {threads!r}\n"
         "qkv.set_num_threads(th)\n"
         "r = np.random.default_rng(0)\n"
         "q, k, v = (r.standard_normal((1, h, n, e), dtype=np.float32) for _ in range(3))\n"
         "t = time.perf_counter(); out = qkv.scaled_dot_product_attention(q, k, v, backend='tiled')\n"
         "t = time.perf_counter() - t\n"
-        "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024\n"
+        "rss = bench._read_status('VmHWM')\n"
         "print(json.dumps(dict(n=n, heads=h, dim=e, seconds=t, peak_rss_mb=rss / 2**20, "
         "scores_would_take_mb=h * n * n * 4 / 2**20, finite=bool(np.isfinite(out).all()))))\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
