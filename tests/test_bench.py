@@ -62,7 +62,9 @@ def test_bench_long_sequence_reports_peak_rss():
 
 
 @pytest.mark.parametrize("args, msg", [(["--lengths", "a,b"], "--lengths"), (["--modes", "sideways"], "--modes"),
-                                       (["--threads", "0"], "--threads"), (["--impls", "jax"], "--impls")])
+                                       (["--threads", "0"], "--threads"), (["--impls", "jax"], "--impls"),
+                                       (["--json", "/no/such/dir/b.json"], "--json"),
+                                       (["--plot", "/no/such/dir/b.png"], "--plot")])
 def test_bench_bad_options_one_line(args, msg, capsys):
     assert main(["bench", *args, "--no-progress"]) == 2
     err = capsys.readouterr().err

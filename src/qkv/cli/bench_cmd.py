@@ -55,8 +55,13 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
     and the time relative to torch. The implementations run interleaved, so machine noise hits all alike.
     """
+    import os
+
     from qkv import bench as B
 
+    for opt, path in (("--json", json_out), ("--plot", plot_out)):      # fail before a long run, not after
+        if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise UserError(f"{opt}: the folder of {path!r} does not exist")
     for name, val in (("--heads", heads), ("--dim", dim), ("--batch", batch), ("--repeats", repeats),
                       ("--threads", threads), ("--long", long_n)):
         if val is not None and val < 1:
