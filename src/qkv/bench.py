@@ -342,8 +342,8 @@ def plot(result: dict, path: str) -> None:
         for impl in result["config"]["impls"]:
             pts = [(r["n"], r["median_s"]) for r in result["rows"]
                    if r["mode"] == mode and r["impl"] == impl and r["median_s"] is not None]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=impl)
+            if pts:                                               # one colour per implementation
+                ax.plot(*zip(*pts), marker="o", label=impl, color=f"C{IMPLS.index(impl)}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(mode)
