@@ -179,3 +179,21 @@ def test_engine_called_from_many_threads_and_from_its_own_workers(rng):
     pool = tiled._get_pool(2)                                      # a task that calls the engine again
     got = pool.submit(lambda: tiled.forward(q, k, v, scale=0.3, block_q=16, threads=2)[0]).result(timeout=30)
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_torch_path_keeps_dtype_and_autograd(dtype):
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 9, 8, generator=g).to(dt).requires_grad_()
+    mask = torch.ones(9, 9, dtype=torch.bool)
+    mask[3] = False                                              # a row with nothing to attend to
+    out = qkv.scaled_dot_product_attention(q, q, q, mask)
+    assert out.dtype == dt and torch.all(out[..., 3, :] == 0)
+    out.float().square().sum().backward()
+    assert q.grad is not None and bool(torch.isfinite(q.grad).all())
+    if dtype == "float32":                                       # the gradient equals qkv's own backward
+        qn = q.detach().numpy()
+        go = 2 * out.detach().numpy()
+        dq, dk, dv = qkv.scaled_dot_product_attention_backward(go, qn, qn, qn, attn_mask=mask.numpy())
+        np.testing.assert_allclose(q.grad.numpy(), dq + dk + dv, atol=1e-4)
