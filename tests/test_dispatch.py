@@ -24,9 +24,16 @@ def test_auto_rule_by_size(rng):
     assert attention_mod.choose_auto(big, big, big) == "tiled"
     kv = np.zeros((1, 2, 512, 8), np.float32)                    # grouped-query: counts the query heads
     assert attention_mod.choose_auto(big, kv, kv) == "tiled"
+    one_head = np.zeros((1, 1, 725, 8), np.float32)              # 725² ≥ 2^19 scores in one head
+    assert attention_mod.choose_auto(one_head, one_head, one_head) == "tiled"
+    many_small = np.zeros((32, 12, 128, 8), np.float32)          # 6M scores, 16K per head: reference
+    assert attention_mod.choose_auto(many_small, many_small, many_small) == "reference"
     few_keys = np.zeros((1, 1, 100_000, 8), np.float32)
     k = np.zeros((1, 1, 16, 8), np.float32)                      # 1.6M scores but only 16 keys
     assert attention_mod.choose_auto(few_keys, k, k) == "reference"
+    decode = np.zeros((1, 8, 1, 8), np.float32)                  # one query over 200K cached keys
+    cache = np.zeros((1, 8, 200_000, 8), np.float32)
+    assert attention_mod.choose_auto(decode, cache, cache) == "tiled"
 
 
 def test_auto_and_every_backend_agree(rng, monkeypatch):

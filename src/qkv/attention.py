@@ -186,11 +186,15 @@ def _choose_backend(backend, query, key, value, *, traced: bool) -> str:
     return choose_auto(query, key, value)
 
 
-#: ``backend="auto"`` runs the tiled engine when the scores (…, Hq, L, S) would hold at least this many
-#: numbers (2 MiB in float32) and there are at least AUTO_MIN_KEYS keys. Measured on the 2-core test
-#: machine (float32, E=64): the two are even at about 2^18 scores (H=8, N=181), the tiled engine is 2× faster
-#: from 2^19 (H=8, N=256) and 3× at 2^23; below, the reference is as fast and is the observable path.
+#: ``backend="auto"`` runs the tiled engine when the scores (…, Hq, L, S) would hold at least
+#: AUTO_TILED_MIN_SCORES numbers (2 MiB in float32) *and* each head's L·S at least AUTO_TILED_MIN_HEAD_SCORES
+#: (≈ 362²). Measured on the 2-core test machine (float32, E = 32…64): with large heads the two are even at
+#: about 2^18 scores, the tiled engine 1.4× faster at 2^19 (H=8, N=512) and 3× at 2^23 (H=12, N=1024); with
+#: many small heads the tiled engine's per-head work does not pay (B=32, H=12, N=128: 1.4× slower; N=64: 7×),
+#: so those, like everything small, take the reference, which is also the observable path.
 AUTO_TILED_MIN_SCORES = 1 << 19
+AUTO_TILED_MIN_HEAD_SCORES = 1 << 17
+#: …and at least this many keys (a key block narrower than this makes thin, inefficient matmuls).
 AUTO_MIN_KEYS = 128
 
 
@@ -202,8 +206,10 @@ def choose_auto(query, key, value) -> str:
     q_lead, k_lead = query.shape[:-2], key.shape[:-2]
     if q_lead and k_lead and q_lead[-1] != k_lead[-1]:          # grouped-query: count the query heads
         k_lead = k_lead[:-1] + (q_lead[-1],)
-    n_scores = math.prod(np.broadcast_shapes(q_lead, k_lead)) * query.shape[-2] * key.shape[-2]
-    if n_scores >= AUTO_TILED_MIN_SCORES and key.shape[-2] >= AUTO_MIN_KEYS and "tiled" in backends.names():
+    per_head = query.shape[-2] * key.shape[-2]
+    n_scores = math.prod(np.broadcast_shapes(q_lead, k_lead)) * per_head
+    if (n_scores >= AUTO_TILED_MIN_SCORES and per_head >= AUTO_TILED_MIN_HEAD_SCORES
+            and key.shape[-2] >= AUTO_MIN_KEYS and "tiled" in backends.names()):
         return "tiled"
     return "reference"
 
