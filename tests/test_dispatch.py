@@ -204,3 +204,20 @@ def test_torch_path_keeps_dtype_and_autograd(dtype):
         go = 2 * out.detach().numpy()
         dq, dk, dv = qkv.scaled_dot_product_attention_backward(go, qn, qn, qn, attn_mask=mask.numpy())
         np.testing.assert_allclose(q.grad.numpy(), dq + dk + dv, atol=1e-4)
+
+
+def test_threads_argument_per_call(rng, monkeypatch):
+    q, k, v = _qkv(rng, (1, 4, 400, 16))
+    seen = []
+    real = tiled.forward
+    monkeypatch.setattr(tiled, "forward", lambda *a, **kw: seen.append(kw.get("threads")) or real(*a, **kw))
+    want = qkv.scaled_dot_product_attention(q, k, v, backend="reference")
+    for n in (1, 3):
+        got = qkv.scaled_dot_product_attention(q, k, v, backend="tiled", threads=n)
+        np.testing.assert_allclose(got, want, atol=2e-5)
+    assert seen == [1, 3]
+    for name in ("reference", "torch"):                          # accepted and ignored
+        qkv.scaled_dot_product_attention(q, k, v, backend=name, threads=2)
+    for bad, err in ((0, ValueError), (1.5, TypeError), ("2", TypeError)):
+        with pytest.raises(err, match="threads"):
+            qkv.scaled_dot_product_attention(q, k, v, threads=bad)

@@ -76,7 +76,7 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                                  scale=None, enable_gqa=False, *, return_weights=False, rng=None,
-                                 backend=None, trace: Trace | None = None, return_lse=False):
+                                 backend=None, trace: Trace | None = None, return_lse=False, threads=None):
     """Attention ``softmax(Q·Kᵀ · scale + mask) · V``, the semantics of torch's SDPA.
 
     Args:
@@ -98,6 +98,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             explicit backend together with a trace is a ValueError).
         return_lse: also return the log-sum-exp of each row of the masked, scaled scores, (..., Hq, L), in the
             compute dtype (float32 for float16 inputs); −inf for a row that may attend to nothing.
+        threads: worker threads of the tiled engine for this call (default :func:`qkv.get_num_threads`);
+            the reference and torch backends ignore it.
 
     Returns:
         output (..., Hq, L, Ev) in the input dtype; ``(output, weights)`` when ``return_weights``,
@@ -109,6 +111,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     weights) where torch returns NaN; float16 is computed in float32.
     """
     _checks.boolean(return_lse, "return_lse")
+    if threads is not None:
+        threads = _checks.positive_int(threads, "threads")
     if _is_torch_tensor(query):
         if backend not in (None, "auto", "torch"):
             backends.get(backend)                        # an unknown name is reported as such
@@ -130,6 +134,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
             stages.observe_input("K", key)
             stages.observe_input("V", value)
         extra = {"return_lse": True} if return_lse else {}
+        if threads is not None:
+            extra["threads"] = threads
         res = fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
                  scale=scale, enable_gqa=enable_gqa, rng=rng, return_weights=return_weights, **extra)
     return _pack(res, return_weights, return_lse)

@@ -3,11 +3,13 @@
 Every backend is called as::
 
     fn(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng, return_weights,
-       return_lse=False)
+       return_lse=False, threads=None)
         -> (output, weights or None), or (output, weights or None, lse) when return_lse
 
 where ``lse`` (..., Hq, L) is the log-sum-exp of each row of the masked, scaled scores (−inf for a row
-that may attend to nothing), in the compute dtype (float32 for float16 inputs).
+that may attend to nothing), in the compute dtype (float32 for float16 inputs), and ``threads`` (a positive
+int or None) is for backends with their own workers (the tiled engine); the others ignore it. Callers pass
+the two optional ones only when set, so a backend written for the shorter signature keeps working.
 
 with arguments already validated by :func:`qkv.attention.scaled_dot_product_attention`: ``scale`` is a
 float, ``attn_mask`` is None or a bool/float array broadcastable to ``(..., Hq, L, S)``, ``is_causal`` and

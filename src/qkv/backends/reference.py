@@ -13,7 +13,7 @@ from . import register
 
 @register("reference")
 def reference_attention(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-                        return_weights, return_lse=False):
+                        return_weights, return_lse=False, threads=None):  # threads: unused, no workers here
     out_dtype = query.dtype
     if out_dtype == np.float16:                      # float16 computes in float32, returns float16
         query, key, value = (a.astype(np.float32) for a in (query, key, value))

@@ -477,10 +477,10 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
 
 @register("tiled")
 def tiled_attention(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-                    return_weights, return_lse=False):
+                    return_weights, return_lse=False, threads=None):
     out, weights, lse = forward(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, rng=rng,
-                                return_weights=return_weights, return_lse=return_lse)
+                                return_weights=return_weights, return_lse=return_lse, threads=threads)
     return (out, weights, lse) if return_lse else (out, weights)
 
 

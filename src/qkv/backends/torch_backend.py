@@ -32,7 +32,7 @@ def is_torch_tensor(x) -> bool:
 
 @register("torch")
 def torch_attention(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-                    return_weights, return_lse=False):
+                    return_weights, return_lse=False, threads=None):   # threads: unused, torch's own setting
     torch = _torch()
     numpy_in = isinstance(query, np.ndarray)
     if rng is not None and dropout_p > 0:
