@@ -13,6 +13,12 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 
+@pytest.fixture(autouse=True)
+def _parallel_even_when_small(monkeypatch):
+    """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS); these tests want the pool."""
+    monkeypatch.setattr(tiled, "SERIAL_BELOW_FLOPS", 0)
+
+
 def _torch_grads(go, q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
     """Autograd through torch's SDPA in float64."""
     tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(a)).double().requires_grad_() for a in (q, k, v))

@@ -221,3 +221,14 @@ def test_threads_argument_per_call(rng, monkeypatch):
     for bad, err in ((0, ValueError), (1.5, TypeError), ("2", TypeError)):
         with pytest.raises(err, match="threads"):
             qkv.scaled_dot_product_attention(q, k, v, threads=bad)
+
+
+def test_small_tasks_run_on_one_thread(rng, monkeypatch):
+    seen = []
+    real = tiled._run
+    monkeypatch.setattr(tiled, "_run", lambda tasks, fn, threads: seen.append(threads) or real(tasks, fn, threads))
+    small = _qkv(rng, (2, 4, 64, 16))                             # 2·64·64·32 flops per task: serial
+    big = _qkv(rng, (1, 2, 1024, 64))                            # 2·512·1024·128 flops per task: the pool
+    tiled.forward(*small, scale=0.25, threads=2)
+    tiled.forward(*big, scale=0.125, threads=2)
+    assert seen == [1, 2]

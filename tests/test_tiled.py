@@ -18,6 +18,12 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 
+@pytest.fixture(autouse=True)
+def _parallel_even_when_small(monkeypatch):
+    """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS); these tests want the pool."""
+    monkeypatch.setattr(tiled, "SERIAL_BELOW_FLOPS", 0)
+
+
 def _t(a):
     return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
 

@@ -62,6 +62,11 @@ from . import register
 #: two workers share; 1024 × 512 scores (2 MB) was the fastest of 128…1024 × 512…2048, causal or not.
 BLOCK_Q = 1024
 BLOCK_K = 512
+#: Tasks (one query block of one head) smaller than this many flops run on the calling thread alone: their
+#: time is mostly Python steps holding the GIL, and two workers passing it back and forth lose. Measured,
+#: 1 vs 2 workers: 2 Mflop tasks (B=32, H=12, N=128, E=32) 25 vs 41 ms; 8 Mflop even; 17 Mflop 3.6 vs 2.9 ms;
+#: 67 Mflop 6.0 vs 3.7 ms.
+SERIAL_BELOW_FLOPS = 1 << 23
 #: Causal diagonal squares are split in quadrants down to this many rows (see _Problem.key_blocks).
 DIAGONAL_MIN = 128
 #: Backward: key block (rows of dK/dV per step) and query block.
@@ -470,6 +475,8 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
         starts.reverse()                                     # the longest rows first: better balance
     tasks = [(P, idx, i0, min(i0 + bq, P.L), bk, out, lse, weights, dropout_p, seed)
              for i0 in starts for idx in np.ndindex(*P.lead)]
+    if 2 * bq * P.S * (P.E + P.Ev) < SERIAL_BELOW_FLOPS:
+        threads = 1
     _run(tasks, _forward_task, threads)
     dt = query.dtype
     return (out.astype(dt, copy=False), None if weights is None else weights.astype(dt, copy=False), lse)
@@ -585,6 +592,8 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
             part = np.zeros((len(heads), P.L, P.E), P.cdt)
             partials.append((heads, part))
             tasks.append((P, kv_idx, heads, key_starts[c::n_chunks], bq, bk, part, dk, dv, prep))
+    if 2 * min(bk, P.S) * P.L * (2 * P.E + 3 * P.Ev) * P.n_rep < SERIAL_BELOW_FLOPS:
+        threads = 1
     _run(tasks, _backward_task, threads)
     for heads, part in partials:
         for r, idx in enumerate(heads):
