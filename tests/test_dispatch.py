@@ -1,5 +1,6 @@
 """Backend dispatch: the auto size rule, forced backends, torch tensors, return_lse, threads, bad input."""
 import importlib
+import os
 import subprocess
 import sys
 
@@ -232,3 +233,20 @@ def test_small_tasks_run_on_one_thread(rng, monkeypatch):
     tiled.forward(*small, scale=0.25, threads=2)
     tiled.forward(*big, scale=0.125, threads=2)
     assert seen == [1, 2]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and 2 CPUs")
+def test_pool_workers_are_pinned_one_per_cpu():
+    import threading
+    tiled._get_pool(1)                                             # so that a fresh pool of 2 comes next
+    pool = tiled._get_pool(2)
+    barrier = threading.Barrier(2, timeout=10)
+
+    def where():
+        barrier.wait()                                             # both workers take one task each
+        return tuple(sorted(os.sched_getaffinity(0)))
+
+    got = sorted(pool.map(lambda _: where(), range(2)))
+    assert all(len(g) == 1 for g in got) and got[0] != got[1]     # one CPU each, not the same one
+    assert len(os.sched_getaffinity(0)) >= 2                       # the calling thread is not pinned
