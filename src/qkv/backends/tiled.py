@@ -34,9 +34,10 @@ Backward (FlashAttention-2): recompute ``P = exp(S − lse)`` block by block fro
 one worker); ``dQ`` is summed from per-task partials.
 
 Parallelism: tasks (batch × heads × query blocks forward, key blocks backward) run on a thread pool of
-:func:`get_num_threads` workers; NumPy releases the GIL inside matmul and ufunc loops. While workers run, BLAS
-is limited to one thread each (``threadpoolctl``, from the ``fast`` extra; without it BLAS keeps its own
-setting) so the cores are not oversubscribed.
+:func:`get_num_threads` workers, each pinned to its own CPU; NumPy releases the GIL inside matmul and ufunc
+loops. While workers run, BLAS is limited to one thread each (``threadpoolctl``, from the ``fast`` extra;
+without it BLAS keeps its own setting) so the cores are not oversubscribed. Tasks too small to pay for the
+GIL hand-offs (SERIAL_BELOW_FLOPS) run on the calling thread.
 
 Dropout draws its keep-mask per task from ``SeedSequence([seed, head, block start])`` with ``seed`` taken
 from the caller's ``rng``: reproducible for a given ``rng``, shapes and block sizes, whatever the thread
