@@ -250,3 +250,14 @@ def test_pool_workers_are_pinned_one_per_cpu():
     got = sorted(pool.map(lambda _: where(), range(2)))
     assert all(len(g) == 1 for g in got) and got[0] != got[1]     # one CPU each, not the same one
     assert len(os.sched_getaffinity(0)) >= 2                       # the calling thread is not pinned
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_engine_works_in_a_forked_child(rng):
+    import multiprocessing as mp
+    q, k, v = _qkv(rng, (1, 2, 1024, 32))
+    want = tiled.forward(q, k, v, scale=0.2, threads=2)[0]       # the parent's pool exists now
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as p:
+        got = p.apply_async(tiled.forward, (q, k, v), dict(scale=0.2, threads=2)).get(timeout=20)[0]
+    np.testing.assert_allclose(got, want, atol=1e-6)

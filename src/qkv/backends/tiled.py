@@ -136,6 +136,16 @@ def _pin_worker(cpus: list, counter, lock) -> None:
 PIN_WORKERS = True
 
 
+def _forget_pool_after_fork() -> None:
+    """A forked child has none of the parent's threads: drop the pool (a new one starts on first use)."""
+    global _pool, _pool_size, _pool_lock, _controller
+    _pool, _pool_size, _pool_lock, _controller = None, 0, threading.Lock(), None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_after_fork)
+
+
 def _get_pool(n: int) -> ThreadPoolExecutor:
     global _pool, _pool_size
     with _pool_lock:
