@@ -83,11 +83,13 @@ def apply_mask(scaled: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     return out
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
+def softmax(x: np.ndarray, *, return_lse: bool = False):
     """Row-wise softmax ``exp(x_j − max) / Σ exp(x − max)`` over the last axis.
 
     A row in which every entry is ``-inf`` (a query that may attend to nothing) becomes all zeros, not NaN.
-    x: (..., L, S)  →  (..., L, S), each row summing to 1 (or to 0 for a fully masked row)
+    x: (..., L, S)  →  (..., L, S), each row summing to 1 (or to 0 for a fully masked row).
+    With ``return_lse`` also the row's log-sum-exp ``max + log Σ exp(x − max)`` (..., L), −inf for a fully
+    masked row, from the same max and sum.
     """
     m = np.max(x, axis=-1, keepdims=True)                          # (..., L, 1) row max, for stability
     m = np.where(np.isfinite(m), m, 0.0).astype(x.dtype, copy=False)
@@ -96,7 +98,11 @@ def softmax(x: np.ndarray) -> np.ndarray:
     w = e / np.where(total == 0, 1, total)
     record("weights", "softmax", "weights = softmax(scaled)", w,
            operands={"logits": x, "exp": e, "sum": total, "max": m})
-    return w
+    if not return_lse:
+        return w
+    with np.errstate(divide="ignore"):
+        lse = (m + np.log(total))[..., 0]                            # (..., L); log 0 = −inf
+    return w, lse
 
 
 def dropout(weights: np.ndarray, p: float, rng: np.random.Generator) -> np.ndarray:

@@ -27,8 +27,10 @@ def reference_attention(query, key, value, *, attn_mask, dropout_p, is_causal, s
     if is_causal:
         attn_mask = masks.causal(L, S)                            # (L, S), top-left as in torch
     s = stages.apply_mask(s, attn_mask)
-    w = stages.softmax(s)                                         # (..., Hq, L, S)
-    lse = _logsumexp(s) if return_lse else None                   # (..., Hq, L)
+    if return_lse:
+        w, lse = stages.softmax(s, return_lse=True)               # (..., Hq, L, S), (..., Hq, L)
+    else:
+        w, lse = stages.softmax(s), None                          # (..., Hq, L, S)
     if dropout_p > 0:
         w = stages.dropout(w, dropout_p, rng)
     out = stages.weighted_sum(w, value)                           # (..., Hq, L, Ev)
@@ -36,11 +38,3 @@ def reference_attention(query, key, value, *, attn_mask, dropout_p, is_causal, s
     w = w.astype(out_dtype, copy=False) if return_weights else None
     return (out, w, lse) if return_lse else (out, w)
 
-
-def _logsumexp(s: np.ndarray) -> np.ndarray:
-    """Row-wise ``log Σ exp`` of the masked scores (..., L, S) -> (..., L); −inf for a fully masked row."""
-    m = np.max(s, axis=-1)                                        # (..., L)
-    m_safe = np.where(np.isfinite(m), m, 0.0).astype(s.dtype, copy=False)
-    total = np.sum(np.exp(s - m_safe[..., None]), axis=-1)       # (..., L)
-    with np.errstate(divide="ignore"):
-        return m_safe + np.log(total)                             # log 0 = −inf: nothing to attend to

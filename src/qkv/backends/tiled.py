@@ -292,13 +292,7 @@ class _Problem:
             return out
         for j0 in range(0, S, block_k):
             j1 = min(j0 + block_k, S)
-            if mask2d is None:
-                kind = "full"
-            elif self.float_mask:
-                kind = "mask"
-            else:
-                blk = mask2d[i0:i1, j0:j1]
-                kind = "full" if blk.all() else ("mask" if blk.any() else None)
+            kind = _block_kind(mask2d, self.float_mask, i0, i1, j0, j1)
             if kind is not None:
                 out.append((0, i1 - i0, j0, j1, kind))
         return out
@@ -322,6 +316,17 @@ class _Problem:
 
 
 _causal_cache: dict = {}
+
+
+def _block_kind(mask2d, float_mask: bool, i0: int, i1: int, j0: int, j1: int):
+    """How a (non-causal) block [i0:i1, j0:j1] is masked: "full" (nothing masked), "mask" (apply the
+    mask's slice), or None (every entry masked: skip the block)."""
+    if mask2d is None:
+        return "full"
+    if float_mask:
+        return "mask"
+    blk = mask2d[i0:i1, j0:j1]
+    return "full" if blk.all() else ("mask" if blk.any() else None)
 
 
 def _causal_additive(d: int, rows: int, cols: int, dtype) -> np.ndarray:
@@ -551,13 +556,8 @@ def _backward_task(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k, d
                 i1 = min(i0 + block_q, L)
                 if P.is_causal:
                     kind = "full" if i0 >= j1 - 1 else "causal"
-                elif mask2d is None:
-                    kind = "full"
-                elif P.float_mask:
-                    kind = "mask"
                 else:
-                    blk = mask2d[i0:i1, j0:j1]
-                    kind = "full" if blk.all() else ("mask" if blk.any() else None)
+                    kind = _block_kind(mask2d, P.float_mask, i0, i1, j0, j1)
                     if kind is None:
                         continue
                 m = i1 - i0
