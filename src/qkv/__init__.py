@@ -4,11 +4,11 @@ Mask convention everywhere: a boolean mask is **True where attention is allowed*
 """
 from . import backends, masks, stages
 from . import explain  # noqa: E402  (qkv.explain: render, explain_query, check, examples)
-from .attention import attention, scaled_dot_product_attention
+from .sdpa import attention, scaled_dot_product_attention
 from .engine import KVCache, attention_weights, get_num_threads, scaled_dot_product_attention_backward, set_num_threads
 from .mha import MultiHeadAttention
 from .positions import TokenEmbedding, sinusoidal_positions
-from .trace import Step, Trace, trace
+from .tracing import Step, Trace, trace
 
 __version__ = "0.1.0"
 

@@ -14,9 +14,8 @@ import numbers
 
 import numpy as np
 
-from . import _checks, stages
-from .attention import _validate
-from .backends import tiled
+from . import _checks, backends, shapes, stages
+from .sdpa import _validate
 from .backends.tiled import get_num_threads, set_num_threads
 from .cache import KVCache
 
@@ -50,19 +49,13 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask
     query, key, value, attn_mask, _, scale, _ = _validate(query, key, value, attn_mask, 0.0, is_causal,
                                                           scale, enable_gqa, False, None)
     grad_out = _checks.float_array(grad_out, "grad_out", min_ndim=2)
-    expected = _output_shape(query, key, value, enable_gqa)
+    expected = shapes.output_shape(query.shape, key.shape, value.shape, enable_gqa)
     if grad_out.shape != expected:
         raise ValueError(f"grad_out: expected the output's shape {expected}, got {grad_out.shape}")
     if grad_out.dtype != query.dtype:
         raise TypeError(f"grad_out: expected dtype {query.dtype} (as query), got {grad_out.dtype}")
-    return tiled.backward(grad_out, query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                          enable_gqa=enable_gqa)
-
-
-def _output_shape(query, key, value, enable_gqa) -> tuple:
-    kv_lead = key.shape[:-3] + (query.shape[-3],) if enable_gqa else key.shape[:-2]
-    lead = np.broadcast_shapes(query.shape[:-2], kv_lead)
-    return tuple(lead) + (query.shape[-2], value.shape[-1])
+    return backends.get("tiled").backward(grad_out, query, key, value, attn_mask=attn_mask,
+                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
 def attention_weights(query, key, rows, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):

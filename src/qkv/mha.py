@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from . import _checks, masks, stages
-from .attention import scaled_dot_product_attention
-from .trace import Trace, maybe
+from .sdpa import scaled_dot_product_attention
+from .tracing import Trace, maybe
 
 
 class MultiHeadAttention:

@@ -1,36 +1,34 @@
-"""Backends of :func:`qkv.scaled_dot_product_attention`, in one registry with one signature.
+"""Backends of qkv's attention, in one registry: objects with ``forward``, ``backward`` and ``supports``.
 
-Every backend is called as::
+The contract is in :mod:`qkv.backends.base`. Built in: ``"reference"`` (the stages on whole arrays,
+observable), ``"tiled"`` (the memory-efficient engine) and ``"torch"`` (torch's SDPA). Add one with
+:func:`register` (a :class:`~qkv.backends.base.Backend` instance, or a function with the older signature
+``fn(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng, return_weights,
+return_lse=False, threads=None) -> (output, weights or None[, lse])``).
 
-    fn(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng, return_weights,
-       return_lse=False, threads=None)
-        -> (output, weights or None), or (output, weights or None, lse) when return_lse
-
-where ``lse`` (..., Hq, L) is the log-sum-exp of each row of the masked, scaled scores (−inf for a row
-that may attend to nothing), in the compute dtype (float32 for float16 inputs), and ``threads`` (a positive
-int or None) is for backends with their own workers (the tiled engine); the others ignore it. Callers pass
-the two optional ones only when set, so a backend written for the shorter signature keeps working.
-
-with arguments already validated by :func:`qkv.attention.scaled_dot_product_attention`: ``scale`` is a
-float, ``attn_mask`` is None or a bool/float array broadcastable to ``(..., Hq, L, S)``, ``is_causal`` and
-``attn_mask`` are never both set. Register one with :func:`register`.
+``backend="auto"`` asks the backends in :data:`AUTO_ORDER` whether they support the request and prefer
+its shapes (:func:`choose_auto`); the reference takes what no other does.
 """
 from __future__ import annotations
 
-from typing import Callable
+from .base import Backend, FunctionBackend
 
-BACKENDS: dict[str, Callable] = {}
+BACKENDS: dict[str, Backend] = {}
 
-
-def register(name: str):
-    """Decorator: add a backend under ``name``."""
-    def deco(fn):
-        BACKENDS[name] = fn
-        return fn
-    return deco
+#: The order in which ``backend="auto"`` asks the backends (the reference last: it takes everything).
+AUTO_ORDER = ("tiled", "reference")
 
 
-def get(name: str) -> Callable:
+def register(name: str, backend=None):
+    """Add a backend under ``name``: ``register(name, backend_object)``, or as a decorator of a function
+    with the older signature (it is wrapped in a :class:`FunctionBackend`)."""
+    def add(obj):
+        BACKENDS[name] = obj if isinstance(obj, Backend) else FunctionBackend(name, obj)
+        return obj
+    return add if backend is None else add(backend)
+
+
+def get(name: str) -> Backend:
     """The backend called ``name``; a ValueError lists the known names otherwise."""
     _load_builtin()
     if not isinstance(name, str):
@@ -46,13 +44,58 @@ def names() -> list[str]:
     return sorted(BACKENDS)
 
 
+def forward(backend, query, key, value, **kw):
+    """Call a backend's forward whatever its kind: ``(output, weights or None, lse or None)``.
+
+    A registered object runs ``backend.forward``; anything else callable (a test's stand-in, an older
+    function) is called with the older signature.
+    """
+    if isinstance(backend, Backend):
+        return backend.forward(query, key, value, **kw)
+    return_lse = kw.pop("return_lse", False)
+    flex = {k: kw.pop(k) for k in ("score_mod", "block_mask", "sink_logits") if k in kw}
+    if any(v is not None for v in flex.values()):
+        raise ValueError(f"backend: {backend!r} takes no score_mod, block_mask or sink_logits")
+    if kw.get("threads") is None:
+        kw.pop("threads", None)
+    res = backend(query, key, value, return_lse=True, **kw) if return_lse else backend(query, key, value, **kw)
+    return res[0], res[1], (res[2] if return_lse else None)
+
+
+def choose_auto(query, key, value, *, enable_gqa: bool | None = None, **request) -> str:
+    """The backend ``backend="auto"`` runs: the first of :data:`AUTO_ORDER` that supports the request
+    (``score_mod=``, ``block_mask=``, ``sink_logits=``, ``return_weights=``, ``dropout_p=`` …, see
+    :meth:`Backend.supports`) and prefers these shapes (the tiled engine: large scores, see
+    :mod:`qkv.backends.tiled`).
+
+    Args: validated query (..., Hq, L, E), key (..., Hk, S, E), value (..., Hk, S, Ev); ``enable_gqa``
+    None means: grouped-query when the head counts differ.
+    """
+    _load_builtin()
+    if enable_gqa is None:
+        enable_gqa = query.ndim >= 3 and key.ndim >= 3 and query.shape[-3] != key.shape[-3]
+    for name in AUTO_ORDER:
+        b = BACKENDS.get(name)
+        if b is None:
+            continue
+        if not isinstance(b, Backend):                   # a stand-in function: ask the built-in of that name
+            b = _BUILTIN.get(name)
+            if b is None:
+                continue
+        if b.supports(**request) is None and b.prefers(query, key, value, enable_gqa=enable_gqa):
+            return name
+    return "reference"
+
+
+_BUILTIN: dict[str, Backend] = {}
+
+
 def _load_builtin() -> None:
-    from . import reference  # noqa: F401  (registers "reference")
-    try:
-        from . import tiled  # noqa: F401  (registers "tiled")
-    except ImportError:
-        pass
-    try:
-        from . import torch_backend  # noqa: F401  (registers "torch"; importing it does not import torch)
-    except ImportError:
-        pass
+    if _BUILTIN:
+        return
+    from .reference import REFERENCE
+    from .tiled import TILED
+    from .torch_backend import TORCH                     # importing it does not import torch
+    _BUILTIN.update(reference=REFERENCE, tiled=TILED, torch=TORCH)
+    for name, b in _BUILTIN.items():
+        BACKENDS.setdefault(name, b)

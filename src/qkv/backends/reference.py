@@ -1,40 +1,113 @@
-"""The reference backend: the stages of :mod:`qkv.stages`, applied to whole arrays.
+"""The reference backend: :func:`qkv.pipeline.attend` — the stages of :mod:`qkv.stages` on whole arrays.
 
 Plain and observable: every stage records into an active trace. It materializes the ``(…, L, S)`` score
 matrix, so it is for small and medium sizes, for explanation, and as the yardstick of the tiled backend.
+Its backward is the textbook formula on whole arrays (``dS = P ∘ (dP − D)``), the yardstick of the tiled
+backward.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import masks, stages
-from . import register
+from .. import masks, pipeline, shapes, stages
+from .base import Backend
 
 
-@register("reference")
-def reference_attention(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-                        return_weights, return_lse=False, threads=None):  # threads: unused, no workers here
-    out_dtype = query.dtype
-    if out_dtype == np.float16:                      # float16 computes in float32, returns float16
-        query, key, value = (a.astype(np.float32) for a in (query, key, value))
-    if enable_gqa:
-        n_rep = query.shape[-3] // key.shape[-3]
-        key = stages.repeat_kv(key, n_rep, name="K")              # (..., Hk, S, E) -> (..., Hq, S, E)
-        value = stages.repeat_kv(value, n_rep, name="V")          # (..., Hk, S, Ev) -> (..., Hq, S, Ev)
-    L, S = query.shape[-2], key.shape[-2]
-    s = stages.score(query, key)                                  # (..., Hq, L, S)
-    s = stages.scale(s, scale, d_k=query.shape[-1])
-    if is_causal:
-        attn_mask = masks.causal(L, S)                            # (L, S), top-left as in torch
-    s = stages.apply_mask(s, attn_mask)
-    if return_lse:
-        w, lse = stages.softmax(s, return_lse=True)               # (..., Hq, L, S), (..., Hq, L)
-    else:
-        w, lse = stages.softmax(s), None                          # (..., Hq, L, S)
-    if dropout_p > 0:
-        w = stages.dropout(w, dropout_p, rng)
-    out = stages.weighted_sum(w, value)                           # (..., Hq, L, Ev)
-    out = out.astype(out_dtype, copy=False)
-    w = w.astype(out_dtype, copy=False) if return_weights else None
-    return (out, w, lse) if return_lse else (out, w)
+def _compute_dtype(dtype) -> np.dtype:
+    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
 
+
+class ReferenceBackend(Backend):
+    name = "reference"
+    features = frozenset({"mask", "causal", "dropout", "weights", "lse", "score_mod", "block_mask", "sinks",
+                          "backward"})
+
+    def prefers(self, query, key, value, *, enable_gqa=False) -> bool:
+        return True                                  # the fallback for everything the others do not take
+
+    @staticmethod
+    def _dense_mask(attn_mask, is_causal, block_mask, lead, L, S):
+        """One mask for the whole scores: attn_mask, the causal triangle, and a block mask's mask_mod."""
+        mask = masks.causal(L, S) if is_causal else attn_mask                 # (L, S) top-left, as torch
+        if block_mask is not None:
+            dense = block_mask.dense(lead, L, S)                              # bool, broadcastable
+            mask = dense if mask is None else (masks.combine(mask, dense) if mask.dtype == np.bool_
+                                               else mask + masks.to_additive(dense, mask.dtype))
+        return mask
+
+    def forward(self, query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False, scale,
+                enable_gqa=False, rng=None, return_weights=False, return_lse=False, threads=None,
+                score_mod=None, block_mask=None, sink_logits=None):
+        out_dtype = query.dtype
+        if out_dtype == np.float16:                      # float16 computes in float32, returns float16
+            query, key, value = (a.astype(np.float32) for a in (query, key, value))
+        rep = shapes.n_rep(query.shape, key.shape, enable_gqa)
+        if rep > 1:
+            key = stages.repeat_kv(key, rep, name="K")                # (..., Hk, S, E) -> (..., Hq, S, E)
+            value = stages.repeat_kv(value, rep, name="V")            # (..., Hk, S, Ev) -> (..., Hq, S, Ev)
+        L, S = query.shape[-2], key.shape[-2]
+        lead = shapes.lead(query.shape, key.shape, False)
+        mask = self._dense_mask(attn_mask, is_causal, block_mask, lead, L, S)
+        out, w, lse = pipeline.attend(query, key, value, scale=scale, mask=mask, score_mod=score_mod,
+                                      sink_logits=sink_logits, dropout_p=dropout_p, rng=rng)
+        out = out.astype(out_dtype, copy=False)
+        w = w.astype(out_dtype, copy=False) if return_weights else None
+        return out, w, (lse if return_lse else None)
+
+    def backward(self, grad_out, query, key, value, *, attn_mask=None, is_causal=False, scale,
+                 enable_gqa=False, threads=None, score_mod=None, block_mask=None, sink_logits=None,
+                 out=None, lse=None):
+        """The gradients on whole arrays (float64 for float64 inputs, float32 otherwise)::
+
+            s = Q·Kᵀ·scale → s' = score_mod(s) → mask → P = softmax(s' [, sinks]) → O = P·V
+            dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ∘ O),  dS' = P ∘ (dP − D),  dS = dS' · ∂s'/∂s,
+            dQ = dS·K·scale,  dK = dSᵀ·Q·scale,  d sink_h = −Σ_i P_sink,i · D_i
+        """
+        cdt = _compute_dtype(query.dtype)
+        q, k, v, do = (a.astype(cdt, copy=False) for a in (query, key, value, grad_out))
+        rep = shapes.n_rep(query.shape, key.shape, enable_gqa)
+        if rep > 1:
+            k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)      # (..., Hq, S, ·)
+        L, S = q.shape[-2], k.shape[-2]
+        lead = shapes.lead(q.shape, k.shape, False)
+        mask = self._dense_mask(attn_mask, is_causal, block_mask, lead, L, S)
+        s = (q @ np.swapaxes(k, -1, -2)) * cdt.type(scale)                   # (..., H, L, S)
+        s = np.broadcast_to(s, lead + (L, S))
+        if score_mod is not None:
+            b, h, q_idx, kv_idx = pipeline.indices(lead, L, S)
+            from .. import mods
+            s_mod = mods.call_score_mod(score_mod, s, b, h, q_idx, kv_idx)
+            ds_mod_ds = mods.score_mod_grad(score_mod, s, b, h, q_idx, kv_idx)
+        else:
+            s_mod, ds_mod_ds = s, None
+        s_mod = stages.apply_mask(s_mod, mask) if mask is not None else s_mod
+        sinks = None if sink_logits is None else np.asarray(sink_logits, cdt).reshape(-1, 1, 1)
+        p, _ = stages.softmax(s_mod, return_lse=True, sinks=sinks)           # (..., H, L, S)
+        o = p @ v                                                            # (..., H, L, Ev)
+        dv = np.swapaxes(p, -1, -2) @ do                                     # (..., H, S, Ev)
+        dp = do @ np.swapaxes(v, -1, -2)                                     # (..., H, L, S)
+        D = np.sum(do * o, axis=-1, keepdims=True)                           # (..., H, L, 1)
+        ds = p * (dp - D)
+        if ds_mod_ds is not None:
+            ds = ds * ds_mod_ds
+        dq = (ds @ k) * cdt.type(scale)                                      # (..., H, L, E)
+        dk = (np.swapaxes(ds, -1, -2) @ q) * cdt.type(scale)                 # (..., H, S, E)
+        if rep > 1:                                                          # a kv head sums its query heads
+            dk = dk.reshape(dk.shape[:-3] + (dk.shape[-3] // rep, rep) + dk.shape[-2:]).sum(axis=-3)
+            dv = dv.reshape(dv.shape[:-3] + (dv.shape[-3] // rep, rep) + dv.shape[-2:]).sum(axis=-3)
+        dt = query.dtype
+        grads = (shapes.sum_to_shape(dq, query.shape).astype(dt, copy=False),
+                 shapes.sum_to_shape(dk, key.shape).astype(dt, copy=False),
+                 shapes.sum_to_shape(dv, value.shape).astype(dt, copy=False))
+        if sink_logits is None:
+            return grads
+        m = np.max(s_mod, axis=-1, keepdims=True)
+        m = np.maximum(m, sinks)
+        total = np.sum(np.exp(s_mod - m), axis=-1, keepdims=True) + np.exp(sinks - m)
+        p_sink = np.exp(sinks - m) / total                                   # (..., H, L, 1)
+        d_sink = -(p_sink * D)[..., 0]                                       # (..., H, L)
+        d_sink = d_sink.reshape(-1, d_sink.shape[-2], L).sum(axis=(0, 2)) if d_sink.ndim > 1 else d_sink
+        return grads + (np.asarray(d_sink, dtype=np.asarray(sink_logits).dtype),)
+
+
+REFERENCE = ReferenceBackend()

@@ -57,7 +57,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import _checks
-from . import register
+from .. import shapes
+from .base import Backend
 
 #: Default query block of the forward (rows per task) and key block (columns per matmul). Measured on the
 #: 2-core test machine (N = 4096, E = 64): large query blocks mean fewer Python steps holding the GIL, which
@@ -188,10 +189,7 @@ def _run(tasks, fn, threads: int) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- problem
-def _src(idx: tuple, shape: tuple) -> tuple:
-    """Index into an array of leading shape ``shape`` for the broadcast index ``idx`` (right-aligned)."""
-    idx = idx[len(idx) - len(shape):] if shape else ()
-    return tuple(0 if n == 1 else i for i, n in zip(idx, shape))
+_src = shapes.source_index
 
 
 class _Problem:
@@ -202,14 +200,8 @@ class _Problem:
         self.L, self.E = query.shape[-2:]
         self.S = key.shape[-2]
         self.Ev = value.shape[-1]
-        if enable_gqa:
-            hq, hk = query.shape[-3], key.shape[-3]
-            self.n_rep = hq // hk
-            kv_lead = key.shape[:-3] + (hq,)
-        else:
-            self.n_rep = 1
-            kv_lead = key.shape[:-2]
-        self.lead = tuple(np.broadcast_shapes(query.shape[:-2], kv_lead))
+        self.n_rep = shapes.n_rep(query.shape, key.shape, enable_gqa)
+        self.lead = shapes.lead(query.shape, key.shape, enable_gqa)
         self.query, self.key, self.value = query, key, value
         self.is_causal = bool(is_causal)
         self.scale = float(scale)
@@ -221,9 +213,7 @@ class _Problem:
 
     # leading index of the key/value head serving query lead index ``idx``
     def kv_index(self, idx: tuple) -> tuple:
-        if self.n_rep == 1:
-            return idx
-        return idx[:-1] + (idx[-1] // self.n_rep,)
+        return shapes.kv_index(idx, self.n_rep)
 
     def kv(self, idx: tuple):
         """``(K, V, k_norm_max, v_abs_max, K_T_ext)`` for the key/value head of ``idx``, once per head.
@@ -524,13 +514,47 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     return (out.astype(dt, copy=False), None if weights is None else weights.astype(dt, copy=False), lse)
 
 
-@register("tiled")
-def tiled_attention(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
-                    return_weights, return_lse=False, threads=None):
-    out, weights, lse = forward(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, rng=rng,
-                                return_weights=return_weights, return_lse=return_lse, threads=threads)
-    return (out, weights, lse) if return_lse else (out, weights)
+#: ``backend="auto"`` runs the tiled engine when the scores (…, Hq, L, S) would hold at least
+#: AUTO_TILED_MIN_SCORES numbers (2 MiB in float32) *and* each head's L·S at least AUTO_TILED_MIN_HEAD_SCORES
+#: (≈ 362²). Measured on the 2-core test machine (float32, E = 32…64): with large heads the two are even at
+#: about 2^18 scores, the tiled engine 1.4× faster at 2^19 (H=8, N=512) and 3× at 2^23 (H=12, N=1024); with
+#: many small heads the tiled engine's per-head work does not pay (B=32, H=12, N=128: 1.4× slower; N=64: 7×),
+#: so those, like everything small, take the reference, which is also the observable path.
+AUTO_TILED_MIN_SCORES = 1 << 19
+AUTO_TILED_MIN_HEAD_SCORES = 1 << 17
+#: …and at least this many keys (a key block narrower than this makes thin, inefficient matmuls).
+AUTO_MIN_KEYS = 128
+
+
+class TiledBackend(Backend):
+    """The tiled engine as a backend (forward, backward, the size rule of ``backend="auto"``)."""
+
+    name = "tiled"
+    features = frozenset({"mask", "causal", "dropout", "weights", "lse", "backward", "threads"})
+
+    def prefers(self, query, key, value, *, enable_gqa=False) -> bool:
+        per_head = query.shape[-2] * key.shape[-2]
+        return (shapes.n_scores(query.shape, key.shape, enable_gqa) >= AUTO_TILED_MIN_SCORES
+                and per_head >= AUTO_TILED_MIN_HEAD_SCORES and key.shape[-2] >= AUTO_MIN_KEYS)
+
+    def forward(self, query, key, value, **kw):
+        return forward(query, key, value, **_plain(kw))
+
+    def backward(self, grad_out, query, key, value, **kw):
+        return backward(grad_out, query, key, value, **_plain(kw))
+
+
+def _plain(kw: dict) -> dict:
+    """Drop the flex arguments that are not set (None)."""
+    return {k: v for k, v in kw.items() if not (k in ("score_mod", "block_mask", "sink_logits") and v is None)}
+
+
+TILED = TiledBackend()
+
+
+def tiled_attention(query, key, value, **kw):
+    """The older function form of the tiled backend: ``(output, weights)`` or ``(…, lse)``."""
+    return TILED(query, key, value, **kw)
 
 
 # ---------------------------------------------------------------------------------------------- backward
@@ -580,13 +604,7 @@ def _backward_task(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k, d
         dv[kv_idx][j0:j1] = dv_j
 
 
-def _sum_to_shape(a: np.ndarray, shape: tuple) -> np.ndarray:
-    """Sum ``a`` over the axes along which ``shape`` was broadcast to ``a.shape``."""
-    extra = a.ndim - len(shape)
-    if extra:
-        a = a.sum(axis=tuple(range(extra)))
-    axes = tuple(i for i, n in enumerate(shape) if n == 1 and a.shape[i] != 1)
-    return a.sum(axis=axes, keepdims=True) if axes else a
+_sum_to_shape = shapes.sum_to_shape
 
 
 def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, scale, enable_gqa=False,
@@ -605,7 +623,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     out = np.broadcast_to(out, P.lead + (P.L, P.Ev))
     grad_out = np.broadcast_to(grad_out, P.lead + (P.L, P.Ev))
     lead = P.lead
-    kv_lead = lead[:-1] + (lead[-1] // P.n_rep,) if P.n_rep > 1 else lead
+    kv_lead = shapes.kv_lead(lead, P.n_rep)
     dk = np.empty(kv_lead + (P.S, P.E), P.cdt)
     dv = np.empty(kv_lead + (P.S, P.Ev), P.cdt)
     dq = np.zeros(lead + (P.L, P.E), P.cdt)
@@ -621,10 +639,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
         prep[idx] = (P.q_rows(idx, 0, P.L), np.ascontiguousarray(do), lse_neg, D)
     tasks, partials = [], []
     for kv_idx in np.ndindex(*kv_lead):
-        if P.n_rep > 1:
-            heads = [kv_idx[:-1] + (kv_idx[-1] * P.n_rep + r,) for r in range(P.n_rep)]
-        else:
-            heads = [kv_idx]
+        heads = shapes.query_heads(kv_idx, P.n_rep)
         for c in range(n_chunks):
             part = np.zeros((len(heads), P.L, P.E), P.cdt)
             partials.append((heads, part))

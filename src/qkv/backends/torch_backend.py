@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import register
+from .base import Backend
 
 
 def _torch():
@@ -30,7 +30,6 @@ def is_torch_tensor(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
-@register("torch")
 def torch_attention(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng,
                     return_weights, return_lse=False, threads=None):   # threads: unused, torch's own setting
     torch = _torch()
@@ -91,3 +90,21 @@ def _math(torch, q, k, v, mask, dropout_p, is_causal, scale, enable_gqa):
     if dropout_p > 0:
         w = torch.nn.functional.dropout(w, p=dropout_p)
     return w @ v, w, lse
+
+
+class TorchBackend(Backend):
+    """torch's SDPA (forward only; torch tensors on any device, or NumPy arrays)."""
+
+    name = "torch"
+    features = frozenset({"mask", "causal", "dropout", "weights", "lse"})
+
+    def forward(self, query, key, value, *, return_lse=False, score_mod=None, block_mask=None,
+                sink_logits=None, **kw):
+        if score_mod is not None or block_mask is not None or sink_logits is not None:
+            raise ValueError("backend: 'torch' computes plain SDPA; score_mod, block_mask and sink_logits "
+                             "run on the 'reference' or 'tiled' backend")
+        res = torch_attention(query, key, value, return_lse=return_lse, **kw)
+        return res[0], res[1], (res[2] if return_lse else None)
+
+
+TORCH = TorchBackend()

@@ -774,10 +774,10 @@ def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
         trace: a :class:`qkv.Trace` to record into (a new one by default).
     """
     from .. import stages
-    from ..attention import attention, scaled_dot_product_attention
+    from ..sdpa import attention, scaled_dot_product_attention
     from ..mha import MultiHeadAttention
-    from ..trace import Trace
-    from ..trace import trace as tracing
+    from ..tracing import Trace
+    from ..tracing import trace as tracing
 
     if not isinstance(worked, Worked):
         raise TypeError(f"worked: expected a qkv.explain.examples.Worked, got {type(worked).__name__}")

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..trace import Step, Trace
+from ..tracing import Step, Trace
 from . import _doc
 from ._doc import Doc, Section, Table, fmt, fmt_factor
 from ._i18n import check_lang, t

