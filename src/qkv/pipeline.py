@@ -37,7 +37,7 @@ def indices(lead: tuple, L: int, S: int, *, q_offset: int = 0, kv_offset: int = 
     return b, h, q_idx, kv_idx
 
 
-def attend(q, k, v, *, scale: float, d_k=None, mask=None, score_mod=None, sink_logits=None,
+def attend(q, k, v, *, scale: float, d_k=None, mask=None, mask_source=None, score_mod=None, sink_logits=None,
            dropout_p: float = 0.0, rng=None, scores=None, rope=None, q_positions=None, k_positions=None):
     """Attention through the stages, each recorded into the active trace; returns ``(output, weights, lse)``.
 
@@ -48,6 +48,7 @@ def attend(q, k, v, *, scale: float, d_k=None, mask=None, score_mod=None, sink_l
         scale: the multiplier of the scores (1/√d_k by default at the public boundary).
         d_k: the d in √d_k, for the trace's formula (default the key width).
         mask: None, bool broadcastable to (..., H, L, S) (True = may attend) or float (added).
+        mask_source: where the mask came from (a :class:`qkv.mods.MaskMod`, "causal", …), for the explainer.
         score_mod: a callable ``(score, b, h, q_idx, kv_idx) -> score`` applied to the scaled scores
             (:mod:`qkv.mods`: ALiBi records ``biased``, softcap ``capped``; any other records ``modified``).
         sink_logits: (H,) learned sink logits: each row's softmax denominator gains ``exp(sink_logits[h])``.
@@ -76,7 +77,7 @@ def attend(q, k, v, *, scale: float, d_k=None, mask=None, score_mod=None, sink_l
         lead, (L, S) = s.shape[:-2], s.shape[-2:]
         b, h, q_idx, kv_idx = indices(lead, L, S)
         s = apply_score_mod(score_mod, s, b, h, q_idx, kv_idx)
-    s = stages.apply_mask(s, mask)
+    s = stages.apply_mask(s, mask, source=mask_source)
     sinks = None
     if sink_logits is not None:
         sinks = np.asarray(sink_logits, dtype=s.dtype).reshape(-1, 1, 1)         # (H, 1, 1)

@@ -92,11 +92,13 @@ def scale(scores: np.ndarray, factor: float, *, d_k: int | None = None) -> np.nd
     return s
 
 
-def apply_mask(scaled: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+def apply_mask(scaled: np.ndarray, mask: np.ndarray | None, *, source=None) -> np.ndarray:
     """Apply a mask before softmax.
 
     A boolean mask is True where attention is allowed; a disallowed score becomes ``-inf``.
     A float mask is added to the scores (0 keeps a score, ``-inf`` removes it, other values bias it).
+    ``source`` says where the mask came from (a :class:`qkv.mods.MaskMod`, ``"causal"``, …), kept in the
+    step's params for the explainer ("which keys each query may see, and why").
     scaled: (..., L, S), mask: broadcastable to (..., L, S)  →  (..., L, S)
     """
     if mask is None:
@@ -107,7 +109,8 @@ def apply_mask(scaled: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
     else:
         out = scaled + mask.astype(scaled.dtype, copy=False)
         formula = "masked = scaled + mask"
-    out = record(Names.MASKED, "mask", formula, out, operands={"scaled": scaled, "mask": mask})
+    out = record(Names.MASKED, "mask", formula, out, operands={"scaled": scaled, "mask": mask},
+                 params={"source": source})
     return out
 
 

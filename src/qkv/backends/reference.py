@@ -48,8 +48,10 @@ class ReferenceBackend(Backend):
         L, S = query.shape[-2], key.shape[-2]
         lead = shapes.lead(query.shape, key.shape, False)
         mask = self._dense_mask(attn_mask, is_causal, block_mask, lead, L, S)
-        out, w, lse = pipeline.attend(query, key, value, scale=scale, mask=mask, score_mod=score_mod,
-                                      sink_logits=sink_logits, dropout_p=dropout_p, rng=rng)
+        source = (block_mask.mask_mod if block_mask is not None else "causal" if is_causal
+                  else None if attn_mask is None else "attn_mask")
+        out, w, lse = pipeline.attend(query, key, value, scale=scale, mask=mask, mask_source=source,
+                                      score_mod=score_mod, sink_logits=sink_logits, dropout_p=dropout_p, rng=rng)
         out = out.astype(out_dtype, copy=False)
         w = w.astype(out_dtype, copy=False) if return_weights else None
         return out, w, (lse if return_lse else None)

@@ -1,0 +1,462 @@
+"""Mask mods and score mods: the attention variants of today, as FlexAttention writes them.
+
+A **mask mod** says which keys a query may see: ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (True = may attend,
+as every mask in qkv). A **score mod** says what a scaled score becomes: ``score_mod(score, b, h, q_idx,
+kv_idx) -> score``. qkv calls both with NumPy arrays that broadcast over a block — ``score`` (…, Lb, Sb),
+``q_idx`` (Lb, 1), ``kv_idx`` (1, Sb), ``b`` and ``h`` shaped to broadcast (e.g. ``h`` (H, 1, 1)) — so a mod
+written with operators and ufuncs (``np.where``, ``np.tanh``, comparisons) works unchanged::
+
+    def my_mask(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < 256)
+
+Built in: mask mods :func:`causal`, :func:`sliding_window`, :func:`prefix_lm`, :func:`document`,
+:func:`document_from_lengths`, :func:`sinks`, combined with :func:`and_masks` / :func:`or_masks`
+(StreamingLLM is ``or_masks(sinks(4), sliding_window(w))``); score mods :func:`alibi` (with
+:func:`alibi_slopes`) and :func:`softcap`, chained with :func:`compose`.
+
+Every built-in mask mod also knows, from a block's index ranges alone, whether the block is surely empty or
+surely full (:meth:`MaskMod.block_kinds`), so :func:`qkv.create_block_mask` never evaluates it element by
+element and the tiled engine skips empty blocks and never masks full ones. Every built-in score mod carries
+its derivative (:meth:`ScoreMod.grad`) for :func:`qkv.flex_attention_backward`; a custom score mod needs one
+(``ScoreMod(fn, grad=...)``), or the backward refuses it. A bias (ALiBi) is a score mod, not a mask.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+
+import numpy as np
+
+from . import _checks, stages
+from .stages import Names
+
+__all__ = ["MaskMod", "ScoreMod", "causal", "sliding_window", "prefix_lm", "document", "document_from_lengths",
+           "sinks", "and_masks", "or_masks", "alibi", "alibi_slopes", "softcap", "compose"]
+
+
+# ============================================================================================== mask mods
+class MaskMod:
+    """A mask mod: ``mask_mod(b, h, q_idx, kv_idx) -> bool array`` (True = may attend).
+
+    Args:
+        fn: the function.
+        name: what it is ("causal", "sliding_window", …; the explainer says why a key is hidden by it).
+        params: its parameters by name (``{"window": 4}``), for the explainer and ``repr``.
+        block_kinds: ``(q0, q1, k0, k1) -> (any, all)``, or None: given block bounds (``q0``/``q1`` (nQ, 1)
+            first and one-past-last query of each block, ``k0``/``k1`` (1, nK) the same for keys), arrays
+            broadcastable to (…, nQ, nK): ``any`` False means no entry of the block is allowed, ``all`` True
+            means every entry is. Conservative is fine (``any`` True and ``all`` False for an unsure block:
+            it is evaluated element by element).
+        children: the mods it combines (and_masks / or_masks).
+    """
+
+    def __init__(self, fn, *, name: str | None = None, params: dict | None = None, block_kinds=None,
+                 children: tuple = ()):
+        if not callable(fn):
+            raise TypeError(f"mask_mod: expected a callable (b, h, q_idx, kv_idx) -> bool, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "mask_mod")
+        self.params = dict(params or {})
+        self._block_kinds = block_kinds
+        self.children = tuple(children)
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        return self.fn(b, h, q_idx, kv_idx)
+
+    def block_kinds(self, q0, q1, k0, k1):
+        """``(any, all)`` for blocks bounded by q0…q1 × k0…k1 (see the class doc), or None if unknown."""
+        return None if self._block_kinds is None else self._block_kinds(q0, q1, k0, k1)
+
+    def __repr__(self) -> str:
+        if self.children:
+            return f"{self.name}({', '.join(map(repr, self.children))})"
+        inner = ", ".join(f"{k}={_short(v)}" for k, v in self.params.items())
+        return f"{self.name}({inner})"
+
+
+def _short(v) -> str:
+    if isinstance(v, np.ndarray):
+        return f"array{v.shape}" if v.size > 8 else repr(v.tolist())
+    return repr(v)
+
+
+def as_mask_mod(fn, name: str = "mask_mod") -> MaskMod:
+    """A :class:`MaskMod` for a plain callable (unknown block structure: evaluated element by element)."""
+    if isinstance(fn, MaskMod):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"{name}: expected a callable (b, h, q_idx, kv_idx) -> bool, got {type(fn).__name__}")
+    return MaskMod(fn)
+
+
+def call_mask_mod(mask_mod, b, h, q_idx, kv_idx, *, name: str = "mask_mod") -> np.ndarray:
+    """Evaluate a mask mod on index arrays and check what it returns: a bool array that broadcasts with
+    ``q_idx`` (Lb, 1) × ``kv_idx`` (1, Sb) and the leading shape of ``b``/``h``. Returns the bool array,
+    broadcastable to (…, Lb, Sb)."""
+    out = mask_mod(b, h, q_idx, kv_idx)
+    if isinstance(out, (bool, np.bool_)):
+        out = np.asarray(out)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name}: expected it to return a numpy bool array, got {type(out).__name__}")
+    if out.dtype != np.bool_:
+        raise TypeError(f"{name}: expected it to return dtype bool (True = may attend), got {out.dtype}")
+    target = np.broadcast_shapes(np.shape(b), np.shape(h), q_idx.shape[:-1] + (1,), (1,) + kv_idx.shape[-1:])
+    try:
+        got = np.broadcast_shapes(out.shape, target)
+    except ValueError:
+        got = None
+    if got is None or len(out.shape) > len(target) or got != target and got[-2:] != target[-2:]:
+        raise ValueError(f"{name}: expected a result broadcastable to {target} (…, {q_idx.shape[0]} queries, "
+                         f"{kv_idx.shape[-1]} keys), got shape {out.shape}")
+    return out
+
+
+def _window_kinds(lo: int, hi: int):
+    """Block kinds of ``lo ≤ i − j ≤ hi`` (±inf allowed), from the range of i − j over a block."""
+    def kinds(q0, q1, k0, k1):
+        d_min = q0 - (k1 - 1)                                        # (nQ, nK) smallest i − j in the block
+        d_max = (q1 - 1) - k0                                        # largest
+        return (d_max >= lo) & (d_min <= hi), (d_min >= lo) & (d_max <= hi)
+    return kinds
+
+
+def causal() -> MaskMod:
+    """Query i may attend to keys j ≤ i (torch's ``is_causal``, top-left)."""
+    def causal_mask(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+    return MaskMod(causal_mask, name="causal", block_kinds=_window_kinds(0, math.inf))
+
+
+def sliding_window(window: int) -> MaskMod:
+    """Causal sliding window: query i sees keys i − window + 1 … i (``window`` keys, itself included)::
+
+        window = 3      k0 k1 k2 k3 k4
+                   q0    1  0  0  0  0
+                   q1    1  1  0  0  0
+                   q2    1  1  1  0  0
+                   q3    0  1  1  1  0
+                   q4    0  0  1  1  1
+    """
+    window = _checks.positive_int(window, "window")
+
+    def sliding_window_mask(b, h, q_idx, kv_idx):
+        d = q_idx - kv_idx
+        return (d >= 0) & (d < window)
+    return MaskMod(sliding_window_mask, name="sliding_window", params={"window": window},
+                   block_kinds=_window_kinds(0, window - 1))
+
+
+def prefix_lm(prefix_len: int) -> MaskMod:
+    """Prefix LM: every query sees the first ``prefix_len`` keys (the prefix, bidirectional), and the
+    rest causally (key j ≤ i)."""
+    prefix_len = _checks.positive_int(prefix_len, "prefix_len", minimum=0)
+
+    def prefix_lm_mask(b, h, q_idx, kv_idx):
+        return (kv_idx < prefix_len) | (q_idx >= kv_idx)
+
+    causal_kinds = _window_kinds(0, math.inf)
+
+    def kinds(q0, q1, k0, k1):
+        c_any, c_all = causal_kinds(q0, q1, k0, k1)
+        p_any, p_all = k0 < prefix_len, k1 - 1 < prefix_len
+        return c_any | p_any, c_all | p_all
+    return MaskMod(prefix_lm_mask, name="prefix_lm", params={"prefix_len": prefix_len}, block_kinds=kinds)
+
+
+def sinks(n: int) -> MaskMod:
+    """The first ``n`` keys are always visible (StreamingLLM's attention sinks); combine with a window:
+    ``or_masks(sinks(4), sliding_window(w))``."""
+    n = _checks.positive_int(n, "n", minimum=0)
+
+    def sinks_mask(b, h, q_idx, kv_idx):
+        return np.broadcast_to(kv_idx < n, np.broadcast_shapes(q_idx.shape, kv_idx.shape))
+    return MaskMod(sinks_mask, name="sinks", params={"n": n},
+                   block_kinds=lambda q0, q1, k0, k1: (np.broadcast_to(k0 < n, np.broadcast_shapes(q0.shape, k0.shape)),
+                                                       np.broadcast_to(k1 - 1 < n, np.broadcast_shapes(q0.shape, k0.shape))))
+
+
+def document(doc_ids) -> MaskMod:
+    """Packed sequences: query i may attend to key j only when both belong to the same document.
+
+    ``doc_ids``: (S,) ints, the document of each position (the same for queries and keys: self-attention
+    over the packed sequence), or (B, S) for a different packing per batch row. Combine with
+    :func:`causal` for causal packing: ``and_masks(causal(), document(ids))``.
+    """
+    ids = _int_array(doc_ids, "doc_ids")
+    if ids.ndim not in (1, 2) or ids.shape[-1] == 0:
+        raise ValueError(f"doc_ids: expected shape (S,) or (B, S) with S ≥ 1, got {ids.shape}")
+    if ids.ndim == 1:
+        def document_mask(b, h, q_idx, kv_idx):
+            return ids[q_idx] == ids[kv_idx]
+    else:
+        def document_mask(b, h, q_idx, kv_idx):
+            bb = np.asarray(b)[..., None, None] if np.ndim(b) == 0 else np.asarray(b)
+            return ids[bb, q_idx] == ids[bb, kv_idx]
+
+    def kinds(q0, q1, k0, k1):
+        qmin, qmax = _range_reduce(ids, q0[:, 0], q1[:, 0])                 # (…, nQ)
+        kmin, kmax = _range_reduce(ids, k0[0], k1[0])                       # (…, nK)
+        qmin, qmax = qmin[..., :, None], qmax[..., :, None]
+        kmin, kmax = kmin[..., None, :], kmax[..., None, :]
+        any_ = (qmin <= kmax) & (kmin <= qmax)
+        all_ = (qmin == qmax) & (kmin == kmax) & (qmin == kmin)
+        if ids.ndim == 2:                                                   # (B, nQ, nK) -> (B, 1, nQ, nK)
+            any_, all_ = any_[:, None], all_[:, None]
+        return any_, all_
+    return MaskMod(document_mask, name="document", params={"doc_ids": ids}, block_kinds=kinds)
+
+
+def document_from_lengths(lengths) -> MaskMod:
+    """:func:`document` for documents packed one after another: ``lengths`` [3, 5, 2] → ids 0 0 0 1 1 1 1 1 2 2."""
+    lengths = _int_array(lengths, "lengths")
+    if lengths.ndim != 1 or lengths.size == 0:
+        raise ValueError(f"lengths: expected a non-empty 1-D sequence of document lengths, got shape {lengths.shape}")
+    if np.any(lengths <= 0):
+        raise ValueError(f"lengths: expected positive lengths, got {lengths.tolist()}")
+    return document(np.repeat(np.arange(lengths.size), lengths))
+
+
+def _int_array(x, name: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _range_reduce(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray):
+    """Min and max of ``ids[..., s:e]`` for each (s, e) range (clipped to the array; empty → +inf/−inf)."""
+    n = ids.shape[-1]
+    starts = np.clip(starts, 0, n)
+    ends = np.clip(ends, 0, n)
+    lo = np.full(ids.shape[:-1] + (len(starts),), np.iinfo(np.int64).max, np.int64)
+    hi = np.full(ids.shape[:-1] + (len(starts),), np.iinfo(np.int64).min, np.int64)
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        if e > s:
+            lo[..., i] = ids[..., s:e].min(axis=-1)
+            hi[..., i] = ids[..., s:e].max(axis=-1)
+    return lo, hi
+
+
+def and_masks(*mods) -> MaskMod:
+    """Attention allowed where **every** mod allows it."""
+    if not mods:
+        raise ValueError("and_masks: expected at least one mask mod, got none")
+    ms = [as_mask_mod(m, f"and_masks[{i}]") for i, m in enumerate(mods)]
+
+    def and_mask(b, h, q_idx, kv_idx):
+        out = ms[0](b, h, q_idx, kv_idx)
+        for m in ms[1:]:
+            out = out & m(b, h, q_idx, kv_idx)
+        return out
+
+    def kinds(q0, q1, k0, k1):
+        got = [m.block_kinds(q0, q1, k0, k1) for m in ms]
+        if any(g is None for g in got):
+            return None
+        any_, all_ = got[0]
+        for a, al in got[1:]:
+            any_, all_ = any_ & a, all_ & al                                # any: conservative; all: exact
+        return any_, all_
+    return MaskMod(and_mask, name="and_masks", block_kinds=kinds, children=tuple(ms))
+
+
+def or_masks(*mods) -> MaskMod:
+    """Attention allowed where **any** mod allows it."""
+    if not mods:
+        raise ValueError("or_masks: expected at least one mask mod, got none")
+    ms = [as_mask_mod(m, f"or_masks[{i}]") for i, m in enumerate(mods)]
+
+    def or_mask(b, h, q_idx, kv_idx):
+        out = ms[0](b, h, q_idx, kv_idx)
+        for m in ms[1:]:
+            out = out | m(b, h, q_idx, kv_idx)
+        return out
+
+    def kinds(q0, q1, k0, k1):
+        got = [m.block_kinds(q0, q1, k0, k1) for m in ms]
+        if any(g is None for g in got):
+            return None
+        any_, all_ = got[0]
+        for a, al in got[1:]:
+            any_, all_ = any_ | a, all_ | al                                # any: exact; all: conservative
+        return any_, all_
+    return MaskMod(or_mask, name="or_masks", block_kinds=kinds, children=tuple(ms))
+
+
+# ============================================================================================= score mods
+class ScoreMod:
+    """A score mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score``, applied to the scaled scores.
+
+    Args:
+        fn: the function (operators and ufuncs on NumPy arrays).
+        grad: ``grad(score, b, h, q_idx, kv_idx) -> ∂fn/∂score`` elementwise (same broadcasting), needed by
+            :func:`qkv.flex_attention_backward`; None: the backward refuses this mod.
+        name, params: what it is, for the explainer and ``repr``.
+
+    The built-in mods record their own trace steps (``biased``, ``capped``); a custom one is recorded as
+    ``modified``.
+    """
+
+    def __init__(self, fn, grad=None, *, name: str | None = None, params: dict | None = None,
+                 records: bool = False, step_names: tuple = ()):
+        if not callable(fn):
+            raise TypeError(f"score_mod: expected a callable (score, b, h, q_idx, kv_idx) -> score, got "
+                            f"{type(fn).__name__}")
+        if grad is not None and not callable(grad):
+            raise TypeError(f"grad: expected a callable (score, b, h, q_idx, kv_idx) -> d/dscore or None, got "
+                            f"{type(grad).__name__}")
+        self.fn, self._grad = fn, grad
+        self.name = name or getattr(fn, "__name__", "score_mod")
+        self.params = dict(params or {})
+        self.records = records
+        self.step_names = tuple(step_names)
+
+    def __call__(self, score, b, h, q_idx, kv_idx):
+        return self.fn(score, b, h, q_idx, kv_idx)
+
+    @property
+    def has_grad(self) -> bool:
+        return self._grad is not None
+
+    def grad(self, score, b, h, q_idx, kv_idx):
+        """∂ score_mod(score) / ∂ score, elementwise."""
+        if self._grad is None:
+            raise ValueError(f"score_mod: {self.name} has no derivative, so its backward cannot be computed; "
+                             "give one: qkv.mods.ScoreMod(fn, grad=lambda score, b, h, q_idx, kv_idx: ...)")
+        return self._grad(score, b, h, q_idx, kv_idx)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={_short(v)}" for k, v in self.params.items())
+        return f"{self.name}({inner})"
+
+
+def as_score_mod(fn, name: str = "score_mod") -> ScoreMod:
+    """A :class:`ScoreMod` for a plain callable (no derivative: forward only)."""
+    if isinstance(fn, ScoreMod):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"{name}: expected a callable (score, b, h, q_idx, kv_idx) -> score, got "
+                        f"{type(fn).__name__}")
+    return ScoreMod(fn)
+
+
+def call_score_mod(score_mod, s, b, h, q_idx, kv_idx, *, name: str = "score_mod") -> np.ndarray:
+    """Apply a score mod and check what it returns: a float array of the scores' shape (a result that only
+    broadcasts to it, e.g. a constant, is broadcast), cast to their dtype. Never NaN from finite scores."""
+    out = score_mod(s, b, h, q_idx, kv_idx)
+    if isinstance(out, numbers.Real) and not isinstance(out, bool):
+        out = np.asarray(out, dtype=s.dtype)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name}: expected it to return a numpy array of scores, got {type(out).__name__}")
+    if out.dtype.kind != "f":
+        raise TypeError(f"{name}: expected it to return floating scores (dtype {s.dtype}), got dtype {out.dtype}")
+    if out.shape != s.shape:
+        try:
+            ok = np.broadcast_shapes(out.shape, s.shape) == s.shape
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{name}: expected a result of the scores' shape {s.shape}, got shape {out.shape}")
+        out = np.broadcast_to(out, s.shape)
+    out = out.astype(s.dtype, copy=False)
+    if np.isnan(out).any() and not np.isnan(s).any():
+        raise ValueError(f"{name}: returned NaN for finite scores (e.g. at index "
+                         f"{tuple(int(i) for i in np.argwhere(np.isnan(out))[0])})")
+    return out
+
+
+def score_mod_grad(score_mod, s, b, h, q_idx, kv_idx, *, name: str = "score_mod") -> np.ndarray:
+    """``∂ score_mod / ∂ score`` as an array broadcastable to ``s``; ValueError if the mod has none."""
+    if not isinstance(score_mod, ScoreMod) or not score_mod.has_grad:
+        label = score_mod.name if isinstance(score_mod, ScoreMod) else getattr(score_mod, "__name__", "it")
+        raise ValueError(f"{name}: {label} has no derivative, so the backward cannot be computed; wrap it "
+                         "with qkv.mods.ScoreMod(fn, grad=lambda score, b, h, q_idx, kv_idx: ...)")
+    g = score_mod.grad(s, b, h, q_idx, kv_idx)
+    g = np.asarray(g, dtype=s.dtype)
+    try:
+        np.broadcast_shapes(g.shape, s.shape)
+    except ValueError:
+        raise ValueError(f"{name}: its grad returned shape {g.shape}, expected one broadcastable to "
+                         f"{s.shape}") from None
+    return g
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi's head slopes (Press et al. 2022): for H a power of two, ``m_h = 2^(−8(h+1)/H)``; otherwise the
+    slopes of the nearest lower power of two n, followed by every other slope of 2n (the paper's rule, as
+    in its code, BLOOM's and attention-gym's). (H,) float64."""
+    H = _checks.positive_int(num_heads, "num_heads")
+
+    def power_of_two(n):
+        return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]
+    n = 2 ** int(math.floor(math.log2(H)))
+    slopes = power_of_two(n)
+    if n < H:
+        slopes += power_of_two(2 * n)[0::2][:H - n]
+    return np.asarray(slopes, dtype=np.float64)
+
+
+def alibi(slopes) -> ScoreMod:
+    """ALiBi: ``score + slopes[h] · (kv_idx − q_idx)`` (as attention-gym): a key j positions before the query
+    loses ``m_h·(i − j)``. ``slopes`` (H,), e.g. :func:`alibi_slopes`. Records the step ``biased``."""
+    s = np.asarray(slopes)
+    if s.dtype == np.bool_ or s.dtype.kind not in "fiu":
+        raise TypeError(f"slopes: expected numbers, got dtype {s.dtype}")
+    if s.ndim != 1 or s.size == 0:
+        raise ValueError(f"slopes: expected shape (num_heads,), got {s.shape}")
+    if not np.all(np.isfinite(s)):
+        raise ValueError(f"slopes: expected finite numbers, got {s.tolist()}")
+    s = s.astype(np.float64)
+
+    def alibi_mod(score, b, h, q_idx, kv_idx):
+        m = s[h] if np.ndim(h) else s[int(h)]                               # (H, 1, 1) or ()
+        bias = m * (kv_idx - q_idx)                                         # (…, Lb, Sb)
+        return stages.add_bias(score, bias, name=Names.BIASED, formula="biased = scaled + m_h·(j − i)",
+                               params={"slopes": s})
+
+    def alibi_grad(score, b, h, q_idx, kv_idx):
+        return np.ones((), score.dtype)
+    return ScoreMod(alibi_mod, alibi_grad, name="alibi", params={"slopes": s}, records=True,
+                    step_names=(Names.BIASED,))
+
+
+def softcap(cap: float) -> ScoreMod:
+    """Logit soft-capping (Gemma 2): ``cap · tanh(score / cap)``. Records the step ``capped``."""
+    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap <= 0:
+        raise ValueError(f"cap: expected a finite number > 0, got {cap!r}")
+    cap = float(cap)
+
+    def softcap_mod(score, b, h, q_idx, kv_idx):
+        return stages.softcap(score, cap, name=Names.CAPPED)
+
+    def softcap_grad(score, b, h, q_idx, kv_idx):
+        t = np.tanh(score / np.asarray(cap, score.dtype))
+        return 1 - t * t                                                    # d/ds c·tanh(s/c) = 1 − tanh²
+    return ScoreMod(softcap_mod, softcap_grad, name="softcap", params={"cap": cap}, records=True,
+                    step_names=(Names.CAPPED,))
+
+
+def compose(*score_mods) -> ScoreMod:
+    """Apply score mods in order: ``compose(alibi(m), softcap(50))`` is ``softcap(alibi(score))``. Its
+    derivative is the chain rule of theirs (available when each has one)."""
+    if not score_mods:
+        raise ValueError("compose: expected at least one score mod, got none")
+    ms = [as_score_mod(m, f"compose[{i}]") for i, m in enumerate(score_mods)]
+
+    def composed(score, b, h, q_idx, kv_idx):
+        for m in ms:
+            score = call_score_mod(m, score, b, h, q_idx, kv_idx, name=f"compose[{ms.index(m)}]")
+        return score
+
+    def composed_grad(score, b, h, q_idx, kv_idx):
+        from .tracing import trace as _no_trace                            # grads record nothing
+        g = np.ones((), score.dtype)
+        with _no_trace():
+            for i, m in enumerate(ms):
+                g = g * score_mod_grad(m, score, b, h, q_idx, kv_idx, name=f"compose[{i}]")
+                score = call_score_mod(m, score, b, h, q_idx, kv_idx, name=f"compose[{i}]")
+        return g
+    grad = composed_grad if all(m.has_grad for m in ms) else None
+    steps = tuple(n for m in ms for n in (m.step_names if m.records else (Names.MODIFIED,)))
+    return ScoreMod(composed, grad, name="compose", params={"mods": ms}, records=all(m.records for m in ms),
+                    step_names=steps)
