@@ -148,7 +148,7 @@ def test_works_without_threadpoolctl(rng, monkeypatch):
     q, k, v = _qkv(rng, (2, 40, 8))
     want = tiled.forward(q, k, v, scale=0.3, block_q=8, threads=2)[0]
     monkeypatch.setitem(sys.modules, "threadpoolctl", None)       # import threadpoolctl -> ImportError
-    monkeypatch.setattr(tiled, "_controller", None)
+    monkeypatch.setattr(tiled.RUNTIME, "_controller", None)
     got = tiled.forward(q, k, v, scale=0.3, block_q=8, threads=2)[0]
     np.testing.assert_array_equal(got, want)
 
@@ -184,7 +184,7 @@ def test_engine_called_from_many_threads_and_from_its_own_workers(rng):
         outs = list(ex.map(lambda _: tiled.forward(q, k, v, scale=0.3, block_q=16, threads=2)[0], range(8)))
     for o in outs:
         np.testing.assert_allclose(o, want, atol=1e-6)
-    pool = tiled._get_pool(2)                                      # a task that calls the engine again
+    pool = tiled.RUNTIME.pool(2)                                   # a task that calls the engine again
     got = pool.submit(lambda: tiled.forward(q, k, v, scale=0.3, block_q=16, threads=2)[0]).result(timeout=30)
     np.testing.assert_allclose(got, want, atol=1e-6)
 
@@ -226,8 +226,9 @@ def test_threads_argument_per_call(rng, monkeypatch):
 
 def test_small_tasks_run_on_one_thread(rng, monkeypatch):
     seen = []
-    real = tiled._run
-    monkeypatch.setattr(tiled, "_run", lambda tasks, fn, threads: seen.append(threads) or real(tasks, fn, threads))
+    real = tiled.RUNTIME.run
+    monkeypatch.setattr(tiled.RUNTIME, "run",
+                        lambda tasks, fn, threads: seen.append(threads) or real(tasks, fn, threads))
     small = _qkv(rng, (2, 4, 64, 16))                             # 2·64·64·32 flops per task: serial
     big = _qkv(rng, (1, 2, 1024, 64))                            # 2·512·1024·128 flops per task: the pool
     tiled.forward(*small, scale=0.25, threads=2)
@@ -239,8 +240,7 @@ def test_small_tasks_run_on_one_thread(rng, monkeypatch):
                     reason="needs Linux and 2 CPUs")
 def test_pool_workers_are_pinned_one_per_cpu():
     import threading
-    tiled._get_pool(1)                                             # so that a fresh pool of 2 comes next
-    pool = tiled._get_pool(2)
+    pool = tiled.RUNTIME.pool(2)
     barrier = threading.Barrier(2, timeout=10)
 
     def where():

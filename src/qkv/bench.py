@@ -180,8 +180,8 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
             import torch
         except ImportError:
             impls.remove("torch")
-    from qkv.backends import tiled
-    saved_threads = tiled._config["threads"]
+    from qkv.backends.runtime import RUNTIME
+    saved_threads = RUNTIME.threads
     if threads is not None:
         qkv.set_num_threads(threads)
     threads = qkv.get_num_threads()
@@ -236,7 +236,7 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
         if bar is not None:
             bar.close()
     finally:
-        tiled._config["threads"] = saved_threads
+        qkv.set_num_threads(saved_threads)
         if torch is not None:
             torch.set_num_threads(old_torch_threads)
     return {

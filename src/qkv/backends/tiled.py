@@ -47,18 +47,15 @@ Shape legend: B batch, H query heads, Hk key/value heads, L queries, S keys, E q
 """
 from __future__ import annotations
 
-import contextlib
-import itertools
 import math
-import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from .. import _checks
 from .. import shapes
 from .base import Backend
+from .runtime import RUNTIME, default_num_threads, get_num_threads, set_num_threads  # noqa: F401
 
 #: Default query block of the forward (rows per task) and key block (columns per matmul). Measured on the
 #: 2-core test machine (N = 4096, E = 64): large query blocks mean fewer Python steps holding the GIL, which
@@ -83,109 +80,9 @@ LAZY_BOUND = 40.0
 #: exp of anything below this is 0 in float32 and float64 alike; a fully masked row keeps lse = −inf.
 _LOG_HEADROOM = 80.0
 
-_config = {"threads": None}
-_pool_lock = threading.Lock()
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-_controller = None
-
-
 # ---------------------------------------------------------------------------------------------- threads
-def default_num_threads() -> int:
-    """The cores this process may run on (``os.sched_getaffinity``), else ``os.cpu_count()``."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def set_num_threads(n: int | None) -> None:
-    """Set the worker threads of the tiled engine; ``None`` restores the default (the available cores)."""
-    if n is not None:
-        n = _checks.positive_int(n, "n")
-    _config["threads"] = n
-
-
-def get_num_threads() -> int:
-    """The worker threads the tiled engine uses (see :func:`set_num_threads`)."""
-    return _config["threads"] or default_num_threads()
-
-
-def _resolve_threads(threads) -> int:
-    if threads is None:
-        return get_num_threads()
-    return _checks.positive_int(threads, "threads")
-
-
-def _pin_worker(cpus: list, counter, lock) -> None:
-    """Pool initializer: worker i runs on CPU i of the process's CPUs.
-
-    Left to the scheduler, both workers were measured sharing one core after a library with its own thread
-    pool (torch's OpenMP) had run: 6.8 ms instead of 4.1 ms for N = 512, H = 8, until the load balancer
-    noticed. Pinned only when there are no more workers than CPUs, one per CPU; set PIN_WORKERS = False to
-    leave placement to the OS.
-    """
-    with lock:
-        i = next(counter)
-    try:
-        os.sched_setaffinity(0, {cpus[i % len(cpus)]})      # 0: the calling thread, on Linux
-    except OSError:  # pragma: no cover - CPU set changed under us
-        pass
-
-
-#: Pin each worker of the pool to its own CPU (Linux; when the pool has at most one worker per CPU).
-PIN_WORKERS = True
-
-
-def _forget_pool_after_fork() -> None:
-    """A forked child has none of the parent's threads: drop the pool (a new one starts on first use)."""
-    global _pool, _pool_size, _pool_lock, _controller
-    _pool, _pool_size, _pool_lock, _controller = None, 0, threading.Lock(), None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool_after_fork)
-
-
-def _get_pool(n: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
-    with _pool_lock:
-        if _pool is None or _pool_size != n:
-            if _pool is not None:
-                _pool.shutdown(wait=False)
-            kwargs = {}
-            cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-            if PIN_WORKERS and hasattr(os, "sched_setaffinity") and 1 < n <= len(cpus):
-                kwargs = dict(initializer=_pin_worker, initargs=(cpus, itertools.count(), threading.Lock()))
-            _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="qkv-tiled", **kwargs)
-            _pool_size = n
-        return _pool
-
-
-def _blas_one_thread():
-    """Limit BLAS to one thread while our workers run (no-op without threadpoolctl)."""
-    global _controller
-    try:
-        import threadpoolctl
-    except ImportError:
-        return contextlib.nullcontext()
-    if _controller is None:
-        _controller = threadpoolctl.ThreadpoolController()
-    return _controller.limit(limits=1, user_api="blas")
-
-
-def _run(tasks, fn, threads: int) -> None:
-    """Run ``fn(*task)`` for every task, on ``threads`` workers, BLAS single-threaded inside."""
-    inside_worker = threading.current_thread().name.startswith("qkv-tiled")   # never wait on our own pool
-    with _blas_one_thread():
-        if threads == 1 or len(tasks) <= 1 or inside_worker:
-            for t in tasks:
-                fn(*t)
-            return
-        pool = _get_pool(threads)
-        futures = [pool.submit(fn, *t) for t in tasks]
-        for f in futures:
-            f.result()
+# Worker pools, thread counts and BLAS's limit are process state: they live in qkv.backends.runtime (one
+# object, RUNTIME, safe under concurrent callers); the thread-count functions are re-exported here.
 
 
 # ---------------------------------------------------------------------------------------------- problem
@@ -487,7 +384,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     float16/32 inputs), −inf on fully masked rows; ``weights`` (..., Hq, L, S) only when asked for.
     ``block_q``/``block_k`` override the block sizes (tests use small ones to hit block boundaries).
     """
-    threads = _resolve_threads(threads)
+    threads = RUNTIME.resolve_threads(threads)
     P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     bq = _checks.positive_int(block_q, "block_q") if block_q is not None else BLOCK_Q
     bk = _checks.positive_int(block_k, "block_k") if block_k is not None else BLOCK_K
@@ -509,7 +406,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
              for i0 in starts for idx in np.ndindex(*P.lead)]
     if 2 * bq * P.S * (P.E + P.Ev) < SERIAL_BELOW_FLOPS:
         threads = 1
-    _run(tasks, _forward_task, threads)
+    RUNTIME.run(tasks, _forward_task, threads)
     dt = query.dtype
     return (out.astype(dt, copy=False), None if weights is None else weights.astype(dt, copy=False), lse)
 
@@ -613,7 +510,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
 
     ``out``/``lse`` from a previous :func:`forward` (with ``return_lse=True``) skip its recomputation.
     """
-    threads = _resolve_threads(threads)
+    threads = RUNTIME.resolve_threads(threads)
     P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa)
     bq = _checks.positive_int(block_q, "block_q") if block_q is not None else BLOCK_Q_BACKWARD
     bk = _checks.positive_int(block_k, "block_k") if block_k is not None else BLOCK_K_BACKWARD
@@ -646,7 +543,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
             tasks.append((P, kv_idx, heads, key_starts[c::n_chunks], bq, bk, part, dk, dv, prep))
     if 2 * min(bk, P.S) * P.L * (2 * P.E + 3 * P.Ev) * P.n_rep < SERIAL_BELOW_FLOPS:
         threads = 1
-    _run(tasks, _backward_task, threads)
+    RUNTIME.run(tasks, _backward_task, threads)
     for heads, part in partials:
         for r, idx in enumerate(heads):
             dq[idx] += part[r]
