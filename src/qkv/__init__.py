@@ -7,7 +7,8 @@ from . import explain  # noqa: E402  (qkv.explain: render, explain_query, check,
 from .sdpa import attention, scaled_dot_product_attention
 from .engine import KVCache, attention_weights, get_num_threads, scaled_dot_product_attention_backward, set_num_threads
 from .mha import MultiHeadAttention
-from .positions import TokenEmbedding, sinusoidal_positions
+from . import positions  # qkv.positions: rope, cos_sin, RoPE, sinusoidal_positions
+from .positions import RoPE, TokenEmbedding, sinusoidal_positions
 from .tracing import Step, Trace, trace
 
 __version__ = "0.1.0"
@@ -19,6 +20,7 @@ __all__ = [
     "scaled_dot_product_attention_backward",
     "set_num_threads",
     "MultiHeadAttention",
+    "RoPE",
     "Step",
     "TokenEmbedding",
     "Trace",
@@ -26,6 +28,7 @@ __all__ = [
     "backends",
     "explain",
     "masks",
+    "positions",
     "scaled_dot_product_attention",
     "sinusoidal_positions",
     "stages",

@@ -11,6 +11,10 @@ the new tokens are the *last* positions of the keys, so the causal mask is align
     q4   1  1  1  1  1
 
 Use it through :meth:`qkv.MultiHeadAttention.forward` (``cache=``) or directly with :meth:`KVCache.append`.
+
+Positions: :attr:`KVCache.offset` is the position of the next token (the number of tokens appended so far).
+A module with RoPE rotates the new tokens at ``offset + 0 … L−1`` and stores the keys already rotated, so
+cached decoding equals the full causal forward.
 """
 from __future__ import annotations
 
@@ -44,8 +48,16 @@ class KVCache:
         """(B, Hk, S, Ev) values so far, or None before the first append."""
         return None if self._v is None else self._v[:, :, :self._len]
 
+    @property
+    def offset(self) -> int:
+        """The position of the next token: the number of tokens appended so far (``len(cache)``).
+
+        :meth:`qkv.MultiHeadAttention.forward` with RoPE places the new tokens at ``offset + 0 … L−1``.
+        """
+        return self._len
+
     def reset(self) -> None:
-        """Forget every token (a new sequence)."""
+        """Forget every token (a new sequence); :attr:`offset` returns to 0."""
         self._k = self._v = None
         self._len = 0
 

@@ -4,12 +4,17 @@ Seed 000's shapes, for embed_dim D = 512 and 8 heads (d_k = E = 64)::
 
     X (B, T, D) · W_Q (D, H·E) → Q (B, T, H·E) → view/transpose → Q_heads (B, H, T, E)
     per head: softmax(Q_h · K_hᵀ / √E) · V_h → (B, H, L, E) → concat (B, L, H·E) → · W_O (D, D) → (B, L, D)
+
+With ``rope=qkv.RoPE(...)`` each head's Q (B, H, L, E) and K (B, Hk, L, E) are rotated after the split
+(recorded as ``Q_rot``, ``K_rot``), before the keys go into a :class:`qkv.KVCache`.
+Shape legend: B batch, H query heads, Hk key/value heads, L query length, S key length, E head width.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from . import _checks, masks, stages
+from .positions import RoPE
 from .sdpa import scaled_dot_product_attention
 from .tracing import Trace, maybe
 
@@ -26,6 +31,8 @@ class MultiHeadAttention:
         batch_first: inputs are (B, T, D) when True, (T, B, D) when False; (T, D) is always unbatched.
         dtype: float16, float32 or float64 parameters and computation.
         seed: seed of the initialization (Xavier-uniform projections, zero biases, as torch).
+        rope: a :class:`qkv.RoPE` rotating each head's Q and K by its token's position (self-attention only;
+            the head width E must be even), or None (no positions inside attention).
 
     Attributes (NumPy arrays): ``W_Q`` (D, H·E), ``W_K`` (kdim, Hk·E), ``W_V`` (vdim, Hk·E), ``W_O`` (D, D),
     ``b_Q`` (H·E,), ``b_K``/``b_V`` (Hk·E,), ``b_O`` (D,) — biases are None when ``bias=False``.
@@ -33,7 +40,7 @@ class MultiHeadAttention:
 
     def __init__(self, embed_dim: int, num_heads: int, *, bias: bool = True, kdim: int | None = None,
                  vdim: int | None = None, num_kv_heads: int | None = None, batch_first: bool = True,
-                 dtype=np.float32, seed=None):
+                 dtype=np.float32, seed=None, rope: RoPE | None = None):
         self.embed_dim = _checks.positive_int(embed_dim, "embed_dim")
         self.num_heads = _checks.positive_int(num_heads, "num_heads")
         if embed_dim % num_heads:
@@ -50,6 +57,12 @@ class MultiHeadAttention:
         if dt.type not in _checks.FLOAT_DTYPES:
             raise TypeError(f"dtype: expected float16, float32 or float64, got {dt}")
         self.dtype = dt
+        if rope is not None and not isinstance(rope, RoPE):
+            raise TypeError(f"rope: expected a qkv.RoPE or None, got {type(rope).__name__} {rope!r}")
+        if rope is not None and self.head_dim % 2:
+            raise ValueError(f"rope: RoPE rotates pairs of coordinates, expected an even head width, got "
+                             f"head_dim = embed_dim / num_heads = {self.head_dim}")
+        self.rope = rope
         rng = np.random.default_rng(seed)
         D, E, Hk = self.embed_dim, self.head_dim, self.num_kv_heads
 
@@ -153,7 +166,8 @@ class MultiHeadAttention:
         return x.astype(self.dtype, copy=False)
 
     def forward(self, query, key=None, value=None, *, key_mask=None, attn_mask=None, is_causal=False,
-                need_weights=False, average_attn_weights=True, trace: Trace | None = None, cache=None):
+                need_weights=False, average_attn_weights=True, trace: Trace | None = None, cache=None,
+                positions=None):
         """Attention of ``query`` over ``key``/``value`` (default: ``query`` — self-attention).
 
         Args:
@@ -170,6 +184,10 @@ class MultiHeadAttention:
                 appended to it and the queries attend to all cached tokens (S = cached + new). Causal is then
                 aligned bottom-right (the queries are the last positions); key_mask is (B, S) and attn_mask
                 (L, S) over all S tokens.
+            positions: only with ``rope``: integer positions ≥ 0 of the query tokens, (L,) or (B, L) in either
+                layout (unbatched: (L,)); default 0 … L−1, or ``cache.offset`` + 0 … L−1 with a cache. The keys of
+                these tokens get the same positions. RoPE is for self-attention: with a separate ``key`` input it raises ValueError
+                (keys from another sequence have no positions in the queries' frame).
 
         Returns:
             ``(output, weights)``: output (B, L, D) in the input layout; weights as above or None.
@@ -197,11 +215,14 @@ class MultiHeadAttention:
         B, L, _ = q_in.shape
         S = k_in.shape[1]
         H, Hk, E = self.num_heads, self.num_kv_heads, self.head_dim
+        offset = 0
         if cache is not None:
             from .cache import KVCache
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache: expected a qkv.KVCache or None, got {type(cache).__name__}")
-            S += len(cache)                                            # the queries see every cached token
+            offset = cache.offset
+            S += offset                                                # the queries see every cached token
+        positions = self._positions(positions, key, B, L, offset, unbatched)   # (L,) or (B, L) | None
         mask = self._mask(key_mask, attn_mask, is_causal, B, L, S, unbatched,
                           align="top-left" if cache is None else "bottom-right")
 
@@ -217,6 +238,9 @@ class MultiHeadAttention:
             q = stages.split_heads(q, H, name="Q")                     # (B, H, L, E)
             k = stages.split_heads(k, Hk, name="K")                    # (B, Hk, S, E)
             v = stages.split_heads(v, Hk, name="V")                    # (B, Hk, S, E)
+            if self.rope is not None:                                  # rotate before caching: keys stored rotated
+                q = self.rope(q, positions, name=stages.Names.Q_ROT)   # (B, H, L, E)
+                k = self.rope(k, positions, name=stages.Names.K_ROT)   # (B, Hk, L, E)
             if cache is not None:
                 k, v = cache.append(k, v)                              # (B, Hk, cached + S, E)
             res = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hk != H,
@@ -237,6 +261,30 @@ class MultiHeadAttention:
         return out, w
 
     __call__ = forward
+
+    def _positions(self, positions, key, B, L, offset, unbatched):
+        """The query tokens' positions for RoPE: (L,) or (B, L) int64, or None without rope."""
+        if self.rope is None:
+            if positions is not None:
+                raise ValueError("positions: only used with rope (MultiHeadAttention(..., rope=qkv.RoPE())), "
+                                 "got positions for a module without rope")
+            return None
+        if key is not None:
+            raise ValueError("key: rope applies to self-attention only (queries and keys at positions of one "
+                             "sequence); got a separate key input — use a module without rope for cross-attention")
+        if positions is None:
+            return np.arange(offset, offset + L, dtype=np.int64)       # (L,)
+        p = np.asarray(positions) if isinstance(positions, (list, tuple, range)) else positions
+        if not isinstance(p, np.ndarray) or p.dtype == np.bool_ or not np.issubdtype(p.dtype, np.integer):
+            raise TypeError(f"positions: expected an integer numpy array, got "
+                            f"{getattr(p, 'dtype', type(p).__name__)}")
+        allowed = [(L,)] if unbatched else [(L,), (B, L)]
+        if p.shape not in allowed:
+            raise ValueError(f"positions: expected shape {' or '.join(map(str, allowed))} (L = query length, "
+                             f"B = batch), got {p.shape}")
+        if p.size and p.min() < 0:
+            raise ValueError(f"positions: expected non-negative integers, got {int(p.min())}")
+        return p.astype(np.int64, copy=False)
 
     def _mask(self, key_mask, attn_mask, is_causal, B, L, S, unbatched, align="top-left"):
         """One mask for SDPA, broadcastable to (B, H, L, S), from the three ways of giving one."""

@@ -1,8 +1,15 @@
 """Token embeddings and sinusoidal positional encoding: the input of seed 000's path.
 
     ids → embeddings (vocab lookup) + positions → X, the rows that attention projects into Q, K, V
+
+and rotary position embedding (:func:`rope`, :class:`RoPE`), which rotates each head's Q and K instead.
+Shape legend: B batch, H query heads, Hk key/value heads, T sequence length, E width per head.
 """
 from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -65,3 +72,140 @@ class TokenEmbedding:
         return x
 
     __call__ = embed
+
+
+# ---------------------------------------------------------------------------------------------- RoPE
+ROPE_STYLES = ("neox", "interleaved")
+
+
+def _check_theta(theta) -> float:
+    if isinstance(theta, (bool, np.bool_)) or not isinstance(theta, numbers.Real):
+        raise TypeError(f"theta: expected a positive real number, got {type(theta).__name__} {theta!r}")
+    if not (math.isfinite(float(theta)) and float(theta) > 0):
+        raise ValueError(f"theta: expected a finite number > 0, got {theta!r}")
+    return float(theta)
+
+
+def _check_style(style) -> str:
+    if not isinstance(style, str):
+        raise TypeError(f"style: expected one of {ROPE_STYLES}, got {type(style).__name__} {style!r}")
+    if style not in ROPE_STYLES:
+        raise ValueError(f"style: expected one of {ROPE_STYLES}, got {style!r}")
+    return style
+
+
+def _check_width(E, name: str = "E") -> int:
+    E = _checks.positive_int(E, name)
+    if E % 2:
+        raise ValueError(f"{name}: RoPE rotates pairs of coordinates, expected an even width, got {E}")
+    return E
+
+
+def _check_positions(positions, lead: tuple, T: int) -> np.ndarray:
+    """``positions`` as an int64 array ``p_lead + (T,)``, ``p_lead`` a prefix of ``lead`` (each dim equal or 1)."""
+    p = np.asarray(positions) if isinstance(positions, (list, tuple, range)) else positions
+    if not isinstance(p, (np.ndarray, np.integer, int)) or isinstance(p, (bool, np.bool_)):
+        raise TypeError(f"positions: expected an integer numpy array of shape (T,) or (..., T), got "
+                        f"{type(positions).__name__}")
+    p = np.asarray(p)
+    if p.dtype == np.bool_ or not np.issubdtype(p.dtype, np.integer):
+        raise TypeError(f"positions: expected integer positions, got dtype {p.dtype}")
+    expected = f"(T,) = ({T},) or a prefix of the leading dimensions {lead} followed by T"
+    if p.ndim == 0 or p.shape[-1] != T or p.ndim - 1 > len(lead) \
+            or any(d not in (1, n) for d, n in zip(p.shape[:-1], lead)):
+        raise ValueError(f"positions: expected shape {expected}, got {p.shape}")
+    if p.size and p.min() < 0:
+        raise ValueError(f"positions: expected non-negative integers, got {int(p.min())}")
+    return p.astype(np.int64, copy=False)
+
+
+def inv_freq(E: int, theta: float = 10000.0) -> np.ndarray:
+    """The pair frequencies ``θ_i = theta^(−2i/E)``, i = 0 … E/2 − 1, in float64: (E/2,)."""
+    E = _check_width(E)
+    theta = _check_theta(theta)
+    return 1.0 / theta ** (np.arange(0, E, 2, dtype=np.float64) / E)         # as Hugging Face writes it
+
+
+def cos_sin(positions, E: int, *, theta: float = 10000.0, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+    """``cos`` and ``sin`` of the angles ``position × θ_i``: each ``positions.shape + (E/2,)``, one per pair.
+
+    The angles are computed in float64 and the results cast to ``dtype`` (what a decoder can compute once and
+    keep; :func:`qkv.stages.rope` takes them as they are).
+    """
+    E = _check_width(E)
+    p = np.asarray(positions) if isinstance(positions, (list, tuple, range)) else positions
+    if not isinstance(p, np.ndarray) or p.dtype == np.bool_ or not np.issubdtype(p.dtype, np.integer):
+        raise TypeError(f"positions: expected an integer numpy array, got "
+                        f"{getattr(p, 'dtype', type(p).__name__)}")
+    if p.size and p.min() < 0:
+        raise ValueError(f"positions: expected non-negative integers, got {int(p.min())}")
+    angles = p.astype(np.float64)[..., None] * inv_freq(E, theta)           # (..., T, E/2)
+    return np.cos(angles).astype(dtype, copy=False), np.sin(angles).astype(dtype, copy=False)
+
+
+def rope(x, positions=None, *, theta: float = 10000.0, style: str = "neox", name: str = "Q_rot") -> np.ndarray:
+    """Rotary position embedding (RoPE): rotate each pair of coordinates of ``x`` by ``position × θ_i``.
+
+    ``θ_i = theta^(−2i/E)``, i = 0 … E/2 − 1. A pair (a, b) at angle φ becomes
+    ``(a·cos φ − b·sin φ, b·cos φ + a·sin φ)``, so ``(R_m q)·(R_n k)`` depends only on m − n.
+
+    Args:
+        x: (..., T, E) float16/32/64, E even — e.g. one head's queries (B, H, T, E) or keys (B, Hk, T, E).
+        positions: integers ≥ 0, shape (T,) (every row the same) or ``lead[:k] + (T,)`` where ``lead`` are x's
+            leading dimensions, matched from the left (batch first), each equal or 1: for x (B, H, T, E)
+            that is (B, T) as Hugging Face's ``position_ids``, or (B, 1, T), (B, H, T). Default 0 … T − 1.
+        theta: the base (10000 in the paper and Llama 2; 500000 in Llama 3), finite and > 0.
+        style: ``"neox"`` pairs i with i + E/2 (Hugging Face Llama's ``rotate_half``, GPT-NeoX);
+            ``"interleaved"`` pairs 2i with 2i + 1 (GPT-J, Meta's complex form ``x · e^{i·pos·θ}``).
+        name: the trace step to record (``"Q_rot"`` or ``"K_rot"``).
+
+    Returns:
+        (..., T, E), x's shape and dtype. The angles and their cos/sin are computed in float64 and cast to
+        x's dtype for the rotation (Hugging Face forms the angles in float32: at large positions its float32
+        angles differ from the exact ones by about position × 6e-8 rad).
+    """
+    x = _checks.float_array(x, "x", min_ndim=2, finite=False)
+    theta = _check_theta(theta)
+    style = _check_style(style)
+    if not isinstance(name, str):
+        raise TypeError(f"name: expected a str (the trace step, e.g. 'Q_rot'), got {type(name).__name__}")
+    T, E = x.shape[-2:]
+    if E == 0 or E % 2:
+        raise ValueError(f"x: RoPE rotates pairs of coordinates, expected an even last dimension E, got {E} "
+                         f"(shape {x.shape})")
+    lead = x.shape[:-2]
+    if positions is None:
+        p = np.arange(T, dtype=np.int64)                                        # (T,)
+    else:
+        p = _check_positions(positions, lead, T)                                 # lead[:k] + (T,)
+        p = p.reshape(p.shape[:-1] + (1,) * (len(lead) - (p.ndim - 1)) + (T,))   # broadcastable to lead + (T,)
+    cos, sin = cos_sin(p, E, theta=theta)                                       # (..., T, E/2) float64
+    return stages.rope(x, cos, sin, style=style, name=name, positions=p, theta=theta)
+
+
+@dataclass(frozen=True)
+class RoPE:
+    """Rotary position embedding as a module option: ``MultiHeadAttention(..., rope=RoPE())``.
+
+    Args:
+        theta: the base of the frequencies ``θ_i = theta^(−2i/E)`` (finite, > 0).
+        style: ``"neox"`` (halves, Hugging Face Llama) or ``"interleaved"`` (adjacent pairs, GPT-J / Meta).
+
+    ``rope(x, positions=None, *, name="Q_rot")`` is :func:`qkv.positions.rope` with these settings;
+    ``rope.cos_sin(positions, E, dtype)`` the cos/sin a decoder may compute once and keep.
+    """
+
+    theta: float = 10000.0
+    style: str = "neox"
+
+    def __post_init__(self):
+        object.__setattr__(self, "theta", _check_theta(self.theta))
+        object.__setattr__(self, "style", _check_style(self.style))
+
+    def __call__(self, x, positions=None, *, name: str = "Q_rot") -> np.ndarray:
+        """x (..., T, E), positions (T,) or (..., T)  →  (..., T, E) rotated, recorded as ``name``."""
+        return rope(x, positions, theta=self.theta, style=self.style, name=name)
+
+    def cos_sin(self, positions, E: int, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+        """positions (..., T) → cos, sin each (..., T, E/2) in ``dtype``."""
+        return cos_sin(positions, E, theta=self.theta, dtype=dtype)
