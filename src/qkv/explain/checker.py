@@ -1,9 +1,9 @@
 """Check a worked example: every claimed number is ``correct``, ``carried`` or ``wrong``.
 
 - ``expected``: the true value, from :func:`qkv.explain.examples.run` (qkv's own computation path).
-- ``recomputed``: what follows from the file's own earlier claims — the same stages
-  (:mod:`qkv.stages`: project, score, scale, apply_mask, softmax, weighted_sum) applied to the inputs with
-  every earlier claimed number put in place of the value it claims.
+- ``recomputed``: what follows from the file's own earlier claims — the same pipeline
+  (:func:`qkv.pipeline.attend`, through :func:`~qkv.explain.examples.run`) under a :class:`qkv.Trace` whose
+  ``substitute`` puts every claimed number in place of the value it claims as the computation goes.
 - A claim *matches* a value when ``|claimed − value| ≤ max(half a unit in the last decimal place as written,
   0.1% of |value|)``, or ``≤ tolerance`` when the file sets one.
 - ``correct``: matches the true value. ``carried``: does not, but matches the recomputed value (an inherited
@@ -20,7 +20,7 @@ import numpy as np
 from . import _doc
 from ._doc import Doc, Section, fmt
 from ._i18n import check_lang, t
-from .examples import CLAIM_NAMES, Worked, half_unit, load_file, run, text_of
+from .examples import CLAIM_NAMES, KEY_SIDE, Worked, half_unit, load_file, run, text_of
 
 __all__ = ["check", "CheckReport", "ClaimResult", "matches"]
 
@@ -166,29 +166,52 @@ def _groups(cs: list[ClaimResult]):
 
 
 # ----------------------------------------------------------------------------------------------- the check
-def _overlay(base: np.ndarray, claims: dict | None) -> np.ndarray:
-    out = np.array(base, dtype=np.float64, copy=True)
-    for i, row in (claims or {}).items():
-        for j, x in enumerate(row):
-            if x is not None:
-                out[i, j] = float(x)
-    return out
+def _as_2d(a) -> np.ndarray | None:
+    """A recorded array as the (rows, cols) matrix a claim addresses, or None when it has real leading dims
+    (several heads: per-head steps cannot be claimed)."""
+    a = np.asarray(a, dtype=np.float64)
+    if a.ndim < 2 or int(np.prod(a.shape[:-2])) != 1:
+        return None
+    return a.reshape(a.shape[-2:])
 
 
-def _true_values(worked: Worked) -> dict[str, np.ndarray]:
-    tr = run(worked)
+def _values(tr) -> dict[str, np.ndarray]:
+    """The claimable steps of a trace as (rows, cols) matrices: each stage's own computed value."""
     vals = {}
     for name in CLAIM_NAMES:
-        if name in tr and name in ("scores", "scaled", "weights", "output") and worked.heads > 1:
-            continue
         if name in tr:
-            a = np.asarray(tr[name].array, dtype=np.float64)
-            vals[name] = a.reshape(a.shape[-2:]) if a.ndim > 2 else a
+            a = _as_2d(tr[name].array)
+            if a is not None:
+                vals[name] = a
     return vals
+
+
+class _PutClaims:
+    """A trace's ``substitute``: every claimed number is put in place of the value it claims, so each later
+    stage computes from the claims (the stage's own value stays in the trace: "what follows from them")."""
+
+    def __init__(self, claims: dict[str, dict[int, list]]):
+        self.claims = claims
+
+    def __call__(self, name: str, array: np.ndarray) -> np.ndarray:
+        rows = self.claims.get(name)
+        if not rows or int(np.prod(np.shape(array)[:-2])) != 1:
+            return array
+        out = np.array(array, copy=True)
+        mat = out.reshape(out.shape[-2:])                       # a view: (rows, cols)
+        for i, row in rows.items():
+            for j, x in enumerate(row):
+                if x is not None:
+                    mat[i, j] = float(x)
+        return out
 
 
 def check(worked) -> CheckReport:
     """Verify the numbers a worked example claims (see the module docstring for the rule).
+
+    ``expected`` comes from :func:`~qkv.explain.examples.run`; ``recomputed`` from the same run under a
+    :class:`qkv.Trace` whose ``substitute`` puts each claimed number in place as the pipeline goes: each
+    step's recorded value is then what follows from the claims before it.
 
     Args:
         worked: a :class:`~qkv.explain.examples.Worked`, or a path to a worked-example file.
@@ -197,7 +220,7 @@ def check(worked) -> CheckReport:
         a :class:`CheckReport`: ``.ok``, ``.claims`` (:class:`ClaimResult` each with name, row, col, label,
         claimed, expected, recomputed, status), ``.summary``, ``.to_json()``, ``.render(lang, fmt)``.
     """
-    from .. import masks, stages
+    from ..tracing import Trace
 
     if not isinstance(worked, Worked):
         import os
@@ -206,7 +229,7 @@ def check(worked) -> CheckReport:
         else:
             raise TypeError(f"worked: expected a qkv.explain.examples.Worked or a file path, got "
                             f"{type(worked).__name__}")
-    true = _true_values(worked)
+    true = _values(run(worked))
     claims = {}
     for name, rows in (worked.claims or {}).items():      # a Worked built in Python may hold plain matrices
         if name not in CLAIM_NAMES:
@@ -219,36 +242,14 @@ def check(worked) -> CheckReport:
             if not 0 <= i < true[name].shape[0] or len(r) != true[name].shape[1]:
                 raise ValueError(f"worked.claims[{name!r}][{i}]: expected a row index 0..{true[name].shape[0] - 1} "
                                  f"and {true[name].shape[1]} numbers, got {len(r)}")
-    # What follows from the earlier claims: the same stages, on the inputs with claimed numbers put in.
-    rec: dict[str, np.ndarray] = {}
-    bel: dict[str, np.ndarray] = {}
-    for name in ("Q", "K", "V"):
-        if name in true:
-            rec[name] = true[name]                           # computed from the file's inputs
-            bel[name] = _overlay(true[name], claims.get(name))
-    if worked.heads == 1:
-        if "Q" in bel and "K" in bel:
-            rec["scores"] = stages.score(bel["Q"], bel["K"])
-        elif worked.scores is not None:
-            rec["scores"] = np.asarray(worked.scores, dtype=np.float64)
-        if "scores" in rec:
-            bel["scores"] = _overlay(rec["scores"], claims.get("scores"))
-            d_k = float(worked.d_k) if worked.d_k is not None else float(worked.key_width())
-            rec["scaled"] = stages.scale(bel["scores"], 1.0 / math.sqrt(d_k), d_k=d_k)
-            bel["scaled"] = _overlay(rec["scaled"], claims.get("scaled"))
-            L, S = bel["scaled"].shape
-            m = worked.mask
-            mk = masks.causal(L, S) if (isinstance(m, str) and m == "causal") else m
-            rec["weights"] = stages.softmax(stages.apply_mask(bel["scaled"], mk))
-            bel["weights"] = _overlay(rec["weights"], claims.get("weights"))
-            if "V" in bel:
-                rec["output"] = stages.weighted_sum(bel["weights"], bel["V"])
+    # What follows from the claims: the same pipeline, each claimed number put in place as it goes.
+    rec = _values(run(worked, trace=Trace(substitute=_PutClaims(claims)))) if claims else true
     results: list[ClaimResult] = []
     for name in CLAIM_NAMES:
         rows = claims.get(name)
         if not rows:
             continue
-        key_side = name in ("K", "V")
+        key_side = name in KEY_SIDE
         labels_given = worked.kv_tokens_given if (key_side and worked.kv_tokens is not None) else worked.tokens_given
         labels = worked.key_labels if key_side else (worked.tokens or [])
         for i in sorted(rows):

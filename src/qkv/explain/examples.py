@@ -37,11 +37,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Worked", "WorkedExampleError", "builtin_names", "load_example", "load_file", "from_dict", "run",
-           "CLAIM_NAMES", "Number", "half_unit", "text_of"]
+from ..stages import PIPELINE_ORDER, Names
 
-#: The steps a worked example may claim numbers for, in pipeline order.
-CLAIM_NAMES = ("Q", "K", "V", "scores", "scaled", "weights", "output")
+__all__ = ["Worked", "WorkedExampleError", "builtin_names", "load_example", "load_file", "from_dict", "run",
+           "CLAIM_NAMES", "KEY_SIDE", "Number", "half_unit", "text_of"]
+
+#: The steps a worked example may claim numbers for, in pipeline order (:data:`qkv.stages.PIPELINE_ORDER`
+#: without ``modified`` — no custom score mod in a file — and ``masked``, whose −∞ is not a number to claim).
+CLAIM_NAMES = tuple(n for n in PIPELINE_ORDER if n not in (Names.MODIFIED, Names.MASKED))
+#: The claimable steps whose rows are keys (labelled by ``kv_tokens``), not queries.
+KEY_SIDE = (Names.K, Names.V, Names.K_ROT)
 
 _KNOWN_KEYS = ("title", "description", "tokens", "kv_tokens", "X", "X_kv", "W_Q", "W_K", "W_V", "W_O", "Q",
                "K", "V", "scores", "d_k", "mask", "heads", "claims", "tolerance")
@@ -509,7 +514,7 @@ def _claims(value, w: Worked, shapes: dict[str, tuple[int, int]], where: str) ->
             raise WorkedExampleError(f"{where}: claims.{name}: this example does not compute {name} "
                                      f"({_why_missing(name, w)})")
         L, C = shapes[name]
-        key_side = name in ("K", "V")
+        key_side = name in KEY_SIDE
         labels = w.key_labels if key_side else list(w.tokens)
         given = (w.kv_tokens_given if (key_side and w.kv_tokens is not None) else w.tokens_given)
         at = f"{where}: claims.{name}"
@@ -760,37 +765,69 @@ def _resolve_mask(worked: Worked, mask):
     return np.broadcast_to(arr, (L, S)).copy() if arr.ndim <= 2 else arr
 
 
-def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
-    """Run a worked example through qkv's own computation path and return the :class:`qkv.Trace`.
+def _plain_d_k(d_k):
+    """d_k as the formula shows it: an int when it is one."""
+    if d_k is None:
+        return None
+    d = float(d_k)
+    return int(d) if d.is_integer() else d
 
-    X examples run :func:`qkv.attention` (one head) or :class:`qkv.MultiHeadAttention` (``heads > 1``:
-    split, per-head attention, concat, W_O); Q/K examples run :func:`qkv.scaled_dot_product_attention`
-    (or, without V, its stages up to the weights); scores examples run the stages from ``scale`` on.
+
+def _options(worked: Worked, m, L: int, S: int) -> dict:
+    """The keyword arguments of :func:`qkv.pipeline.attend` for this example: its mask (and where it came
+    from)."""
+    from .. import masks as _masks
+
+    if isinstance(m, str) and m == "causal":
+        return {"mask": _masks.causal(L, S), "mask_source": "causal"}
+    if m is not None:
+        return {"mask": m, "mask_source": "attn_mask"}
+    return {}
+
+
+def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
+    """Run a worked example through qkv's one orchestration of the stages and return the :class:`qkv.Trace`.
+
+    Every example goes through :func:`qkv.pipeline.attend` (the reference backend's own function): X examples
+    project Q, K, V with :func:`qkv.stages.project` first; several heads split them (``split_heads``), attend
+    per head and concatenate (``merge_heads``, then ``· W_O``) — with square projections through
+    :class:`qkv.MultiHeadAttention` itself. Q/K examples and scores examples start at their step. The trace
+    is checked afterwards: a step that overflowed (±inf or NaN where a number belongs) raises
+    :class:`WorkedExampleError` naming it.
 
     Args:
         worked: the example.
-        heads: override the number of heads (X examples with square W_Q only).
+        heads: override the number of heads (X examples whose projection widths divide by it).
         mask: override the mask: ``"causal"``, ``"none"``, or a boolean array (True = may attend).
-        trace: a :class:`qkv.Trace` to record into (a new one by default).
+        trace: a :class:`qkv.Trace` to record into (a new one by default). A trace with a ``substitute``
+            (the checker's) continues with what it returns at every step.
     """
-    from .. import stages
-    from ..sdpa import attention, scaled_dot_product_attention
-    from ..mha import MultiHeadAttention
     from ..tracing import Trace
-    from ..tracing import trace as tracing
 
     if not isinstance(worked, Worked):
         raise TypeError(f"worked: expected a qkv.explain.examples.Worked, got {type(worked).__name__}")
     if trace is None:
         trace = Trace()
+    elif not isinstance(trace, Trace):
+        raise TypeError(f"trace: expected a qkv.Trace or None, got {type(trace).__name__}")
     h = worked.heads if heads is None else heads
     if isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1:
         raise ValueError(f"heads: expected a positive integer, got {h!r}")
-    h = int(h)
-    m = _resolve_mask(worked, mask)
-    causal = isinstance(m, str) and m == "causal"
-    bool_mask = None if (m is None or causal) else m
-    scale = None if worked.d_k is None else 1.0 / math.sqrt(float(worked.d_k))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):    # an overflow is reported below
+        _forward(worked, int(h), _resolve_mask(worked, mask), trace)
+    if trace.substitute is None:
+        _check_finite(trace, worked)
+    return trace
+
+
+def _forward(worked: Worked, h: int, m, trace) -> None:
+    from .. import pipeline, stages
+    from ..mha import MultiHeadAttention
+    from ..tracing import trace as tracing
+
+    L, S = worked.n_queries, worked.n_keys
+    opts = _options(worked, m, L, S)
+    d_k = _plain_d_k(worked.d_k)
     start = worked.start
     if h > 1:
         if start != "X":
@@ -800,20 +837,22 @@ def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
         if problem:
             raise ValueError(problem)
         D, F = worked.X.shape[1], worked.W_Q.shape[1]
-        if worked.d_k is not None and float(worked.d_k) != F // h:
+        if d_k is not None and float(d_k) != F // h:
             raise ValueError(f"heads: d_k = {text_of(worked.d_k)} but {h} heads have width {F // h}")
         x_kv = worked.X_kv
+        plain = set(opts) <= {"mask", "mask_source"}
         square = (worked.W_Q.shape == (D, D) and worked.W_K.shape[1] == D and worked.W_V.shape[1] == D
                   and (worked.W_O is None or worked.W_O.shape == (D, D)))
-        if square:                                   # the real MultiHeadAttention
+        if square and plain:                       # the real MultiHeadAttention (it runs pipeline.attend)
             mha = MultiHeadAttention(D, h, bias=False, kdim=None if x_kv is None else x_kv.shape[1],
                                      vdim=None if x_kv is None else x_kv.shape[1], dtype=np.float64)
             W_O = worked.W_O if worked.W_O is not None else np.eye(D)
             mha.load(W_Q=worked.W_Q, W_K=worked.W_K, W_V=worked.W_V, W_O=W_O)
-            mha.forward(worked.X, x_kv, x_kv, attn_mask=bool_mask, is_causal=causal, trace=trace)
-            return trace
-        # projections of another width (e.g. seed 003's 4×3 split into 3 heads of 1): MultiHeadAttention's
-        # stages in its order — project, split_heads, SDPA per head, merge_heads (concat), [· W_O]
+            causal = isinstance(m, str)
+            mha.forward(worked.X, x_kv, x_kv, attn_mask=None if causal else m, is_causal=causal, trace=trace)
+            return
+        # MultiHeadAttention's stages in its order (other widths, e.g. seed 003's 4×3 split into 3 heads of
+        # 1, or the variants): project, split_heads, pipeline.attend on every head, merge_heads, [· W_O]
         with tracing(trace):
             x = stages.observe_input("X", worked.X[None])                              # (1, L, D)
             kv = x if x_kv is None else stages.observe_input("X_kv", x_kv[None])       # (1, S, D_kv)
@@ -822,39 +861,53 @@ def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
             k = stages.project(kv, worked.W_K, name="K", weight_name="W_K", input_name=kv_name)
             v = stages.project(kv, worked.W_V, name="V", weight_name="W_V", input_name=kv_name)
             q, k, v = (stages.split_heads(a, h, name=n) for a, n in ((q, "Q"), (k, "K"), (v, "V")))
-            out = scaled_dot_product_attention(q, k, v, attn_mask=bool_mask, is_causal=causal, scale=scale,
-                                               backend="reference")               # (1, H, L, Ev)
-            out = stages.merge_heads(out)                                          # (1, L, H·Ev)
+            E = q.shape[-1]
+            out, _, _ = pipeline.attend(q, k, v, scale=1.0 / math.sqrt(E if d_k is None else d_k), d_k=d_k,
+                                        **opts)                                         # (1, H, L, Ev)
+            out = stages.merge_heads(out)                                               # (1, L, H·Ev)
             if worked.W_O is not None:
                 stages.project(out, worked.W_O, name="final_output", weight_name="W_O", input_name="concat")
-        return trace
-    if start == "X":
-        attention(worked.X, worked.W_Q, worked.W_K, worked.W_V, x_kv=worked.X_kv, attn_mask=bool_mask,
-                  is_causal=causal, scale=scale, trace=trace)
-        return trace
-    if start == "QK" and worked.V is not None:
-        scaled_dot_product_attention(worked.Q, worked.K, worked.V, attn_mask=bool_mask, is_causal=causal,
-                                     scale=scale, trace=trace)
-        return trace
-    # Q, K without V, or scores: the reference backend's stages, in its order, as far as the example goes.
-    from .. import masks as _masks
-    L, S = worked.n_queries, worked.n_keys
+        return
     with tracing(trace):
-        if start == "QK":
-            stages.observe_input("Q", worked.Q)
-            stages.observe_input("K", worked.K)
-            s = stages.score(worked.Q, worked.K)
-            d_k = worked.Q.shape[1] if worked.d_k is None else float(worked.d_k)
+        if start == "X":
+            x = stages.observe_input("X", worked.X)                                     # (L, D)
+            kv = x if worked.X_kv is None else stages.observe_input("X_kv", worked.X_kv)  # (S, D_kv)
+            kv_name = "X" if worked.X_kv is None else "X_kv"
+            q = stages.project(x, worked.W_Q, name="Q", weight_name="W_Q", input_name="X")         # (L, E)
+            k = stages.project(kv, worked.W_K, name="K", weight_name="W_K", input_name=kv_name)    # (S, E)
+            v = stages.project(kv, worked.W_V, name="V", weight_name="W_V", input_name=kv_name)    # (S, Ev)
+            scores = None
+        elif start == "QK":
+            q = stages.observe_input("Q", worked.Q)
+            k = stages.observe_input("K", worked.K)
+            v = None if worked.V is None else stages.observe_input("V", worked.V)
+            scores = None
         else:
-            s = stages.observe_input("scores", worked.scores, "scores (given)")
-            d_k = float(worked.d_k)
-        if worked.V is not None:
-            stages.observe_input("V", worked.V)
-        d_k = int(d_k) if float(d_k).is_integer() else float(d_k)
-        s = stages.scale(s, 1.0 / math.sqrt(d_k), d_k=d_k)
-        mk = _masks.causal(L, S) if causal else bool_mask
-        s = stages.apply_mask(s, mk)
-        wts = stages.softmax(s)
-        if worked.V is not None:
-            stages.weighted_sum(wts, worked.V)
-    return trace
+            q = k = None
+            scores = stages.observe_input("scores", worked.scores, "scores (given)")
+            v = None if worked.V is None else stages.observe_input("V", worked.V)
+        width = q.shape[-1] if q is not None else None
+        dd = d_k if d_k is not None else width
+        pipeline.attend(q, k, v, scale=1.0 / math.sqrt(dd), d_k=dd, scores=scores, **opts)
+
+
+#: steps whose −∞ entries are the mask's doing (not an overflow)
+_MAY_HOLD_MINUS_INF = {"masked"}
+
+
+def _check_finite(trace, worked: Worked) -> None:
+    """Raise :class:`WorkedExampleError` at the first recorded step holding ±inf or NaN (a masked score's −∞
+    aside): the numbers overflowed float64 there (e.g. scores of 1e200-sized vectors)."""
+    for step in trace:
+        a = np.asarray(step.array)
+        if a.dtype.kind != "f":
+            continue
+        bad = np.isnan(a) | (np.isposinf(a) if step.name in _MAY_HOLD_MINUS_INF else np.isinf(a))
+        if not bad.any():
+            continue
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = "NaN" if np.isnan(a[idx]) else ("inf" if a[idx] > 0 else "-inf")
+        where = worked.name or "worked example"
+        raise WorkedExampleError(
+            f"{where}: {step.name} overflowed: {step.name}{list(idx)} = {value} (float64 holds numbers up to "
+            f"about 1.8e308); expected finite {step.name} — scale the inputs down")
