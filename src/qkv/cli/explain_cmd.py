@@ -7,34 +7,57 @@ import sys
 
 import click
 
+from qkv import locales
+from qkv.locales import t
+
 from . import UserError
 from ._app import cli
 
 DEFAULT_EXAMPLE = "seed003"
 
 
-def _load(example: str | None, path: str | None):
+class LangChoice(click.Choice):
+    """``--lang``: one of the languages that have a locale file now (:func:`qkv.locales.langs`; a file added
+    through ``QKV_LOCALES`` is a choice too)."""
+
+    def __init__(self):
+        super().__init__(())
+
+    @property
+    def choices(self):
+        return locales.langs()
+
+    @choices.setter
+    def choices(self, value):
+        pass
+
+
+def lang_option(help_text: str = "Language (qkv.locales: en, zh, or a locale file of your own)."):
+    return click.option("--lang", type=LangChoice(), default=locales.DEFAULT, show_default=True, help=help_text)
+
+
+def _load(example: str | None, path: str | None, lang: str = "en"):
     from qkv.explain import examples as ex
 
     if example is not None and path is not None:
-        raise UserError("give either --example NAME or a FILE, not both")
+        raise UserError(t("cli.both", lang))
     if path is not None:
         if os.path.isdir(path):
-            raise UserError(f"cannot read {path!r}: it is a folder, expected a worked-example file")
+            raise UserError(t("cli.folder", lang, path=path))
         if not os.path.exists(path):
-            raise UserError(f"cannot read {path!r}: no such file")
+            raise UserError(t("cli.no_file", lang, path=path))
         try:
             return ex.load_file(path)
         except OSError as exc:
-            raise UserError(f"cannot read {path!r}: {exc.strerror or exc}") from None
+            raise UserError(t("cli.cannot_read", lang, path=path, why=exc.strerror or exc)) from None
     name = DEFAULT_EXAMPLE if example is None else example
     names = ex.builtin_names()
     if name not in names:
-        raise UserError(f"--example: unknown example {name!r}; expected one of {', '.join(names)} (see qkv examples)")
+        raise UserError(t("cli.unknown_example", lang, name=name, names=", ".join(names)))
     return ex.load_example(name)
 
 
-def _mask(spec: str | None, worked):
+def _mask(spec: str | None, worked, lang: str = "en"):
     """--mask: causal, none, padding:N (keys N… are padding), window:N (causal sliding window of N keys)."""
     if spec is None:
         return None
@@ -51,13 +74,13 @@ def _mask(spec: str | None, worked):
         except ValueError:
             n = None
         if n is None or n < 1:
-            raise UserError(f"--mask: expected {kind}:N with a positive integer N, got {spec!r}")
+            raise UserError(t("cli.mask_number", lang, kind=kind, spec=spec))
         if kind == "padding":
             if n > S:
-                raise UserError(f"--mask: padding:{n} keeps {n} keys but there are only {S}")
+                raise UserError(t("cli.mask_padding", lang, n=n, S=S))
             return masks.padding([n], max_len=S).reshape(1, S).repeat(L, axis=0)       # (L, S)
         return masks.sliding_window(L, S, window=n, causal=True)
-    raise UserError(f"--mask: expected causal, none, padding:N or window:N, got {spec!r}")
+    raise UserError(t("cli.mask_kind", lang, spec=spec))
 
 
 def _emit(text: str) -> None:
@@ -67,7 +90,7 @@ def _emit(text: str) -> None:
 @cli.command("explain")
 @click.argument("file", required=False, type=click.Path(dir_okay=True))
 @click.option("--example", "-e", metavar="NAME", help="A built-in example (qkv examples lists them; default seed003).")
-@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True, help="Language.")
+@lang_option()
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True,
               help="Output format (rich tables on a terminal for text; plain text when piped).")
 @click.option("--precision", type=click.IntRange(0, 12), default=4, show_default=True, help="Decimals shown.")
@@ -89,27 +112,26 @@ def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, he
     from qkv.explain import _doc, examples as ex
     from qkv.explain.render import build_doc, build_query_doc
 
-    worked = _load(example, file)
-    trace = ex.run(worked, heads=heads, mask=_mask(mask_spec, worked))
+    worked = _load(example, file, lang)
+    trace = ex.run(worked, heads=heads, mask=_mask(mask_spec, worked, lang))
     tokens = list(worked.tokens) if worked.tokens_given else None
     kv_tokens = list(worked.kv_tokens) if worked.kv_tokens_given else None
     if query is None:
         doc = build_doc(trace, lang=lang, precision=precision, tokens=tokens, kv_tokens=kv_tokens,
                         title=worked.title)
     else:
-        row = _query_row(query, worked)
+        row = _query_row(query, worked, lang)
         n_heads = trace["weights"].array.shape[-3] if trace["weights"].array.ndim >= 3 else 1
         if head >= n_heads:
-            raise UserError(f"--head: expected 0 … {n_heads - 1}, got {head}")
+            raise UserError(t("cli.bad_head", lang, last=n_heads - 1, head=head))
         doc = build_query_doc(trace, row, head=head, lang=lang, precision=precision, tokens=tokens,
                               kv_tokens=kv_tokens)
     if query is None and heads is None and mask_spec is None and worked.claims:
         from qkv.explain import check
-        from qkv.explain._i18n import t
 
         r = check(worked)
         how = f"qkv check --example {worked.name}" if file is None else f"qkv check {file}"
-        doc.intro.append(t("claims_note", lang, n=len(r.claims), how=how, **r.summary))
+        doc.intro.append(t("check.claims_note", lang, n=len(r.claims), how=how, **r.summary))
     if fmt == "text" and sys.stdout.isatty():
         _doc.print_rich(doc, precision)
         return 0
@@ -117,25 +139,27 @@ def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, he
     return 0
 
 
-def _query_row(query: str, worked) -> int:
+def _query_row(query: str, worked, lang: str = "en") -> int:
+    last = worked.n_queries - 1
     if worked.tokens_given and query in worked.tokens:
         if worked.tokens.count(query) > 1:
-            raise UserError(f"--query: the token {query!r} appears {worked.tokens.count(query)} times; give its "
-                            "row number instead")
+            raise UserError(t("cli.query_dup", lang, tok=query, k=worked.tokens.count(query)))
         return worked.tokens.index(query)
     try:
         row = int(query)
     except ValueError:
-        known = f"one of {worked.tokens} or " if worked.tokens_given else ""
-        raise UserError(f"--query: expected {known}a row 0 … {worked.n_queries - 1}, got {query!r}") from None
+        if worked.tokens_given:
+            raise UserError(t("cli.query_bad_labels", lang, tokens=worked.tokens, last=last, query=query)) from None
+        raise UserError(t("cli.query_bad", lang, last=last, query=query)) from None
     if not 0 <= row < worked.n_queries:
-        raise UserError(f"--query: expected a row 0 … {worked.n_queries - 1}, got {row}")
+        raise UserError(t("cli.query_range", lang, last=last, row=row))
     return row
 
 
 @cli.command("examples")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def examples_cmd(fmt):
+@lang_option()
+def examples_cmd(fmt, lang):
     """List the built-in worked examples (use one with qkv explain --example NAME)."""
     from qkv.explain import examples as ex
 
@@ -147,13 +171,14 @@ def examples_cmd(fmt):
         start = f"{first} {arr.shape[0]}×{arr.shape[1]}"
         extras = [start]
         if w.heads > 1:
-            extras.append(f"{w.heads} heads")
+            extras.append(t("cli.ex_heads", lang, n=w.heads))
         if w.mask is not None:
-            extras.append("causal mask" if isinstance(w.mask, str) else "mask")
+            extras.append(t("cli.ex_causal", lang) if isinstance(w.mask, str) else t("cli.ex_mask", lang))
         if w.X_kv is not None:
-            extras.append("cross-attention")
+            extras.append(t("cli.ex_cross", lang))
         if w.claims:
-            extras.append(f"{sum(len(r) for rows_ in w.claims.values() for r in rows_.values())} claimed numbers")
+            n = sum(len(r) for rows_ in w.claims.values() for r in rows_.values())
+            extras.append(t("cli.ex_claims", lang, n=n))
         rows.append({"name": name, "title": w.title, "default": name == DEFAULT_EXAMPLE, "details": extras})
     if fmt == "json":
         _emit(json.dumps(rows, ensure_ascii=False, indent=2) + "\n")
@@ -161,10 +186,10 @@ def examples_cmd(fmt):
     width = max(len(r["name"]) for r in rows)
     lines = []
     for r in rows:
-        mark = " (default)" if r["default"] else ""
+        mark = " " + t("cli.ex_default", lang) if r["default"] else ""
         lines.append(f"{r['name']:<{width}}  {r['title']}{mark}  [{', '.join(r['details'])}]")
     lines.append("")
-    lines.append("qkv explain --example NAME    explain one;   qkv check --example NAME    check its claims")
+    lines.append(t("cli.ex_footer", lang))
     _emit("\n".join(lines) + "\n")
     return 0
 
@@ -172,7 +197,7 @@ def examples_cmd(fmt):
 @cli.command("check")
 @click.argument("file", required=False, type=click.Path(dir_okay=True))
 @click.option("--example", "-e", metavar="NAME", help="Check a built-in example's claims instead of a FILE.")
-@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True, help="Language.")
+@lang_option()
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="text: root mistakes first; json: {ok, claims, summary}.")
 @click.option("--precision", type=click.IntRange(0, 12), default=4, show_default=True,
@@ -185,8 +210,8 @@ def check_cmd(file, example, lang, fmt, precision):
     from qkv.explain import _doc, check
 
     if file is None and example is None:
-        raise UserError("expected a FILE to check (or --example NAME); see qkv check --help")
-    worked = _load(example, file)
+        raise UserError(t("cli.check_nothing", lang))
+    worked = _load(example, file, lang)
     report = check(worked)
     if fmt == "json":
         _emit(report.to_json())

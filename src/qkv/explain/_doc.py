@@ -10,6 +10,8 @@ import math
 import unicodedata
 from dataclasses import dataclass, field
 
+from ..locales import t
+
 FORMATS = ("text", "markdown", "json")
 MINUS = "\u2212"
 
@@ -172,7 +174,7 @@ def to_markdown(doc: Doc, precision: int = 4) -> str:
         lines.append(f"## {_md_escape(sec.title)}")
         lines.append("")
         if sec.shape:
-            lines += [f"Shape: `{sec.shape}`", ""]
+            lines += [f"{t('explain.shape', doc.lang)}: `{sec.shape}`", ""]
         if sec.formula and sec.formula not in sec.title:
             lines += [f"`{sec.formula}`", ""]
         for kind, item in sec.items:

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _doc
 from ._doc import Doc, Section, fmt
-from ._i18n import check_lang, t
+from ..locales import check_lang, t
 from .examples import CLAIM_NAMES, KEY_SIDE, Worked, half_unit, load_file, run, text_of
 
 __all__ = ["check", "CheckReport", "ClaimResult", "matches"]
@@ -103,35 +103,35 @@ class CheckReport:
     def doc(self, lang: str = "en", precision: int = 4) -> Doc:
         check_lang(lang)
         p = precision
-        title = t("c_title", lang, title=self.title or "worked example")
+        title = t("check.c_title", lang, title=self.title or t("check.untitled", lang))
         doc = Doc(title=title, lang=lang)
         n = len(self.claims)
-        doc.intro.append(t("c_summary", lang, n=n, **self.summary))
-        doc.intro.append(t("c_rule_tol", lang, tol=fmt(self.tolerance, 12)) if self.tolerance is not None
-                         else t("c_rule", lang))
+        doc.intro.append(t("check.c_summary", lang, n=n, **self.summary))
+        doc.intro.append(t("check.c_rule_tol", lang, tol=fmt(self.tolerance, 12)) if self.tolerance is not None
+                         else t("check.c_rule", lang))
         if n == 0:
-            doc.intro.append(t("c_none", lang))
+            doc.intro.append(t("check.c_none", lang))
         elif self.ok:
-            doc.intro.append(t("c_ok", lang))
-        for status, key in (("wrong", "c_roots"), ("carried", "c_carried")):
+            doc.intro.append(t("check.c_ok", lang))
+        for status, key in (("wrong", "check.c_roots"), ("carried", "check.c_carried")):
             groups = _groups([c for c in self.claims if c.status == status])
             if not groups:
                 continue
-            sec = Section(step=status, title=t(key, lang))
+            sec = Section(step=status, title=t(key, lang, status=status_word(status, lang)))
             lines = []
             for where, cs in groups:
                 claimed = ", ".join(c.text for c in cs)
                 true = ", ".join(fmt(c.expected, p) for c in cs)
-                line = f"{where}: {t('c_claimed', lang)} [{claimed}]  {t('c_true', lang)} [{true}]"
+                line = f"{where}: {t('check.c_claimed', lang)} [{claimed}]  {t('check.c_true', lang)} [{true}]"
                 if status == "carried" or any(not _same(c.recomputed, c.expected) for c in cs):
                     rec = ", ".join(fmt(c.recomputed, p) for c in cs)
-                    line += f"  {t('c_from', lang)} [{rec}]"
+                    line += f"  {t('check.c_from', lang)} [{rec}]"
                 lines.append(line)
             sec.calc(lines)
             doc.sections.append(sec)
         correct = _groups([c for c in self.claims if c.status == "correct"])
         if correct:
-            sec = Section(step="correct", title=t("c_correct", lang))
+            sec = Section(step="correct", title=t("check.c_correct", lang))
             sec.calc([f"{where}: [{', '.join(c.text for c in cs)}]" for where, cs in correct])
             doc.sections.append(sec)
         return doc
@@ -143,6 +143,12 @@ class CheckReport:
         if fmt not in _doc.FORMATS:
             raise ValueError(f"fmt: expected one of {', '.join(_doc.FORMATS)}, got {fmt!r}")
         return _doc.emit(self.doc(lang, precision), fmt, precision)
+
+
+def status_word(status: str, lang: str) -> str:
+    """A verdict (``correct``, ``carried``, ``wrong``) in ``lang``; the JSON report keeps the English values."""
+    return {"correct": t("check.status_correct", lang), "carried": t("check.status_carried", lang),
+            "wrong": t("check.status_wrong", lang)}[status]
 
 
 def _same(a, b) -> bool:

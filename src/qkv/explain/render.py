@@ -14,7 +14,7 @@ import numpy as np
 from ..tracing import Step, Trace
 from . import _doc
 from ._doc import Doc, Section, Table, fmt, fmt_factor
-from ._i18n import check_lang, t
+from ..locales import check_lang, t
 
 __all__ = ["render", "explain_query", "build_doc", "build_query_doc"]
 
@@ -118,9 +118,9 @@ def _slices(step: Step, trace: Trace, lang: str):
         parts = []
         for k, v in enumerate(idx):
             if per_head and k == len(idx) - 1:
-                parts.append(t("head", lang, h=v))
+                parts.append(t("explain.head", lang, h=v))
             elif lead[k] > 1:                          # a batch of one is not worth a label
-                parts.append(t("batch", lang, b=v))
+                parts.append(t("explain.batch", lang, b=v))
         out.append((" · ".join(parts), idx))
     return out
 
@@ -140,11 +140,11 @@ def _table(name: str, mat: np.ndarray, rows: list[str], cols: list[str], lang: s
     if R > r:
         vals.append([None] * (c + (1 if C > c else 0)))
         rl = rl + ["…"]
-    note = t("first_rows", lang, k=r, n=R, c=c, m=C)
+    note = t("explain.first_rows", lang, k=r, n=R, c=c, m=C)
     if kind == "num":
         finite = mat[np.isfinite(mat)]
         if finite.size:
-            note += "; " + t("summary", lang, n=mat.size, min=fmt(finite.min(), precision),
+            note += "; " + t("explain.summary", lang, n=mat.size, min=fmt(finite.min(), precision),
                              max=fmt(finite.max(), precision), mean=fmt(finite.mean(), precision))
     return Table(name, rl, cols[:c] + (["…"] if C > c else []), vals, kind, note)
 
@@ -154,12 +154,12 @@ def _dk(d_k) -> str:
     return str(int(d)) if d.is_integer() else repr(d)
 
 
-def _product_line(lhs: str, terms, value, precision: int, bias=None) -> str:
+def _product_line(lhs: str, terms, value, precision: int, bias=None, lang: str = "en") -> str:
     if len(terms) <= MAX_TERMS:
         expr = " + ".join(f"{fmt_factor(a, precision)}×{fmt_factor(b, precision)}" for a, b in terms)
     else:
         head = " + ".join(f"{fmt_factor(a, precision)}×{fmt_factor(b, precision)}" for a, b in terms[:3])
-        expr = f"{head} + … ({len(terms)} terms)"
+        expr = f"{head} + {t('explain.terms_more', lang, n=len(terms))}"
     if bias is not None:
         expr += f" + {fmt_factor(bias, precision)}"
     return f"{lhs} = {expr} = {fmt(value, precision)}"
@@ -170,7 +170,7 @@ def _limited_slices(step, trace, lang):
     if len(sl) <= MAX_SLICES:
         return sl, None
     shown = sl[0][0]
-    return sl[:1], t("slices_more", lang, shown=shown, rest=len(sl) - 1)
+    return sl[:1], t("explain.slices_more", lang, shown=shown, rest=len(sl) - 1)
 
 
 # ----------------------------------------------------------------------------------------------- sections
@@ -181,7 +181,7 @@ class _Builder:
 
     def section(self, step: Step, title: str, shape: str | None = None, formula: str | None = None) -> Section:
         self.n += 1
-        return Section(step=step.name, title=f"{t('step', self.lang, n=self.n)} · {title}",
+        return Section(step=step.name, title=f"{t('explain.step', self.lang, n=self.n)} · {title}",
                        formula=formula if formula is not None else step.formula,
                        shape=shape if shape is not None else _shape(step.array))
 
@@ -198,9 +198,9 @@ class _Builder:
 
     # -- inputs
     def input(self, step: Step) -> Section:
-        key = {"X": "t_X", "X_kv": "t_X_kv", "Q": "t_in_Q", "K": "t_in_K", "V": "t_in_V",
-               "scores": "t_in_scores"}.get(step.name)
-        title = t(key, self.lang) if key else t("t_in_other", self.lang, name=step.name)
+        key = {"X": "explain.t_X", "X_kv": "explain.t_X_kv", "Q": "explain.t_in_Q", "K": "explain.t_in_K",
+               "V": "explain.t_in_V", "scores": "explain.t_in_scores"}.get(step.name)
+        title = t(key, self.lang) if key else t("explain.t_in_other", self.lang, name=step.name)
         sec = self.section(step, title, formula="")
         sec.formula = None
         self.result_tables(sec, step)
@@ -212,22 +212,23 @@ class _Builder:
         name = step.name
         bias = step.operands.get("bias")
         if name == "scores":
-            title = t("t_scores", self.lang)
+            title = t("explain.t_scores", self.lang)
             shape = f"{_shape(a)} · {_shape(b)}ᵀ → {_shape(step.array)}"
         elif name == "output":
-            title = t("t_output", self.lang)
+            title = t("explain.t_output", self.lang)
             shape = f"{_shape(a)} · {_shape(b)} → {_shape(step.array)}"
         else:
-            key = {"Q": "t_Q", "K": "t_K", "V": "t_V", "final_output": "t_final_output"}.get(name, "t_matmul")
+            key = {"Q": "explain.t_Q", "K": "explain.t_K", "V": "explain.t_V",
+                   "final_output": "explain.t_final_output"}.get(name, "explain.t_matmul")
             title = t(key, self.lang, formula=step.formula)
             shape = f"{_shape(a)} · {_shape(b)} → {_shape(step.array)}"
         sec = self.section(step, title, shape=shape)
         a_name = step.params.get("a_name", "A")
         b_name = step.params.get("b_name", "B")
         if name == "scores":
-            sec.text(t("n_scores", self.lang))
+            sec.text(t("explain.n_scores", self.lang))
         elif name == "output":
-            sec.text(t("n_output", self.lang))
+            sec.text(t("explain.n_output", self.lang))
         else:
             if b.ndim == 2:                              # the weight matrix, shown once
                 sec.table(_table(b_name, np.asarray(b, dtype=np.float64), [str(i) for i in range(b.shape[0])],
@@ -236,7 +237,7 @@ class _Builder:
                     bv = np.asarray(bias, dtype=np.float64)[None, :]
                     sec.table(_table(f"b_{b_name[2:]}", bv, ["b"], [str(j) for j in range(bv.shape[1])],
                                      self.lang, self.p))
-            sec.text(t("n_proj", self.lang, a=a_name, b=b_name if name != "scores" else "Kᵀ"))
+            sec.text(t("explain.n_proj", self.lang, a=a_name, b=b_name if name != "scores" else "Kᵀ"))
         slices, more = _limited_slices(step, self.trace, self.lang)
         for label, idx in slices:
             mat = np.asarray(step.array[idx])
@@ -244,13 +245,14 @@ class _Builder:
             lines = []
             cells = [(i, j) for i in range(R) for j in range(C)]
             if R * C > MAX_CALC:
-                lines.append(t("one_element", self.lang, n=R * C))
+                lines.append(t("explain.one_element", self.lang, n=R * C))
                 cells = cells[:1]
             for i, j in cells:
                 terms = step.terms((*idx, i, j))
                 lhs = self._element_name(step, i, j)
                 bv = None if bias is None else float(np.asarray(bias)[j])
-                lines.append(((label + ": ") if label else "") + _product_line(lhs, terms, mat[i, j], self.p, bv))
+                lines.append(((label + ": ") if label else "") + _product_line(lhs, terms, mat[i, j], self.p, bv,
+                                                                                      self.lang))
             sec.calc(lines)
         if more:
             sec.text(more)
@@ -269,12 +271,12 @@ class _Builder:
         default = bool(step.params.get("is_default"))
         if default and d_k is not None:
             sqrt = math.sqrt(float(d_k))
-            sec = self.section(step, t("t_scaled", self.lang))
-            sec.text(t("n_scaled", self.lang, d=_dk(d_k), sqrt=fmt(sqrt, self.p), scale=fmt(sc, self.p)))
+            sec = self.section(step, t("explain.t_scaled", self.lang))
+            sec.text(t("explain.n_scaled", self.lang, d=_dk(d_k), sqrt=fmt(sqrt, self.p), scale=fmt(sc, self.p)))
         else:
             sqrt = None
-            sec = self.section(step, t("t_scaled_custom", self.lang, scale=fmt(sc, self.p)))
-            sec.text(t("n_scaled_custom", self.lang, scale=fmt(sc, self.p)))
+            sec = self.section(step, t("explain.t_scaled_custom", self.lang, scale=fmt(sc, self.p)))
+            sec.text(t("explain.n_scaled_custom", self.lang, scale=fmt(sc, self.p)))
         src = step.operands.get("scores")
         slices, more = _limited_slices(step, self.trace, self.lang)
         for label, idx in slices:
@@ -283,7 +285,7 @@ class _Builder:
             cells = [(i, j) for i in range(R) for j in range(C)]
             lines = []
             if R * C > MAX_CALC:
-                lines.append(t("one_element", self.lang, n=R * C))
+                lines.append(t("explain.one_element", self.lang, n=R * C))
                 cells = cells[:1]
             for i, j in cells:
                 s = float(np.asarray(src[idx])[i, j]) if src is not None else float("nan")
@@ -298,10 +300,10 @@ class _Builder:
 
     # -- mask
     def mask(self, step: Step) -> Section:
-        sec = self.section(step, t("t_masked", self.lang))
+        sec = self.section(step, t("explain.t_masked", self.lang))
         m = step.operands.get("mask")
         if m is not None and np.asarray(m).dtype == np.bool_:
-            sec.text(t("n_mask", self.lang))
+            sec.text(t("explain.n_mask", self.lang))
             full = np.broadcast_to(np.asarray(m), step.array.shape)
             slices, more = _limited_slices(step, self.trace, self.lang)
             first = full[slices[0][1]]
@@ -311,14 +313,14 @@ class _Builder:
                                  self.lab.rows("scores", first.shape[0]), self.lab.cols("scores", first.shape[1]),
                                  self.lang, self.p, kind="bool"))
         else:
-            sec.text(t("n_mask_float", self.lang))
+            sec.text(t("explain.n_mask_float", self.lang))
         self.result_tables(sec, step)
         return sec
 
     # -- softmax
     def softmax(self, step: Step) -> Section:
-        sec = self.section(step, t("t_weights", self.lang))
-        sec.text(t("n_softmax", self.lang))
+        sec = self.section(step, t("explain.t_weights", self.lang))
+        sec.text(t("explain.n_softmax", self.lang))
         e, total, mx, logits = (step.operands.get(k) for k in ("exp", "sum", "max", "logits"))
         slices, more = _limited_slices(step, self.trace, self.lang)
         for label, idx in slices:
@@ -330,7 +332,7 @@ class _Builder:
                 for i in rows:
                     lines += self._softmax_row(label, idx, i, w, e, total, mx, logits)
             if len(rows) < R:
-                lines.append(t("one_element", self.lang, n=R))
+                lines.append(t("explain.one_element", self.lang, n=R))
             sec.calc(lines)
         if more:
             sec.text(more)
@@ -345,7 +347,7 @@ class _Builder:
         m = float(np.asarray(mx[idx])[i, 0])
         C = len(x)
         pre = (label + ": ") if label else ""
-        lines = [f"{pre}{t('row', self.lang, label=self.lab.query(i))}: {t('max', self.lang)} = {fmt(m, p)}"]
+        lines = [f"{pre}{t('explain.row', self.lang, label=self.lab.query(i))}: {t('explain.max', self.lang)} = {fmt(m, p)}"]
         show = range(C) if C <= SMALL else range(SHOW)
         parts = []
         for j in show:
@@ -355,9 +357,9 @@ class _Builder:
                 parts.append(f"exp({fmt(x[j], p)} − {fmt_factor(m, p)}) = {fmt(ex[j], p)}")
         lines.append("  " + ";  ".join(parts) + ("; …" if C > len(show) else ""))
         if C <= SMALL:
-            lines.append(f"  {t('sum', self.lang)} = " + " + ".join(fmt(v, p) for v in ex) + f" = {fmt(tot, p)}")
+            lines.append(f"  {t('explain.sum', self.lang)} = " + " + ".join(fmt(v, p) for v in ex) + f" = {fmt(tot, p)}")
         else:
-            lines.append(f"  {t('sum', self.lang)} = Σ ({C}) = {fmt(tot, p)}")
+            lines.append(f"  {t('explain.sum', self.lang)} = Σ ({C}) = {fmt(tot, p)}")
         lines.append("  " + "  ".join(
             f"{self.lab.key(j)}: {fmt(ex[j], p)} / {fmt(tot, p)} = {fmt(w[i, j], p)}" for j in show)
             + ("  …" if C > len(show) else ""))
@@ -365,9 +367,9 @@ class _Builder:
 
     # -- dropout
     def dropout(self, step: Step) -> Section:
-        sec = self.section(step, t("t_dropout", self.lang))
+        sec = self.section(step, t("explain.t_dropout", self.lang))
         pr = float(step.params.get("p", 0.0))
-        sec.text(t("n_dropout", self.lang, keep=fmt(1 - pr, self.p)))
+        sec.text(t("explain.n_dropout", self.lang, keep=fmt(1 - pr, self.p)))
         self.result_tables(sec, step)
         return sec
 
@@ -375,23 +377,23 @@ class _Builder:
     def split(self, step: Step) -> Section:
         src = step.name[:-len("_heads")]
         x = step.operands.get("x")
-        sec = self.section(step, t("t_heads", self.lang, name=src))
-        sec.text(t("n_split", self.lang, src=src, src_shape=_shape(x) if x is not None else "?", name=step.name,
+        sec = self.section(step, t("explain.t_heads", self.lang, name=src))
+        sec.text(t("explain.n_split", self.lang, src=src, src_shape=_shape(x) if x is not None else "?", name=step.name,
                    shape=_shape(step.array)))
         self.result_tables(sec, step)
         return sec
 
     def repeat(self, step: Step) -> Section:
         x = step.operands.get("x")
-        sec = self.section(step, t("t_repeated", self.lang, name=step.name))
-        sec.text(t("n_repeat", self.lang, n=step.params.get("n_rep", "?"),
+        sec = self.section(step, t("explain.t_repeated", self.lang, name=step.name))
+        sec.text(t("explain.n_repeat", self.lang, n=step.params.get("n_rep", "?"),
                    hk=(np.shape(x)[-3] if x is not None and np.ndim(x) >= 3 else "?")))
         return sec
 
     def concat(self, step: Step) -> Section:
         x = step.operands.get("x")
-        sec = self.section(step, t("t_concat", self.lang))
-        sec.text(t("n_concat", self.lang, src_shape=_shape(x) if x is not None else "?", shape=_shape(step.array)))
+        sec = self.section(step, t("explain.t_concat", self.lang))
+        sec.text(t("explain.n_concat", self.lang, src_shape=_shape(x) if x is not None else "?", shape=_shape(step.array)))
         self.result_tables(sec, step)
         return sec
 
@@ -424,12 +426,12 @@ def build_doc(trace: Trace, *, lang: str = "en", precision: int = 4, tokens=None
     """The document of a whole trace (see :func:`render`)."""
     tokens, kv_tokens = _check_common(trace, lang, "text", precision, tokens, kv_tokens)
     labels = _Labels(trace, tokens, kv_tokens)
-    doc = Doc(title=title or t("doc_title", lang), lang=lang)
-    doc.intro.append(t("overview_mha" if "Q_heads" in trace else "overview", lang))
+    doc = Doc(title=title or t("explain.doc_title", lang), lang=lang)
+    doc.intro.append(t("explain.overview_mha" if "Q_heads" in trace else "explain.overview", lang))
     if tokens is not None:
-        doc.intro.append(f"{t('tokens', lang)}: {' '.join(tokens)}")
+        doc.intro.append(f"{t('explain.tokens', lang)}: {' '.join(tokens)}")
     if kv_tokens is not None:
-        doc.intro.append(f"{t('kv_tokens', lang)}: {' '.join(kv_tokens)}")
+        doc.intro.append(f"{t('explain.kv_tokens', lang)}: {' '.join(kv_tokens)}")
     b = _Builder(trace, lang, precision, labels)
     for step in trace:
         sec = b.step(step)
@@ -505,12 +507,12 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     qlabel = lab.query(row)
     where = []
     if len(W.shape) >= 3:
-        where.append(t("head", lang, h=head))
+        where.append(t("explain.head", lang, h=head))
     if len(W.shape) >= 4 and int(np.prod(W.shape[:-3])) > 1:
-        where.append(t("batch", lang, b=batch))
-    doc = Doc(title=t("q_title", lang, label=qlabel, where=(" (" + ", ".join(where) + ")") if where else ""),
+        where.append(t("explain.batch", lang, b=batch))
+    doc = Doc(title=t("explain.q_title", lang, label=qlabel, where=(" (" + ", ".join(where) + ")") if where else ""),
               lang=lang)
-    doc.intro.append(t("overview", lang))
+    doc.intro.append(t("explain.overview", lang))
     w = np.asarray(W[idx])[row].astype(np.float64)                   # (S,)
     # which keys to write out: all when few, else the largest weights
     if S <= 16:
@@ -519,13 +521,13 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     else:
         keys = sorted(np.argsort(-w, kind="stable")[:SMALL].tolist())
         rest = [j for j in range(S) if j not in keys]
-        keys_note = t("q_keys_more", lang, k=len(keys), n=S, rest=len(rest), w=fmt(w[rest].sum(), p))
+        keys_note = t("explain.q_keys_more", lang, k=len(keys), n=S, rest=len(rest), w=fmt(w[rest].sum(), p))
     n = 0
 
     def sec(step, title, formula=None, shape=None):
         nonlocal n
         n += 1
-        s = Section(step=step, title=f"{t('step', lang, n=n)} · {title}", formula=formula, shape=shape)
+        s = Section(step=step, title=f"{t('explain.step', lang, n=n)} · {title}", formula=formula, shape=shape)
         doc.sections.append(s)
         return s
 
@@ -537,34 +539,34 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         q = np.asarray(qa[idx])[row]
         E = q.shape[-1]
         qname = "Q_heads" if "Q_heads" in trace else "Q"
-        s = sec("Q", t("q_vec", lang, name=qname, label=qlabel), shape=f"({E},)")
+        s = sec("Q", t("explain.q_vec", lang, name=qname, label=qlabel), shape=f"({E},)")
         s.table(_table("q", q[None, :].astype(np.float64), [qlabel], [str(k) for k in range(E)], lang, p))
-        s = sec("scores", t("q_scores", lang), formula="scores[q, j] = q · k_j",
+        s = sec("scores", t("explain.q_scores", lang), formula="scores[q, j] = q · k_j",
                 shape=f"({S},)")
         arr = np.asarray(scores_step.array[idx])[row]
         lines = []
         for j in keys:
             terms = scores_step.terms((*idx, row, j))
-            lines.append(_product_line(f"q · k_{lab.key(j)}", terms, arr[j], p))
+            lines.append(_product_line(f"q · k_{lab.key(j)}", terms, arr[j], p, lang=lang))
         s.calc(lines)
         if keys_note:
             s.text(keys_note)
     elif scores_step is not None:
-        s = sec("scores", t("t_in_scores", lang), shape=f"({S},)")
-        s.text(t("q_given", lang))
+        s = sec("scores", t("explain.t_in_scores", lang), shape=f"({S},)")
+        s.text(t("explain.q_given", lang))
         arr = np.asarray(scores_step.array[idx])[row]
         s.table(_table("scores", arr[None, :].astype(np.float64), [qlabel], [lab.key(j) for j in range(S)], lang, p))
     if "scaled" in trace:
         st = trace["scaled"]
         sc = float(st.params.get("scale", float("nan")))
         d_k = st.params.get("d_k")
-        s = sec("scaled", t("q_scaled", lang), formula=st.formula)
+        s = sec("scaled", t("explain.q_scaled", lang), formula=st.formula)
         if st.params.get("is_default") and d_k is not None:
             sq = math.sqrt(float(d_k))
-            s.text(t("n_scaled", lang, d=_dk(d_k), sqrt=fmt(sq, p), scale=fmt(sc, p)))
+            s.text(t("explain.n_scaled", lang, d=_dk(d_k), sqrt=fmt(sq, p), scale=fmt(sc, p)))
             op = f"/ {fmt(sq, p)}"
         else:
-            s.text(t("n_scaled_custom", lang, scale=fmt(sc, p)))
+            s.text(t("explain.n_scaled_custom", lang, scale=fmt(sc, p)))
             op = f"× {fmt(sc, p)}"
         src = st.operands.get("scores")
         vals = np.asarray(st.array[idx])[row]
@@ -573,28 +575,28 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
                 for j in keys])
     if "masked" in trace:
         mk = trace["masked"]
-        s = sec("masked", t("q_mask", lang), formula=mk.formula)
+        s = sec("masked", t("explain.q_mask", lang), formula=mk.formula)
         m = mk.operands.get("mask")
         vals = np.asarray(mk.array[idx])[row]
         if m is not None and np.asarray(m).dtype == np.bool_:
             mrow = np.asarray(_bcast(m, mk.array.shape)[idx])[row]
-            s.text(t("n_mask", lang))
+            s.text(t("explain.n_mask", lang))
             cols = keys
             s.table(Table("mask", [qlabel], [lab.key(j) for j in cols], [[bool(mrow[j]) for j in cols]], "bool"))
         else:
-            s.text(t("n_mask_float", lang))
+            s.text(t("explain.n_mask_float", lang))
         s.table(_table("masked", vals[keys][None, :].astype(np.float64), [qlabel], [lab.key(j) for j in keys],
                        lang, p))
     # softmax
-    s = sec("weights", t("q_softmax", lang), formula=w_step.formula)
-    s.text(t("n_softmax", lang))
+    s = sec("weights", t("explain.q_softmax", lang), formula=w_step.formula)
+    s.text(t("explain.n_softmax", lang))
     e, total, mx, logits = (w_step.operands.get(k) for k in ("exp", "sum", "max", "logits"))
     if all(v is not None for v in (e, total, mx, logits)):
         x = np.asarray(logits[idx])[row]
         ex = np.asarray(e[idx])[row]
         tot = float(np.asarray(total[idx])[row, 0])
         m = float(np.asarray(mx[idx])[row, 0])
-        lines = [f"{t('max', lang)} = {fmt(m, p)}"]
+        lines = [f"{t('explain.max', lang)} = {fmt(m, p)}"]
         for j in keys:
             if np.isneginf(x[j]):
                 lines.append(f"{lab.key(j)}: exp(−∞) = 0 → 0")
@@ -602,9 +604,9 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
                 lines.append(f"{lab.key(j)}: exp({fmt(x[j], p)} − {fmt_factor(m, p)}) = {fmt(ex[j], p)} → "
                              f"{fmt(ex[j], p)} / {fmt(tot, p)} = {fmt(w[j], p)}")
         if S <= SMALL:
-            lines.insert(1, f"{t('sum', lang)} = " + " + ".join(fmt(v, p) for v in ex) + f" = {fmt(tot, p)}")
+            lines.insert(1, f"{t('explain.sum', lang)} = " + " + ".join(fmt(v, p) for v in ex) + f" = {fmt(tot, p)}")
         else:
-            lines.insert(1, f"{t('sum', lang)} = Σ ({S}) = {fmt(tot, p)}")
+            lines.insert(1, f"{t('explain.sum', lang)} = Σ ({S}) = {fmt(tot, p)}")
         s.calc(lines)
     if keys_note:
         s.text(keys_note)
@@ -612,8 +614,8 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     # dropout
     if "dropout" in trace:
         d = trace["dropout"]
-        s = sec("dropout", t("t_dropout", lang), formula=d.formula)
-        s.text(t("n_dropout", lang, keep=fmt(1 - float(d.params.get("p", 0.0)), p)))
+        s = sec("dropout", t("explain.t_dropout", lang), formula=d.formula)
+        s.text(t("explain.n_dropout", lang, keep=fmt(1 - float(d.params.get("p", 0.0)), p)))
         dv = np.asarray(d.array[idx])[row]
         s.table(_table("dropout", dv[keys][None, :].astype(np.float64), [qlabel], [lab.key(j) for j in keys],
                        lang, p))
@@ -622,8 +624,8 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         o = trace["output"]
         out = np.asarray(_bcast(o.array, o.array.shape)[idx])[row]
         Ev = out.shape[-1]
-        s = sec("output", t("q_out", lang), formula=o.formula, shape=f"({Ev},)")
-        s.text(t("n_output", lang))
+        s = sec("output", t("explain.q_out", lang), formula=o.formula, shape=f"({Ev},)")
+        s.text(t("explain.n_output", lang))
         lines = []
         cols = range(Ev) if Ev <= SMALL else range(SHOW)
         for c in cols:
@@ -631,17 +633,18 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
             if S > 16:
                 terms_shown = [terms[j] for j in keys]
                 expr = " + ".join(f"{fmt_factor(a, p)}×{fmt_factor(b, p)}" for a, b in terms_shown)
-                lines.append(f"output[{qlabel}, {c}] = {expr} + … ({S} terms) = {fmt(out[c], p)}")
+                lines.append(f"output[{qlabel}, {c}] = {expr} + {t('explain.terms_more', lang, n=S)} = "
+                             f"{fmt(out[c], p)}")
             else:
-                lines.append(_product_line(f"output[{qlabel}, {c}]", terms, out[c], p))
+                lines.append(_product_line(f"output[{qlabel}, {c}]", terms, out[c], p, lang=lang))
         if Ev > len(cols):
-            lines.append(t("terms_more", lang, n=Ev))
+            lines.append(t("explain.terms_more", lang, n=Ev))
         s.calc(lines)
         s.table(_table("output", out[None, :].astype(np.float64), [qlabel], [str(c) for c in range(Ev)], lang, p))
         if "final_output" in trace and "concat" in trace:
-            s.text(t("q_after", lang))
+            s.text(t("explain.q_after", lang))
         elif "concat" in trace:
-            s.text(t("q_after_concat", lang))
+            s.text(t("explain.q_after_concat", lang))
     return doc
 
 

@@ -186,13 +186,20 @@ def _json_for_script(data) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-def render_page(data: dict) -> str:
-    """The page's HTML for ``{"playground": playground_data(...) or None, "model": model_data(...) or None}``."""
+def render_page(data: dict, *, lang: str | None = None) -> str:
+    """The page's HTML for ``{"playground": playground_data(...) or None, "model": model_data(...) or None}``.
+
+    ``lang``: the language of the page's words (a :mod:`qkv.locales` language; default ``data["lang"]`` or
+    English). Its ``page.*`` strings are embedded with the data; the page stays one offline file.
+    """
     import qkv
+    from qkv import locales
 
     if not isinstance(data, dict) or not (data.get("playground") or data.get("model")):
         raise ValueError("data: expected a dict with 'playground' and/or 'model'")
-    payload = {"digits": DIGITS, "playground": data.get("playground"), "model": data.get("model")}
+    lang = locales.check_lang(lang if lang is not None else data.get("lang", locales.DEFAULT))
+    payload = {"digits": DIGITS, "playground": data.get("playground"), "model": data.get("model"), "lang": lang,
+               "strings": locales.strings(lang, "page.")}
     css, js = _asset("page.css"), _asset("page.js")
     for name, text in (("page.css", css), ("page.js", js)):
         if re.search(r"</(script|style)", text, re.IGNORECASE):
@@ -204,10 +211,11 @@ def render_page(data: dict) -> str:
     return _PLACEHOLDER.sub(lambda m: values[m.group(1)], _asset("template.html"))
 
 
-def write_page(path, data: dict) -> str:
-    """Write the page to ``path`` (UTF-8); returns the path. OSError when it cannot be written."""
+def write_page(path, data: dict, *, lang: str | None = None) -> str:
+    """Write the page to ``path`` (UTF-8) in ``lang`` (see :func:`render_page`); returns the path. OSError when
+    it cannot be written."""
     path = os.fspath(path)
-    text = render_page(data)
+    text = render_page(data, lang=lang)
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)
     return path

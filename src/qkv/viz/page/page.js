@@ -7,6 +7,14 @@
   var DATA = JSON.parse(document.getElementById("qkv-data").textContent);
   var DIGITS = DATA.digits || 4;                 // decimals shown in the matrix cells
   var MINUS = "\u2212";
+  // The page's words, from qkv's locale files (qkv/locales/<lang>.json, the "page." keys), embedded by page.py.
+  var STRINGS = DATA.strings || {};
+  function msg(key, args) {
+    var s = Object.prototype.hasOwnProperty.call(STRINGS, key) ? STRINGS[key] : key;
+    return s.replace(/\{(\w+)\}/g, function (m, name) {
+      return args && Object.prototype.hasOwnProperty.call(args, name) ? String(args[name]) : m;
+    });
+  }
 
   // ------------------------------------------------------------------ small helpers
   function el(tag, attrs, text) {
@@ -64,7 +72,7 @@
   function productLine(lhs, pairs, result) {
     var show = pairs.length <= 8 ? pairs : pairs.slice(0, 3);
     var expr = show.map(function (p) { return factor(p[0]) + "\u00d7" + factor(p[1]); }).join(" + ");
-    if (pairs.length > 8) expr += " + \u2026 (" + pairs.length + " terms)";
+    if (pairs.length > 8) expr += " + " + msg("page.terms", { n: pairs.length });
     return lhs + " = " + expr + " = " + num(result);
   }
   // qkv explain's softmax lines for query row i, then the one division that gives weights[i][j].
@@ -74,10 +82,11 @@
       parts.push(x[k] === -Infinity ? "exp(" + MINUS + "\u221e) = 0"
                                     : "exp(" + num(x[k]) + " " + MINUS + " " + factor(soft.max) + ") = " + num(soft.exp[k]));
     }
-    var lines = ["row " + label + ": max = " + num(soft.max),
+    var lines = [msg("page.row", { label: label }) + ": " + msg("page.max") + " = " + num(soft.max),
                  "  " + parts.join(";  ") + (C > show ? "; \u2026" : "")];
-    lines.push(C <= 8 ? "  sum = " + soft.exp.map(num).join(" + ") + " = " + num(soft.sum)
-                      : "  sum = \u03a3 (" + C + ") = " + num(soft.sum));
+    var sum = "  " + msg("page.sum") + " = ";
+    lines.push(C <= 8 ? sum + soft.exp.map(num).join(" + ") + " = " + num(soft.sum)
+                      : sum + "\u03a3 (" + C + ") = " + num(soft.sum));
     lines.push("  " + keyLabels[j] + ": " + num(soft.exp[j]) + " / " + num(soft.sum) + " = " + num(soft.w[j]));
     return lines.join("\n");
   }
@@ -162,7 +171,7 @@
   function resetState() {
     function copy(m) { return m ? clone(m) : null; }
     state = {
-      title: initial.title || "Attention playground", start: initial.start || "X",
+      title: initial.title || msg("page.playground_title"), start: initial.start || "X",
       tokens: initial.tokens.slice(), kv_tokens: initial.kv_tokens ? initial.kv_tokens.slice() : null,
       X: copy(initial.X), X_kv: copy(initial.X_kv), W_Q: copy(initial.W_Q), W_K: copy(initial.W_K),
       W_V: copy(initial.W_V), Q: copy(initial.Q), K: copy(initial.K), V: copy(initial.V),
@@ -245,7 +254,7 @@
         }
         update();
       });
-      explainOn(inp, name + "[" + i + "," + j + "] — an input; type a number");
+      explainOn(inp, msg("page.input_hint", { cell: name + "[" + i + "," + j + "]" }));
       td.appendChild(inp);
     });
   }
@@ -256,16 +265,16 @@
     var causal = el("input", { "type": "checkbox", "data-testid": "toggle-causal", "id": "toggle-causal" });
     causal.checked = state.causal;
     causal.addEventListener("change", function () { state.causal = causal.checked; update(); });
-    var l1 = el("label", { "for": "toggle-causal" }); l1.appendChild(causal); l1.appendChild(document.createTextNode("causal mask (query i sees keys 0…i)"));
+    var l1 = el("label", { "for": "toggle-causal" }); l1.appendChild(causal); l1.appendChild(document.createTextNode(msg("page.causal")));
     var scale = el("input", { "type": "checkbox", "data-testid": "toggle-scale", "id": "toggle-scale" });
     scale.checked = state.scaling;
     scale.addEventListener("change", function () { state.scaling = scale.checked; update(); });
-    var l2 = el("label", { "for": "toggle-scale" }); l2.appendChild(scale); l2.appendChild(document.createTextNode("scale by 1/√d_k (off: watch softmax saturate)"));
+    var l2 = el("label", { "for": "toggle-scale" }); l2.appendChild(scale); l2.appendChild(document.createTextNode(msg("page.scale")));
     var sel = el("select", { "data-testid": "heads-select", "id": "heads-select" });
     headChoices().forEach(function (h) { var o = el("option", { "value": String(h) }, String(h)); if (h === state.heads) o.selected = true; sel.appendChild(o); });
     sel.addEventListener("change", function () { state.heads = Number(sel.value); state.shown = 0; update(); });
-    var l3 = el("label", { "for": "heads-select" }, "heads "); l3.appendChild(sel);
-    var reset = el("button", { "type": "button", "data-testid": "reset" }, "reset");
+    var l3 = el("label", { "for": "heads-select" }, msg("page.heads")); l3.appendChild(sel);
+    var reset = el("button", { "type": "button", "data-testid": "reset" }, msg("page.reset"));
     reset.addEventListener("click", function () { resetState(); renderAll(); });
     [l1, l2, l3, reset].forEach(function (n) { c.appendChild(n); });
   }
@@ -274,17 +283,17 @@
     var box = document.getElementById("inputs");
     box.textContent = "";
     var toks = el("div", { "class": "tokens", "data-testid": "tokens" });
-    toks.appendChild(el("h3", null, "tokens"));
+    toks.appendChild(el("h3", null, msg("page.tokens")));
     state.tokens.forEach(function (t, i) {
-      var inp = el("input", { "type": "text", "data-testid": "token-" + i, "aria-label": "token " + i });
+      var inp = el("input", { "type": "text", "data-testid": "token-" + i, "aria-label": msg("page.token_label", { i: i }) });
       inp.value = t;
       inp.addEventListener("input", function () { state.tokens[i] = inp.value; relabel(); update(); });
       toks.appendChild(inp);
     });
     if (state.kv_tokens) {
-      toks.appendChild(el("h3", null, "key/value tokens"));
+      toks.appendChild(el("h3", null, msg("page.kv_tokens")));
       state.kv_tokens.forEach(function (t, i) {
-        var inp = el("input", { "type": "text", "data-testid": "kv-token-" + i, "aria-label": "key token " + i });
+        var inp = el("input", { "type": "text", "data-testid": "kv-token-" + i, "aria-label": msg("page.kv_token_label", { i: i }) });
         inp.value = t;
         inp.addEventListener("input", function () { state.kv_tokens[i] = inp.value; relabel(); update(); });
         toks.appendChild(inp);
@@ -294,23 +303,24 @@
     var kt = keyTokens();
     if (state.start === "X") {
       var D = state.X[0].length, Dkv = (state.X_kv || state.X)[0].length;
-      box.appendChild(inputTable("X", "X (one row per token)", state.tokens, indexLabels(D)));
-      if (state.X_kv) box.appendChild(inputTable("X_kv", "X_kv (keys/values)", kt, indexLabels(Dkv)));
+      box.appendChild(inputTable("X", msg("page.X_caption"), state.tokens, indexLabels(D)));
+      if (state.X_kv) box.appendChild(inputTable("X_kv", msg("page.X_kv_caption"), kt, indexLabels(Dkv)));
       box.appendChild(inputTable("W_Q", "W_Q", indexLabels(D), indexLabels(state.W_Q[0].length)));
       box.appendChild(inputTable("W_K", "W_K", indexLabels(Dkv), indexLabels(state.W_K[0].length)));
       box.appendChild(inputTable("W_V", "W_V", indexLabels(Dkv), indexLabels(state.W_V[0].length)));
     } else if (state.start === "QK") {
-      box.appendChild(inputTable("Q", "Q (given)", state.tokens, indexLabels(state.Q[0].length)));
-      box.appendChild(inputTable("K", "K (given)", kt, indexLabels(state.K[0].length)));
-      if (state.V) box.appendChild(inputTable("V", "V (given)", kt, indexLabels(state.V[0].length)));
+      box.appendChild(inputTable("Q", msg("page.given", { name: "Q" }), state.tokens, indexLabels(state.Q[0].length)));
+      box.appendChild(inputTable("K", msg("page.given", { name: "K" }), kt, indexLabels(state.K[0].length)));
+      if (state.V) box.appendChild(inputTable("V", msg("page.given", { name: "V" }), kt, indexLabels(state.V[0].length)));
     } else {
-      box.appendChild(inputTable("scores", "scores (given)", state.tokens, kt));
-      if (state.V) box.appendChild(inputTable("V", "V (given)", kt, indexLabels(state.V[0].length)));
+      box.appendChild(inputTable("scores", msg("page.given", { name: "scores" }), state.tokens, kt));
+      if (state.V) box.appendChild(inputTable("V", msg("page.given", { name: "V" }), kt, indexLabels(state.V[0].length)));
     }
     if (state.start !== "X") {
       box.appendChild(el("p", { "class": "note", "data-testid": "start-note" },
-        "This example starts from " + (state.start === "QK" ? "Q and K" : "the scores") +
-        (state.d_k !== null ? " with d_k = " + String(state.d_k) : "") + "; edit them here."));
+        msg(state.start === "QK" ? (state.d_k !== null ? "page.start_qk_dk" : "page.start_qk")
+                                 : (state.d_k !== null ? "page.start_scores_dk" : "page.start_scores"),
+            { d_k: String(state.d_k) })));
     }
   }
 
@@ -358,7 +368,7 @@
     var shown = Math.min(state.shown, H - 1), hd = r.heads[shown];
     var tabs = el("div", { "class": "tabs" });
     if (H > 1) {
-      tabs.appendChild(el("span", null, "show head:"));
+      tabs.appendChild(el("span", null, msg("page.show_head")));
       for (var h = 0; h < H; h++) {
         (function (h) {
           var b = el("button", { "type": "button", "data-testid": "head-tab-" + h, "aria-pressed": String(h === shown) }, String(h));
@@ -366,13 +376,13 @@
           tabs.appendChild(b);
         })(h);
       }
-      var cols = function (a, n) { return n === 1 ? "column " + a : "columns " + a + "–" + (a + n - 1); };
+      var cols = function (a, n) { return n === 1 ? msg("page.column", { a: a }) : msg("page.columns", { a: a, b: a + n - 1 }); };
       tabs.appendChild(el("span", { "class": "note", "data-testid": "head-note" },
-        "Head " + shown + " uses " + cols(shown * E, E) + " of Q and K and " + cols(shown * Ev, Ev) + " of V (d_k = " + String(r.d_k) +
-        "). output puts the heads' outputs side by side (concat)" + (state.W_O ? "; final output = concat · W_O." : ".")));
+        msg(state.W_O ? "page.head_note_wo" : "page.head_note",
+            { h: shown, qk: cols(shown * E, E), v: cols(shown * Ev, Ev), d_k: String(r.d_k) })));
     }
     box.appendChild(tabs);
-    var hs = H > 1 ? " (head " + shown + ")" : "", hp = H > 1 ? "head " + shown + ": " : "";
+    var hs = H > 1 ? msg("page.head_suffix", { h: shown }) : "", hp = H > 1 ? msg("page.head_prefix", { h: shown }) : "";
     var attn = el("div", { "class": "matrices" });
     if (state.start !== "scores") {
       attn.appendChild(table("scores", "scores" + hs, "= Q·Kᵀ", toks, ktoks, function (i, j, td) {
@@ -380,18 +390,17 @@
         numberCell(td, hd.scores[i][j], hp + productLine("scores[" + toks[i] + ", " + ktoks[j] + "]", pairs, hd.scores[i][j]));
       }));
     }
-    attn.appendChild(table("scaled", "scaled" + hs, state.scaling ? "= scores ÷ √d_k" : "= scores × 1 (scaling off)", toks, ktoks, function (i, j, td) {
+    attn.appendChild(table("scaled", "scaled" + hs, state.scaling ? "= scores ÷ √d_k" : msg("page.scaling_off"), toks, ktoks, function (i, j, td) {
       var s = hd.scores[i][j], v = hd.scaled[i][j];
       var text = hp + "scaled[" + toks[i] + ", " + ktoks[j] + "] = " + num(s) +
                  (state.scaling ? " / " + num(Math.sqrt(r.d_k)) : " \u00d7 " + num(1.0)) + " = " + num(v);
       if (!r.allowed[i][j]) td.classList.add("masked");     // struck through: −∞ before softmax (see the mask)
       numberCell(td, v, text);
     }));
-    attn.appendChild(table("mask", "mask", "1 = may attend", toks, ktoks, function (i, j, td) {
+    attn.appendChild(table("mask", "mask", msg("page.may_attend"), toks, ktoks, function (i, j, td) {
       td.textContent = r.allowed[i][j] ? "1" : "0";
       td.tabIndex = 0;
-      explainOn(td, "mask[" + toks[i] + ", " + ktoks[j] + "] = " + (r.allowed[i][j] ? "\u2713 (may attend)"
-                                                                             : "\u2717: the score becomes " + MINUS + "\u221e, its weight 0"));
+      explainOn(td, "mask[" + toks[i] + ", " + ktoks[j] + "] = " + (r.allowed[i][j] ? msg("page.mask_yes") : msg("page.mask_no")));
     }));
     attn.appendChild(table("weights", "weights" + hs, "= softmax(scaled)", toks, ktoks, function (i, j, td) {
       var w = hd.weights[i][j];
@@ -404,16 +413,16 @@
 
     if (!r.output) return;                  // an example without V stops at the weights
     var outs = el("div", { "class": "matrices" });
-    var outCaption = H > 1 ? "output (heads concatenated)" : "output";
+    var outCaption = H > 1 ? msg("page.output_concat") : "output";
     outs.appendChild(table("output", outCaption, H > 1 ? "= [weights_h · V_h for each head h]" : "= weights · V", toks,
                            indexLabels(r.output[0].length), function (i, j, td) {
       var h = Math.floor(j / Ev), c = j % Ev, hh = r.heads[h];
       var pairs = hh.weights[i].map(function (w, t) { return [w, hh.V[t][c]]; });
-      numberCell(td, r.output[i][j], (H > 1 ? "head " + h + ": " : "") + productLine("output[" + toks[i] + ", " + c + "]", pairs, r.output[i][j]));
+      numberCell(td, r.output[i][j], (H > 1 ? msg("page.head_prefix", { h: h }) : "") + productLine("output[" + toks[i] + ", " + c + "]", pairs, r.output[i][j]));
       if (H > 1 && h % 2 === 1) td.classList.add("head-alt");
     }));
     if (r.final) {
-      outs.appendChild(table("final_output", "final output", "= output · W_O", toks, indexLabels(r.final[0].length), function (i, j, td) {
+      outs.appendChild(table("final_output", msg("page.final_output"), "= output · W_O", toks, indexLabels(r.final[0].length), function (i, j, td) {
         var pairs = r.output[i].map(function (x, t) { return [x, state.W_O[t][j]]; });
         numberCell(td, r.final[i][j], productLine("final_output[" + toks[i] + ", " + j + "]", pairs, r.final[i][j]));
       }));
@@ -423,8 +432,7 @@
 
   function updateStatus() {
     var bad = Object.keys(state.invalid).length, status = document.getElementById("status");
-    status.textContent = bad === 0 ? "" : bad + (bad === 1 ? " cell is" : " cells are") +
-      " not a number (marked red); the results use " + (bad === 1 ? "its" : "their") + " last valid value.";
+    status.textContent = bad === 0 ? "" : msg(bad === 1 ? "page.invalid_one" : "page.invalid_many", { n: bad });
   }
   function update() {
     document.getElementById("title").textContent = state.title;
@@ -437,25 +445,24 @@
   function renderModel(M) {
     var sec = document.getElementById("model");
     sec.hidden = false;
-    sec.appendChild(el("h2", null, "Model: " + M.name));
+    sec.appendChild(el("h2", null, msg("page.model_title", { name: M.name })));
     var p = el("p", { "class": "note", "data-testid": "model-text" });
-    p.textContent = "Sentence: " + M.text;
+    p.textContent = msg("page.sentence", { text: M.text });
     sec.appendChild(p);
-    sec.appendChild(el("p", { "class": "note" },
-      "Attention weights of every layer (rows) and head (columns), computed by qkv.models in Python. " +
-      "Click a thumbnail to show that head as lines between tokens and as a heatmap."));
+    sec.appendChild(el("p", { "class": "note" }, msg("page.model_note")));
     var T = M.tokens.length, sel = { layer: 0, head: 0 };
     var grid = el("table", { "class": "grid", "data-testid": "model-grid" });
     var hr = el("tr"); hr.appendChild(el("th"));
-    for (var h = 0; h < M.heads; h++) hr.appendChild(el("th", null, "head " + h));
+    for (var h = 0; h < M.heads; h++) hr.appendChild(el("th", null, msg("page.head", { h: h })));
     grid.appendChild(hr);
     var thumbs = [];
     for (var l = 0; l < M.layers; l++) {
-      var tr = el("tr"); tr.appendChild(el("th", null, "layer " + l));
+      var tr = el("tr"); tr.appendChild(el("th", null, msg("page.layer", { l: l })));
       for (h = 0; h < M.heads; h++) {
         (function (l, h) {
           var b = el("button", { "type": "button", "class": "thumb", "data-testid": "thumb-" + l + "-" + h,
-                                 "aria-label": "layer " + l + " head " + h, "title": "layer " + l + ", head " + h });
+                                 "aria-label": msg("page.layer_head", { layer: l, head: h }),
+                                 "title": msg("page.layer_head", { layer: l, head: h }) });
           var cv = el("canvas", { "width": String(T), "height": String(T) });
           var ctx = cv.getContext("2d"), A = M.attentions[l][h];
           for (var i = 0; i < T; i++) {
@@ -480,14 +487,14 @@
 
     function show() {
       thumbs.forEach(function (b) { b.setAttribute("aria-pressed", String(b.getAttribute("data-testid") === "thumb-" + sel.layer + "-" + sel.head)); });
-      heading.textContent = "layer " + sel.layer + ", head " + sel.head;
+      heading.textContent = msg("page.layer_head", { layer: sel.layer, head: sel.head });
       views.textContent = "";
       var A = M.attentions[sel.layer][sel.head];
       // Lines: query tokens on the left, key tokens on the right, opacity = weight.
       var rowH = 22, width = 360, height = T * rowH + 10;
       var svg = svgEl("svg", { "class": "lines", "width": String(width), "height": String(height),
                                "viewBox": "0 0 " + width + " " + height, "data-testid": "model-lines",
-                               "role": "img", "aria-label": "attention as lines, layer " + sel.layer + " head " + sel.head });
+                               "role": "img", "aria-label": msg("page.lines_label", { layer: sel.layer, head: sel.head }) });
       for (var i = 0; i < T; i++) {
         for (var j = 0; j < T; j++) {
           var w = A[i][j];
@@ -505,7 +512,7 @@
       views.appendChild(svg);
       var saved = DIGITS;
       DIGITS = M.digits || 3;
-      views.appendChild(table("attn", "attention weights", "layer " + sel.layer + ", head " + sel.head, M.tokens, M.tokens, function (i, j, td) {
+      views.appendChild(table("attn", msg("page.attn_caption"), msg("page.layer_head", { layer: sel.layer, head: sel.head }), M.tokens, M.tokens, function (i, j, td) {
         numberCell(td, A[i][j], M.tokens[i] + " → " + M.tokens[j] + ": " + num(A[i][j]));
         td.style.backgroundColor = "rgba(37, 99, 235, " + Math.max(0, Math.min(1, A[i][j])) * 0.55 + ")";
       }));
@@ -515,6 +522,14 @@
   }
 
   // ------------------------------------------------------------------ start
+  // The template's own words (written in English in template.html) in the page's language.
+  function setText(selector, text) { var n = document.querySelector(selector); if (n) n.textContent = text; }
+  if (DATA.lang) document.documentElement.setAttribute("lang", DATA.lang);
+  setText("header .lead", msg("page.lead"));
+  setText("#playground > h2", msg("page.playground"));
+  setText("#arith", msg("page.hover"));
+  var generator = document.querySelector('meta[name="generator"]');
+  setText("footer", msg("page.footer", { version: generator ? generator.getAttribute("content").replace(/^qkv /, "") : "" }));
   if (initial) { resetState(); renderAll(); }
   else { document.getElementById("playground").hidden = true; }
   if (DATA.model) renderModel(DATA.model);
