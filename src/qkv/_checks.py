@@ -6,6 +6,7 @@ expected and what was found. Nothing here uses ``assert``.
 """
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -88,3 +89,101 @@ def broadcastable(shape, target, name: str, target_desc: str) -> None:
     if out != tuple(target):
         raise ValueError(f"{name}: shape {tuple(shape)} would broadcast {target_desc} {tuple(target)} "
                          f"up to {out}; expected a shape that broadcasts to {tuple(target)}")
+
+
+# ---------------------------------------------------------------------------------------------- range
+# Finite inputs can still overflow inside attention: float32 q = k = 1e19 gives scores of 1e38 and NaN. The
+# bounds below are computed in log10 so that they cannot overflow themselves (1e200 squared is 1e400), from
+# the largest |x| first (no copy) and from row norms (a float64 copy) only when that rough bound is too large:
+# O((L + S)·E) either way.
+
+#: log10 of the largest magnitude each compute dtype is trusted with: float32 holds 3.4e38 and float64
+#: 1.8e308; the headroom (1e37, 1e300) is for the sums over keys and heads on top of the bounded terms.
+_LOG10_LIMIT = {np.dtype(np.float32): 37.0, np.dtype(np.float64): 300.0}
+#: log10 of how far the tiled engine lets a row's Σ exp(s − m_i) grow per key block before it rescales,
+#: exp(LAZY_BOUND = 40): its running sums of p·v reach S·e^40·max |v| before the final division.
+_LOG10_SUM_GROWTH = 40.0 / math.log(10.0)
+
+
+def _max_abs(x) -> float:
+    """max |x| as a Python float, by max and min: no temporary the size of ``x``."""
+    return max(float(np.max(x)), -float(np.min(x)))
+
+
+def _log10(m: float) -> float:
+    return math.log10(m) if m > 0 else -math.inf
+
+
+def _log10_max_norm(x, m: float) -> float:
+    """log10 of the largest row norm ‖x_i‖₂ (rows along the last axis) given m = max |x|: computed on x / m in
+    float64, so that the squares can neither overflow nor underflow to 0."""
+    if m == 0:
+        return -math.inf
+    y = np.asarray(x, np.float64) / m                               # max |y| = 1: Σ y² ≤ width
+    return math.log10(m) + 0.5 * math.log10(float(np.max(np.einsum("...e,...e->...", y, y))))
+
+
+def _fmt_log10(x: float) -> str:
+    """10**x written like 1e+400 (which a float cannot hold)."""
+    e = math.floor(x)
+    m = round(10.0 ** (x - e), 1)
+    if m >= 10:
+        m, e = m / 10, e + 1
+    return f"{m:.2g}e{e:+03d}"
+
+
+def range_check(query, key, value, scale: float, *, grad_out=None) -> bool:
+    """Whether attention on these finite inputs fits its compute dtype (float32 for float16/float32 inputs,
+    float64 for float64): ``False`` if so, ``True`` if float16/float32 inputs need float64 (the caller then
+    computes in float64 and casts the result back); a ``ValueError`` naming what would overflow when not even
+    float64 holds it.
+
+    Bounded: the scores, |q_i·k_j·scale| ≤ max ‖q‖ · max ‖k‖ · |scale| (Cauchy–Schwarz); with ``value``, the
+    tiled engine's running sums S·e^40·max |v|; with ``grad_out`` (the backward), the gradients,
+    2·L·H·max ‖dO‖ · max ‖v‖ · max(‖q‖, ‖k‖) · |scale| (dS = P ∘ (dP − D) with |dP|, |D| ≤ ‖dO‖·max ‖v‖,
+    summed over up to L rows and the H query heads sharing a key) and L·H·max |dO| (dV).
+
+    query (..., Hq, L, E), key (..., Hk, S, E), value (..., Hk, S, Ev) or None, grad_out (..., Hq, L, Ev) or
+    None, all finite (checked before). Costs a max and a min per array; row norms only when those are large.
+    """
+    cdt = np.dtype(np.float64 if query.dtype == np.float64 else np.float32)
+    limit = _LOG10_LIMIT[cdt]
+    L, E = query.shape[-2:]
+    S = key.shape[-2]
+    heads = query.size // (L * E)                  # query heads whose rows sum into one key's gradient
+    log_scale = math.log10(abs(scale)) if scale else -math.inf
+    arrays = {n: x for n, x in (("query", query), ("key", key), ("value", value),
+                                ("grad_out", grad_out)) if x is not None}
+    max_abs = {n: _max_abs(x) for n, x in arrays.items()}
+    logs = {n: _log10(m) for n, m in max_abs.items()}
+
+    def bounds(norm):
+        b = {"scores": norm["query"] + norm["key"] + log_scale}
+        if value is not None:
+            b["sums"] = math.log10(S) + _LOG10_SUM_GROWTH + logs["value"]
+        if grad_out is not None:
+            b["gradients"] = max(
+                math.log10(2 * L * heads) + norm["grad_out"] + norm["value"] + max(norm["query"], norm["key"])
+                + log_scale, math.log10(L * heads) + logs["grad_out"])
+        return b
+
+    rough = bounds({n: logs[n] + 0.5 * math.log10(x.shape[-1]) for n, x in arrays.items()})  # ‖x‖ ≤ √E·max|x|
+    if max(rough.values()) <= limit:
+        return False
+    b = bounds({n: _log10_max_norm(x, max_abs[n]) for n, x in arrays.items()})
+    worst = max(b, key=b.get)
+    if b[worst] <= limit:
+        return False
+    wide = _LOG10_LIMIT[np.dtype(np.float64)]
+    if cdt == np.float32 and b[worst] <= wide:
+        return True
+    worst = next(n for n in b if b[n] > wide)                       # the scores first: the root cause
+    beyond = f"beyond float64's range ({np.finfo(np.float64).max:.2g}); rescale the inputs"
+    if worst == "scores":
+        raise ValueError(f"query, key: the scores q·k·scale reach about {_fmt_log10(b[worst])} "
+                         f"(max ‖q‖·max ‖k‖·|scale|), {beyond}")
+    if worst == "sums":
+        raise ValueError(f"value: values up to {_fmt_log10(logs['value'])} in the running sums of up to "
+                         f"S·e^40 weights reach about {_fmt_log10(b[worst])}, {beyond}")
+    raise ValueError(f"grad_out: the gradients reach about {_fmt_log10(b[worst])} "
+                     f"(2·L·heads·max ‖dO‖·max ‖v‖·max(‖q‖, ‖k‖)·|scale|), {beyond}")

@@ -45,17 +45,33 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask
         ``(grad_query, grad_key, grad_value)`` with the shapes and dtype of query, key, value (gradients of
         broadcast leading dimensions are summed, as autograd does). A query that may attend to nothing
         has output 0 and passes no gradient.
+
+    Finite inputs never give NaN: where the scores or the gradients could overflow float32 (bounds in
+    :func:`qkv._checks.range_check`), float16/float32 inputs are computed in float64; a ValueError where
+    not even float64 holds them, or where a gradient itself does not fit the input dtype.
     """
     query, key, value, attn_mask, _, scale, _ = _validate(query, key, value, attn_mask, 0.0, is_causal,
-                                                          scale, enable_gqa, False, None)
+                                                          scale, enable_gqa, False, None, check_range=False)
     grad_out = _checks.float_array(grad_out, "grad_out", min_ndim=2)
     expected = shapes.output_shape(query.shape, key.shape, value.shape, enable_gqa)
     if grad_out.shape != expected:
         raise ValueError(f"grad_out: expected the output's shape {expected}, got {grad_out.shape}")
     if grad_out.dtype != query.dtype:
         raise TypeError(f"grad_out: expected dtype {query.dtype} (as query), got {grad_out.dtype}")
-    return backends.get("tiled").backward(grad_out, query, key, value, attn_mask=attn_mask,
-                                          is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    dt = query.dtype
+    if _checks.range_check(query, key, value, scale, grad_out=grad_out):     # float32 would overflow
+        grad_out, query, key, value = (a.astype(np.float64) for a in (grad_out, query, key, value))
+    grads = backends.get("tiled").backward(grad_out, query, key, value, attn_mask=attn_mask,
+                                           is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    if query.dtype == dt:
+        return grads
+    top = float(np.finfo(dt).max)
+    for name, g in zip(("grad_query", "grad_key", "grad_value"), grads):
+        big = float(np.max(np.abs(g)))
+        if big > top:
+            raise ValueError(f"{name}: the gradient reaches {big:.3g}, beyond {dt}'s range ({top:.3g}); "
+                             f"computed in float64, it does not fit {dt}: rescale grad_out or the inputs")
+    return tuple(g.astype(dt) for g in grads)
 
 
 def attention_weights(query, key, rows, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
@@ -73,16 +89,20 @@ def attention_weights(query, key, rows, attn_mask=None, is_causal=False, scale=N
 
     Returns:
         (..., Hq, len(rows), S) weights in the input dtype (an int ``rows`` gives len 1); row r equals row
-        ``rows[r]`` of the full weights. A row that may attend to nothing is all zeros.
+        ``rows[r]`` of the full weights. A row that may attend to nothing is all zeros. Rows whose scores
+        could overflow float32 are computed in float64 (a ValueError beyond float64's range).
     """
     # key stands in for value: the weights do not depend on the values.
     query, key, _, attn_mask, _, scale, _ = _validate(query, key, key, attn_mask, 0.0, is_causal, scale,
-                                                      enable_gqa, False, None)
+                                                      enable_gqa, False, None, check_range=False)
     L, S = query.shape[-2], key.shape[-2]
     idx = _rows(rows, L)
     out_dtype = query.dtype
-    cdt = np.float64 if out_dtype == np.float64 else np.float32
-    q = query[..., idx, :].astype(cdt) * cdt(scale)                      # (..., Hq, R, E), scale folded in
+    q = query[..., idx, :]                                               # (..., Hq, R, E)
+    # float64 also where the chosen rows' scores would overflow float32 (a ValueError beyond float64)
+    wide = _checks.range_check(q, key, None, scale)
+    cdt = np.float64 if out_dtype == np.float64 or wide else np.float32
+    q = q.astype(cdt) * cdt(scale)                                       # scale folded in
     k = key.astype(cdt, copy=False)
     if enable_gqa:
         hq, hk = query.shape[-3], key.shape[-3]

@@ -14,7 +14,17 @@ def _is_torch_tensor(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
 
-def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, rng):
+def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, rng, *,
+              check_range=True):
+    """The checked arguments ``(query, key, value, attn_mask, dropout_p, scale, rng)``, or a TypeError or
+    ValueError naming the bad one.
+
+    Finite inputs whose scores (or the tiled engine's running sums) would overflow the compute dtype
+    (:func:`qkv._checks.range_check`): float16/float32 query, key and value come back as float64, so the
+    call computes in float64 (the caller casts its result back to the input dtype; ``_input_dtype``);
+    beyond float64 a ValueError. ``check_range=False`` leaves that to the caller (the backward, which bounds
+    its gradients too, and ``attention_weights``, which bounds only its rows).
+    """
     query = _checks.float_array(query, "query", min_ndim=2)
     key = _checks.float_array(key, "key", min_ndim=2)
     value = _checks.float_array(value, "value", min_ndim=2)
@@ -68,7 +78,14 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
                          f"got {scale!r}")
     if dropout_p > 0 and rng is None:
         rng = np.random.default_rng()
+    if check_range and _checks.range_check(query, key, value, scale):
+        query, key, value = (a.astype(np.float64) for a in (query, key, value))
     return query, key, value, attn_mask, float(dropout_p), float(scale), rng
+
+
+def _input_dtype(x) -> np.dtype:
+    """The dtype :func:`_validate` gives ``x`` before any widening: an array's own, float64 for lists."""
+    return x.dtype if isinstance(x, np.ndarray) else np.dtype(np.float64)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
@@ -94,7 +111,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         trace: a :class:`qkv.Trace` to record the stages into (forces the observable reference path; another
             explicit backend together with a trace is a ValueError).
         return_lse: also return the log-sum-exp of each row of the masked, scaled scores, (..., Hq, L), in the
-            compute dtype (float32 for float16 inputs); −inf for a row that may attend to nothing.
+            compute dtype (float32 for float16 inputs; float64 where the scores would overflow float32, see
+            below); −inf for a row that may attend to nothing.
         threads: worker threads of the tiled engine for this call (default :func:`qkv.get_num_threads`);
             the reference and torch backends ignore it.
 
@@ -105,7 +123,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     Torch tensors in (any device) run on torch's SDPA with these semantics and come back as torch tensors.
 
     Differences from torch, on purpose: a query row that may attend to nothing returns zeros (and zero
-    weights) where torch returns NaN; float16 is computed in float32.
+    weights) where torch returns NaN; float16 is computed in float32. Finite inputs never give NaN: where
+    the scores q·k·scale could overflow float32 (max ‖q‖·max ‖k‖·|scale| beyond 1e37, by Cauchy–Schwarz), or
+    the tiled engine's running sums of p·v (S·e^40·max |v|), float16 and float32 inputs are computed in
+    float64 and the output returned in their dtype; beyond float64's range (1e300) a ValueError says what
+    overflows. (NumPy inputs; torch tensors are torch's.)
     """
     _checks.boolean(return_lse, "return_lse")
     if threads is not None:
@@ -122,11 +144,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
                                enable_gqa=enable_gqa, rng=rng, return_weights=return_weights,
                                return_lse=return_lse)
         return _pack(res, return_weights, return_lse)
+    dt = _input_dtype(query)
     query, key, value, attn_mask, dropout_p, scale, rng = _validate(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, return_weights, rng)
     res = dispatch(query, key, value, backend=backend, trace=trace, attn_mask=attn_mask, dropout_p=dropout_p,
                    is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, rng=rng,
                    return_weights=return_weights, return_lse=return_lse, threads=threads)
+    if query.dtype != dt:                                # widened to float64 (scores beyond float32): back
+        res = (res[0].astype(dt), None if res[1] is None else res[1].astype(dt)) + tuple(res[2:])
     return _pack(res, return_weights, return_lse)
 
 
@@ -181,7 +206,7 @@ def _validate_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     if attn_mask is not None:
         m = standin(attn_mask, "attn_mask") if _is_torch_tensor(attn_mask) else attn_mask
     _, _, _, _, _, scale, _ = _validate(q, k, v, m, dropout_p, is_causal, scale, enable_gqa, return_weights,
-                                        None)
+                                        None, check_range=False)             # zeros: nothing to bound
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: expected a numpy.random.Generator or None, got {type(rng).__name__}")
     return attn_mask, scale

@@ -44,6 +44,28 @@ def default_num_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _from_any_thread(set_blas):
+    """Run ``set_blas()`` (a threadpoolctl limit or restore) so that it takes effect whichever thread runs it.
+
+    threadpoolctl (3.8 on) lets only one Python thread, the first to set it, change the thread count of an
+    OpenBLAS built with pthreads, and silently ignores the others. The runtime sets it from whichever caller
+    enters first and restores it from whichever leaves last, so it drops that claim before and after (under
+    the runtime's BLAS lock). Measured here: while the main thread held the claim (inside a
+    ``threadpool_limits`` block), the limit set from a caller on another thread was ignored and BLAS stayed
+    at 2 threads inside the call; a restore ignored that way would leave it at 1.
+    """
+    import threadpoolctl
+
+    release = getattr(getattr(threadpoolctl, "OpenBLASController", None), "clear_controlling_thread", None)
+    if release is None:                                  # threadpoolctl < 3.8: any thread may set it
+        return set_blas()
+    release(force=True)
+    try:
+        return set_blas()
+    finally:
+        release(force=True)
+
+
 class Runtime:
     """Worker pools, the thread-count setting and the counted BLAS limit of the tiled engine.
 
@@ -62,9 +84,11 @@ class Runtime:
         #: The worker count set by :meth:`set_num_threads`; None: :func:`default_num_threads`.
         self.threads: int | None = None
         self._reset()
-        ref = weakref.ref(self)
         if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=lambda: (r := ref()) is not None and r._after_fork_in_child())
+            ref = weakref.ref(self)                     # the hooks must not keep a Runtime alive
+            os.register_at_fork(before=lambda: (r := ref()) is not None and r._blas_lock.acquire(),
+                                after_in_parent=lambda: (r := ref()) is not None and r._blas_lock.release(),
+                                after_in_child=lambda: (r := ref()) is not None and r._after_fork_in_child())
 
     def _reset(self) -> None:
         self._lock = threading.Lock()                   # guards _pools
@@ -76,12 +100,16 @@ class Runtime:
         self._blas_limiter = None                       # holds the setting to restore when the count is 0
 
     def _after_fork_in_child(self) -> None:
-        """The child has only the forking thread: no worker, no caller inside the BLAS limit."""
+        """The child has only the forking thread: no worker, no caller inside the BLAS limit.
+
+        The BLAS lock was taken before the fork (and is released in the parent), so no thread of the runtime
+        was inside threadpoolctl, holding its locks, when the child was made.
+        """
         limiter = self._blas_limiter if self._blas_users else None
         self._reset()
         if limiter is not None:                         # forked while parent callers held BLAS at 1
             with contextlib.suppress(Exception):
-                limiter.restore_original_limits()
+                _from_any_thread(limiter.restore_original_limits)
 
     # ------------------------------------------------------------------------------------------ threads
     default_num_threads = staticmethod(default_num_threads)
@@ -150,7 +178,8 @@ class Runtime:
         with self._blas_lock:
             if self._blas_users == 0:
                 controller = self._blas_controller()
-                self._blas_limiter = None if controller is None else controller.limit(limits=1, user_api="blas")
+                if controller is not None:
+                    self._blas_limiter = _from_any_thread(lambda: controller.limit(limits=1, user_api="blas"))
             self._blas_users += 1
         try:
             yield
@@ -158,7 +187,7 @@ class Runtime:
             with self._blas_lock:
                 self._blas_users -= 1
                 if self._blas_users == 0 and self._blas_limiter is not None:
-                    self._blas_limiter.restore_original_limits()
+                    _from_any_thread(self._blas_limiter.restore_original_limits)
                     self._blas_limiter = None
 
     def blas_threads(self) -> int | None:

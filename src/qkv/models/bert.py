@@ -28,6 +28,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from ..backends.runtime import RUNTIME
 from ..mha import MultiHeadAttention
 from ..tracing import Trace
 
@@ -447,50 +448,38 @@ class BertModel:
                 bar = tqdm(total=len(items), desc="encode", unit="text")
         out = np.empty((len(items), c.hidden_size), dtype=np.float32)
         batches = [order[s:s + batch_size] for s in starts]
-        workers, limits = _batch_workers(len(batches))
+        workers = _batch_workers(len(batches))
+
+        def embed(idx):
+            return self._pooled([enc[i] for i in idx], normalize)
+
+        # In parallel on the engine's runtime (its workers, its counted BLAS limit), else one after another.
+        results = RUNTIME.map(embed, batches, workers) if workers > 1 else (embed(idx) for idx in batches)
         try:
-            with limits:
-                if workers > 1:
-                    from concurrent.futures import ThreadPoolExecutor
-                    with ThreadPoolExecutor(workers, thread_name_prefix="qkv-encode") as ex:
-                        results = ex.map(lambda idx: self._pooled([enc[i] for i in idx], normalize), batches)
-                        for idx, emb in zip(batches, results):
-                            out[idx] = emb
-                            if bar is not None:
-                                bar.update(len(idx))
-                else:
-                    for idx in batches:
-                        out[idx] = self._pooled([enc[i] for i in idx], normalize)
-                        if bar is not None:
-                            bar.update(len(idx))
+            for idx, emb in zip(batches, results):
+                out[idx] = emb
+                if bar is not None:
+                    bar.update(len(idx))
         finally:
+            results.close()                      # ends the BLAS limit (and waits for workers) on an error too
             if bar is not None:
                 bar.close()
         return out[0] if single else out
 
 
-def _batch_workers(n_batches: int):
-    """How :meth:`BertModel.encode` uses the CPU: ``(workers, context)``.
+def _batch_workers(n_batches: int) -> int:
+    """How many batches :meth:`BertModel.encode` runs at once.
 
     NumPy's elementwise work (GELU, softmax, LayerNorm) runs on one core, while BLAS uses all of its threads
     only inside matmuls. With threadpoolctl (the ``fast`` extra) installed and BLAS allowed N > 1 threads,
-    encode runs N batches at once, one per thread, each with single-threaded BLAS (the context sets that and
-    restores it after): the same N cores, all busy all the time. Otherwise batches run one after another.
+    encode runs N batches at once on the engine's runtime (:data:`qkv.backends.runtime.RUNTIME`), one per
+    worker, each with single-threaded BLAS (the runtime's counted limit, restored after): the same N cores,
+    all busy all the time. Otherwise batches run one after another.
     """
-    import contextlib
-
     if n_batches < 2:
-        return 1, contextlib.nullcontext()
-    try:
-        from threadpoolctl import threadpool_info, threadpool_limits
-    except ImportError:
-        return 1, contextlib.nullcontext()
-    threads = max((int(i.get("num_threads") or 1) for i in threadpool_info() if i.get("user_api") == "blas"),
-                  default=1)
-    workers = min(threads, n_batches)
-    if workers < 2:
-        return 1, contextlib.nullcontext()
-    return workers, threadpool_limits(limits=1, user_api="blas")
+        return 1
+    threads = RUNTIME.blas_threads()                # BLAS's own setting, even while engine calls hold it at 1
+    return 1 if threads is None else max(1, min(threads, n_batches))
 
 
 def _index_positive(value, name: str) -> int:
