@@ -54,6 +54,7 @@ import numpy as np
 
 from .. import _checks
 from .. import shapes
+from ..blockmask import EMPTY as _EMPTY, PARTIAL as _PARTIAL
 from .base import Backend
 from .runtime import RUNTIME, default_num_threads, get_num_threads, set_num_threads  # noqa: F401
 
@@ -79,6 +80,10 @@ SHIFT_FREE_BOUND = 30.0
 LAZY_BOUND = 40.0
 #: exp of anything below this is 0 in float32 and float64 alike; a fully masked row keeps lse = −inf.
 _LOG_HEADROOM = 80.0
+#: Block masks: the per-call overhead of one rectangle of cells (a matmul, exp, matmul and their Python
+#: steps), in BLOCK_SIZE² cells of work; the planner halves a row range while the halves cost less
+#: (see _Problem.grid_blocks).
+GRID_CALL_COST = 0.75
 
 # ---------------------------------------------------------------------------------------------- threads
 # Worker pools, thread counts and BLAS's limit are process state: they live in qkv.backends.runtime (one
@@ -89,10 +94,70 @@ _LOG_HEADROOM = 80.0
 _src = shapes.source_index
 
 
+def _builtin(mod, fn_name: str) -> bool:
+    """Whether ``mod`` is the :mod:`qkv.mods` built-in whose function is called ``fn_name`` (so the engine
+    may use what it knows about it: a bound, a translation-invariant pattern, a fold into the matmul)."""
+    fn = getattr(mod, "fn", None)
+    return getattr(fn, "__module__", None) == "qkv.mods" and getattr(fn, "__name__", None) == fn_name
+
+
+def _mask_traits(mod) -> tuple:
+    """``(invariant, diagonal, causal)`` of a mask mod, known for the built-ins (False when unknown):
+    invariant — it depends on ``i − j`` alone (its partial blocks repeat per offset and can be cached);
+    diagonal — it allows every ``(i, i)``; causal — it allows no ``j > i``."""
+    if _builtin(mod, "causal_mask") or _builtin(mod, "sliding_window_mask"):
+        return True, True, True
+    if _builtin(mod, "document_mask") or _builtin(mod, "prefix_lm_mask"):
+        return False, True, False
+    if _builtin(mod, "and_mask") or _builtin(mod, "or_mask"):
+        t = [_mask_traits(c) for c in mod.children]
+        inv = all(x[0] for x in t)
+        if _builtin(mod, "and_mask"):
+            return inv, all(x[1] for x in t), any(x[2] for x in t)
+        return inv, any(x[1] for x in t), all(x[2] for x in t)
+    return False, False, False
+
+
+class _ModPlan:
+    """How the engine applies a score mod: ``kind`` is "none", "alibi" (bias folded into the matmul and one
+    broadcast add), "softcap" (1/cap folded into the query scale; tanh, × cap), "alibi_softcap"
+    (``compose(alibi, softcap)``: both) or "generic" (the mod called on each block)."""
+
+    def __init__(self, score_mod):
+        self.mod = score_mod
+        self.kind, self.slopes, self.cap = "none", None, None
+        if score_mod is None:
+            return
+        chain = [score_mod]
+        if _builtin(score_mod, "composed"):
+            chain = list(score_mod.params.get("mods", ()))
+        if len(chain) == 1 and _builtin(chain[0], "alibi_mod"):
+            self.kind, self.slopes = "alibi", np.asarray(chain[0].params["slopes"], np.float64)
+        elif len(chain) == 1 and _builtin(chain[0], "softcap_mod"):
+            self.kind, self.cap = "softcap", float(chain[0].params["cap"])
+        elif len(chain) == 2 and _builtin(chain[0], "alibi_mod") and _builtin(chain[1], "softcap_mod"):
+            self.kind = "alibi_softcap"
+            self.slopes, self.cap = np.asarray(chain[0].params["slopes"], np.float64), float(chain[1].params["cap"])
+        else:
+            self.kind = "generic"
+
+    @property
+    def qdiv(self) -> float:
+        """What the query scale is divided by (softcap folds 1/cap into it)."""
+        return self.cap if self.cap is not None else 1.0
+
+    def slope(self, h: int):
+        """ALiBi's slope for head ``h`` as the block sees it (divided by the cap when capped), or None."""
+        if self.slopes is None or h >= self.slopes.size:
+            return None
+        return float(self.slopes[h]) / self.qdiv
+
+
 class _Problem:
     """Validated inputs as views per head, in the compute dtype; shared read-only by the workers."""
 
-    def __init__(self, query, key, value, attn_mask, is_causal, scale, enable_gqa):
+    def __init__(self, query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod=None,
+                 block_mask=None, sink_logits=None):
         self.cdt = np.dtype(np.float64 if query.dtype == np.float64 else np.float32)
         self.L, self.E = query.shape[-2:]
         self.S = key.shape[-2]
@@ -104,20 +169,48 @@ class _Problem:
         self.scale = float(scale)
         self.mask = attn_mask
         self.float_mask = attn_mask is not None and attn_mask.dtype != np.bool_
+        self.mod = _ModPlan(score_mod)
+        if self.mod.slopes is not None and self.lead and self.lead[-1] > self.mod.slopes.size:
+            self.mod.kind, self.mod.slopes, self.mod.cap = "generic", None, None   # the mod reports it
+        self.qscale = self.scale / self.mod.qdiv             # folded into Q once (softcap: 1/cap too)
+        self.bm = block_mask
+        if block_mask is not None:
+            block_mask.check_sizes(self.lead, self.L, self.S)
+            self.bs = int(block_mask.BLOCK_SIZE)
+            self.mask_traits = _mask_traits(block_mask.mask_mod)
+        self.sinks = None if sink_logits is None else np.asarray(sink_logits, np.float64).reshape(-1)
+        # ALiBi with scores that cannot exceed the diagonal's: every allowed key is at or before its query
+        # (bias ≤ 0) and every query's own key is allowed (bias 0), so the shift-free bound still holds.
+        diag_ok = self.L <= self.S and attn_mask is None
+        if block_mask is not None:
+            _, diag, causal = self.mask_traits
+            self.alibi_causal = diag_ok and diag and (causal or self.is_causal)
+        else:
+            self.alibi_causal = diag_ok and self.is_causal
         self._kv: dict = {}
         self._kv_lock = threading.Lock()
         self._kv_locks: dict = {}
+        self._grids: dict = {}
+        self._plans: dict = {}
+        self.fwd_budget = None                               # forward: scores per block (see grid_blocks)
 
     # leading index of the key/value head serving query lead index ``idx``
     def kv_index(self, idx: tuple) -> tuple:
         return shapes.kv_index(idx, self.n_rep)
 
+    def bh(self, idx: tuple) -> tuple:
+        """``(b, h)`` of lead index ``idx``: the flattened batch index and the head (as :func:`qkv.pipeline.indices`)."""
+        if not self.lead:
+            return 0, 0
+        b = int(np.ravel_multi_index(idx[:-1], self.lead[:-1])) if len(self.lead) > 1 else 0
+        return b, int(idx[-1])
+
     def kv(self, idx: tuple):
         """``(K, V, k_norm_max, v_abs_max, K_T_ext)`` for the key/value head of ``idx``, once per head.
 
         K (S, E), V (S, Ev) contiguous in the compute dtype; K_T_ext = [Kᵀ; 1] (E+1, S), contiguous rows,
-        its row of ones multiplying the −m_i column of the query block (the running max folded into the
-        matmul).
+        its row of ones multiplying the extra column of the query block (−m_i, and ALiBi's row term: the
+        running max and the bias folded into the matmul).
         """
         kv_idx = self.kv_index(idx)
         src = (_src(kv_idx, self.key.shape[:-2]), _src(kv_idx, self.value.shape[:-2]))
@@ -141,9 +234,10 @@ class _Problem:
         return got
 
     def q_rows(self, idx: tuple, i0: int, i1: int) -> np.ndarray:
-        """Scaled query rows ``Q[i0:i1]·scale`` (Bq, E) in the compute dtype: the scale folded in once."""
+        """Scaled query rows ``Q[i0:i1]·scale`` (Bq, E) in the compute dtype: the scale folded in once (with a
+        softcap, ``scale / cap``: the block's tanh then reads its argument straight from the matmul)."""
         q = self.query[_src(idx, self.query.shape[:-2])][i0:i1]
-        return np.multiply(q, self.cdt.type(self.scale), dtype=self.cdt)
+        return np.multiply(q, self.cdt.type(self.qscale), dtype=self.cdt)
 
     def mask2d(self, idx: tuple):
         """The mask of head ``idx`` as an (L, S) view (broadcast, never copied), or None."""
@@ -155,9 +249,35 @@ class _Problem:
         m = m[_src(idx, m.shape[:-2])]
         return np.broadcast_to(m, (self.L, self.S))
 
-    def key_blocks(self, i0: int, i1: int, mask2d, block_k: int):
+    def shift_free(self, bound: float, log_room: float, slope) -> bool:
+        """Whether a query block whose raw scaled scores are within ±``bound`` may run without a running max
+        (``m_i = 0``): its modified scores must stay where ``exp`` neither overflows (acc included: below
+        ``log_room``) nor underflows a whole row.
+
+        * plain: ``|s| ≤ bound ≤ SHIFT_FREE_BOUND``;
+        * softcap: ``|cap·tanh(s/cap)| < min(cap, bound)`` — bounded whatever the scores, so shift-free
+          whenever that bound is below ``log_room`` (≈ 70 for S = 4096: Gemma 2's cap 50 qualifies) and
+          ``exp(−bound)`` is a normal float32 (bound ≤ 80); ALiBi under the cap changes nothing;
+        * ALiBi: ``s + m·(j − i) ≤ s`` where every allowed key is at or before its query (slope ≥ 0), and the
+          query's own key (bias 0, score ≥ −bound) keeps each row's sum above ``exp(−bound)``; so with a
+          causal mask that allows the diagonal, as plain. Keys far behind underflow to 0, rightly: their
+          weight relative to the diagonal's is below exp(−57), under float32's resolution;
+        * a float mask or any other score mod: never (unknown range).
+        """
+        kind = self.mod.kind
+        if self.float_mask or kind == "generic":
+            return False
+        if kind in ("softcap", "alibi_softcap"):
+            u = self.mod.cap if kind == "alibi_softcap" else min(self.mod.cap, bound)
+            return u < log_room and u <= _LOG_HEADROOM
+        if kind == "alibi" and not (self.alibi_causal and slope is not None and slope >= 0):
+            return False
+        return bound <= SHIFT_FREE_BOUND < log_room
+
+    # ------------------------------------------------------------------------------------ block plans
+    def key_blocks(self, i0: int, i1: int, mask2d, block_k: int, idx: tuple = ()):
         """The blocks query rows i0..i1 need: ``(r0, r1, j0, j1, kind)``, rows i0+r0 … i0+r1 against keys
-        j0 … j1, kind "full", "causal" or "mask".
+        j0 … j1, kind "full", "causal", "mask" or ``("grid", ops)`` (a block mask's partial and empty cells).
 
         Blocks a mask removes entirely are left out; blocks it allows entirely are "full". Causal: the keys
         before i0 in full blocks, then the diagonal square split in quadrants (upper-left and lower-right
@@ -167,7 +287,13 @@ class _Problem:
             rows ↓  keys →     ■ full   ◣ causal   · skipped
             ■ ■ ■ ◣ ·
             ■ ■ ■ ■ ◣
+
+        With a block mask: :meth:`grid_blocks` (rectangles of its cells).
         """
+        if self.bm is not None:
+            bs = self.bs
+            return [(a0 - i0, a1 - i0, c0, c1, kind) for a0, a1, c0, c1, kind in
+                    self.grid_blocks(idx, i0 // bs, -(-i1 // bs), 0, -(-self.S // bs), block_k, self.fwd_budget)]
         S = self.S
         out = []
         if self.is_causal:                 # top-left: row i sees keys j <= i
@@ -201,8 +327,132 @@ class _Problem:
             out.append((h, r1, j0, min(j0 + block_k, mid), "full"))
         self._diagonal(out, i0, h, r1, block_k)            # lower-right triangle
 
+    def backward_blocks(self, idx: tuple, j0: int, j1: int, block_q: int):
+        """The blocks key columns j0..j1 need in the backward: ``(i0, i1, c0, c1, kind)`` (absolute rows and
+        columns), walking the query blocks; kinds as :meth:`key_blocks`."""
+        L = self.L
+        if self.bm is not None:
+            bs = self.bs
+            out = []
+            step = max(1, block_q // bs)
+            c0, c1 = j0 // bs, -(-j1 // bs)
+            for g0 in range(0, -(-L // bs), step):
+                out += self.grid_blocks(idx, g0, min(g0 + step, -(-L // bs)), c0, c1, j1 - j0)
+            return out
+        mask2d = self.mask2d(idx)
+        out = []
+        i_start = j0 if self.is_causal else 0              # causal: rows i < j0 see none of these keys
+        for i0 in range(i_start - i_start % block_q, L, block_q):
+            i1 = min(i0 + block_q, L)
+            if self.is_causal:
+                kind = "full" if i0 >= j1 - 1 else "causal"
+            else:
+                kind = _block_kind(mask2d, self.float_mask, i0, i1, j0, j1)
+                if kind is None:
+                    continue
+            out.append((i0, i1, j0, j1, kind))
+        return out
 
-_causal_cache: dict = {}
+    def grid(self, idx: tuple) -> np.ndarray:
+        """The cells of the block mask for head ``idx``, (⌈L/bs⌉, ⌈S/bs⌉) int8: −1 empty (skipped), 0 full
+        (never masked), else a bit set of what masks the cell: 1 the mask mod, 2 ``is_causal``, 4 ``attn_mask``.
+        Built once per (b, h) of the block mask — a few hundred KB even at L = S = 65536."""
+        b, h = self.bh(idx)
+        key = self.bm._bh(b, h)
+        g = self._grids.get(key)
+        if g is None:
+            k = self.bm.kinds[key]                                           # (nq, nk) EMPTY/PARTIAL/FULL
+            g = np.where(k == _EMPTY, -1, np.where(k == _PARTIAL, 1, 0)).astype(np.int8)
+            if self.is_causal:
+                bs = self.bs
+                q0 = np.arange(k.shape[0])[:, None] * bs
+                q1 = np.minimum(q0 + bs, self.L)
+                k0 = np.arange(k.shape[1])[None, :] * bs
+                k1 = np.minimum(k0 + bs, self.S)
+                any_, all_ = (q1 - 1) >= k0, q0 >= k1 - 1
+                g = np.where(any_, g, -1).astype(np.int8)
+                g = np.where((g >= 0) & ~all_, g | 2, g).astype(np.int8)
+            if self.mask is not None:
+                g = np.where(g >= 0, g | 4, g).astype(np.int8)
+            self._grids[key] = g
+        return g
+
+    def grid_blocks(self, idx: tuple, g0: int, g1: int, c0: int, c1: int, max_width: int, budget=None):
+        """Rectangles covering the non-empty cells of rows g0..g1 × columns c0..c1 of :meth:`grid`, each
+        ``(a0, a1, j0, j1, kind)`` in rows and keys, ``kind`` "full" or ``("grid", ops)`` with ops
+        ``(a0, a1, j0, j1, value)`` for the runs of masked (value > 0) or empty (−1) cells inside it.
+
+        Each non-empty cell is computed once; empty cells only where a rectangle spans rows of different
+        reach. The rows are halved while that is cheaper by the cost model: a rectangle costs its cells plus
+        GRID_CALL_COST cells' worth of per-call overhead (one matmul per run of columns). Documents stay
+        whole 1024-row squares, a sliding window goes by cell rows (BLOCK_SIZE queries against the window's
+        run of keys), a causal mask halves towards the diagonal as ``is_causal``'s quadrants do. Runs wider
+        than ``max_width`` keys, or than ``budget`` scores per block (at least one cell), are cut. Plans are
+        kept per cell range (a block mask built for every batch row and head alike plans once).
+        """
+        gkey = self.bm._bh(*self.bh(idx))
+        key = (gkey, g0, g1, c0, c1, max_width, budget)
+        got = self._plans.get(key)
+        if got is None:
+            got = self._grid_blocks(self.grid(idx)[g0:g1, c0:c1], g0, c0, max_width, budget)
+            self._plans[key] = got
+        return got
+
+    def _grid_blocks(self, G, g0, c0, max_width, budget):
+        bs, L, S = self.bs, self.L, self.S
+        out = []
+        if not (G >= 0).any():
+            return out
+        for ra, rb, ca, cb in _plan_rects(G >= 0, GRID_CALL_COST):
+            sub = G[ra:rb, ca:cb]
+            a0, a1 = (g0 + ra) * bs, min((g0 + rb) * bs, L)
+            width = max_width if budget is None else min(max_width, budget // (a1 - a0))
+            step = max(1, width // bs)
+            for cs in range(ca, cb, step):
+                ce = min(cs + step, cb)
+                j0, j1 = (c0 + cs) * bs, min((c0 + ce) * bs, S)
+                part = sub[:, cs - ca:ce - ca]
+                if not part.any():
+                    out.append((a0, a1, j0, j1, "full"))
+                    continue
+                ops = []
+                for r in np.flatnonzero(part.any(axis=1)):
+                    row = part[r]
+                    r0, r1 = (g0 + ra + r) * bs, min((g0 + ra + r + 1) * bs, L)
+                    c = 0
+                    while c < row.size:                       # runs of equal non-zero values
+                        v = row[c]
+                        e = c + 1
+                        while e < row.size and row[e] == v:
+                            e += 1
+                        if v != 0:
+                            ops.append((r0, r1, (c0 + cs + c) * bs, min((c0 + cs + e) * bs, S), int(v)))
+                        c = e
+                out.append((a0, a1, j0, j1, ("grid", ops)))
+        return out
+
+
+def _plan_rects(nonempty: np.ndarray, call_cost: float) -> list:
+    """Rectangles ``(ra, rb, ca, cb)`` of cells covering every True of ``nonempty`` (rows × columns) once:
+    for a range of rows, one rectangle per run of columns non-empty in any of them; halved along the rows
+    while the halves cost less (cells + call_cost per rectangle)."""
+    def rec(ra, rb):
+        ne = nonempty[ra:rb].any(axis=0)
+        d = np.diff(np.concatenate(([0], ne.view(np.int8), [0])))
+        runs = list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist()))
+        cost = sum((rb - ra) * (e - s) for s, e in runs) + call_cost * len(runs)
+        here = [(ra, rb, s, e) for s, e in runs]
+        if rb - ra == 1 or not runs:
+            return here, cost
+        mid = (ra + rb) // 2
+        p1, c1 = rec(ra, mid)
+        p2, c2 = rec(mid, rb)
+        if c1 + c2 < cost:
+            return p1 + p2, c1 + c2
+        return here, cost
+    if nonempty.size == 0:
+        return []
+    return rec(0, nonempty.shape[0])[0]
 
 
 def _block_kind(mask2d, float_mask: bool, i0: int, i1: int, j0: int, j1: int):
@@ -216,6 +466,25 @@ def _block_kind(mask2d, float_mask: bool, i0: int, i1: int, j0: int, j1: int):
     return "full" if blk.all() else ("mask" if blk.any() else None)
 
 
+# Patterns that recur block after block, built once: the causal triangle per offset, a translation-invariant
+# mask mod's partial cells per offset, ALiBi's bias per (slope, offset). Bounded: cleared past _CACHE_BYTES.
+_cache: dict = {}
+_cache_bytes = [0]
+_CACHE_BYTES = 64 << 20
+
+
+def _cached(key, build):
+    got = _cache.get(key)
+    if got is None:
+        got = build()
+        if _cache_bytes[0] + got[-1].nbytes > _CACHE_BYTES:
+            _cache.clear()
+            _cache_bytes[0] = 0
+        _cache[key] = got
+        _cache_bytes[0] += got[-1].nbytes
+    return got
+
+
 def _causal_additive(d: int, rows: int, cols: int, dtype) -> np.ndarray:
     """(rows, cols): −inf where key j0 + c is after query i0 + r (``c − r > d = i0 − j0``), 0 elsewhere.
 
@@ -223,19 +492,45 @@ def _causal_additive(d: int, rows: int, cols: int, dtype) -> np.ndarray:
     (mostly ``d = 0``: the diagonal block), so they are built once and kept. C order, as the scores: adding a
     Fortran-ordered pattern to a C-ordered block is ten times slower.
     """
-    key = (d, rows, cols, np.dtype(dtype).char)
-    got = _causal_cache.get(key)
-    if got is None:
+    def build():
         blocked = np.arange(cols)[None, :] - np.arange(rows)[:, None] > d                # (rows, cols)
-        got = np.ascontiguousarray(np.where(blocked, -np.inf, 0.0), dtype=dtype)
-        if len(_causal_cache) > 64:
-            _causal_cache.clear()
-        _causal_cache[key] = got
-    return got
+        return (np.ascontiguousarray(np.where(blocked, -np.inf, 0.0), dtype=dtype),)
+    return _cached(("causal", d, rows, cols, np.dtype(dtype).char), build)[0]
+
+
+def _alibi_pattern(slope: float, d: int, rows: int, cols: int, dtype, causal: bool) -> np.ndarray:
+    """(rows, cols): ALiBi's ``slope·(j − i) = slope·(c − r − d)`` (``d = i0 − j0``), computed in float64 and
+    rounded once, as the reference does; with ``causal`` also −inf where ``j > i``. For blocks that straddle
+    the diagonal (few offsets recur: the diagonal squares, a window's band)."""
+    def build():
+        rel = (np.arange(cols)[None, :] - np.arange(rows)[:, None] - d).astype(np.float64)
+        pat = slope * rel
+        if causal:
+            pat[rel > 0] = -np.inf
+        return (np.ascontiguousarray(pat, dtype=dtype),)
+    return _cached(("alibi", slope, d, rows, cols, np.dtype(dtype).char, causal), build)[0]
+
+
+def _mod_additive(mod, d: int, rows: int, cols: int, dtype) -> np.ndarray:
+    """A translation-invariant mask mod on a (rows, cols) block at offset ``d = i0 − j0`` as 0 / −inf, kept
+    per offset: a sliding window's or causal mask's partial cells are the same few patterns every block."""
+    def build():
+        from ..mods import call_mask_mod
+        q = np.arange(rows, dtype=np.int64)[:, None] + d
+        kv = np.arange(cols, dtype=np.int64)[None, :]
+        m = np.broadcast_to(call_mask_mod(mod, np.zeros((), np.int64), np.zeros((), np.int64), q, kv),
+                            (rows, cols))
+        return mod, np.ascontiguousarray(np.where(m, 0.0, -np.inf), dtype=dtype)
+    got = _cached(("mod", id(mod), d, rows, cols, np.dtype(dtype).char), build)
+    if got[0] is not mod:                                    # an id reused by a new mod: rebuild
+        _cache.pop(("mod", id(mod), d, rows, cols, np.dtype(dtype).char), None)
+        got = _cached(("mod", id(mod), d, rows, cols, np.dtype(dtype).char), build)
+    return got[1]
 
 
 def _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1):
-    """Mask the scores block ``s`` (Bq, bk) in place: disallowed → −inf, or add the float mask."""
+    """Mask the scores block ``s`` (Bq, bk) in place for the kinds "full", "causal", "mask": disallowed →
+    −inf, or add the float mask."""
     if kind == "full":
         return
     if kind == "causal":
@@ -246,6 +541,122 @@ def _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1):
         np.copyto(s, -np.inf, where=~blk)
     else:
         np.add(s, blk, out=s, casting="unsafe")
+
+
+class _Scorer:
+    """The scores of one head's blocks as the softmax needs them: ``score_mod(Q·Kᵀ·scale)``, masked, minus a
+    per-row shift — as few passes over the block as the mod allows.
+
+    ``qs`` holds the scaled query rows (from absolute row ``row0``), with an extra column when ``row_col``
+    (the forward): that column times K_T's row of ones puts a per-row term into the matmul for free (−m_i,
+    ALiBi's row term). Without it (the backward, whose query rows other workers share) a row term is one
+    broadcast add.
+    """
+
+    def __init__(self, P: _Problem, idx: tuple, qs: np.ndarray, row0: int, K_T: np.ndarray, mask2d,
+                 row_col: bool):
+        self.P, self.qs, self.row0, self.K_T, self.mask2d, self.row_col = P, qs, row0, K_T, mask2d, row_col
+        b, h = P.bh(idx)
+        self.kind = P.mod.kind
+        self.slope = P.mod.slope(h)
+        self.fold_m = self.kind in ("none", "alibi") and row_col
+        self.sb, self.sh = np.asarray(b, np.int64), np.asarray(h, np.int64)
+        if P.bm is not None:
+            self.mb, self.mh = P.bm.index_arrays(b, h)
+        self.cap = P.cdt.type(P.mod.cap) if P.mod.cap is not None else None
+
+    def __call__(self, s, a0, a1, j0, j1, kind, m=None, grad=None, raw=None):
+        """Fill ``s`` (a1−a0, j1−j0) with the block's modified, masked scores minus ``m`` (per row; None: 0).
+
+        ``grad`` (a buffer like ``s``): also compute ∂score_mod/∂s there, returning it (or an array that
+        broadcasts to it, or None when it is 1); ``raw`` a second buffer the generic mod's grad needs.
+        """
+        P, E = self.P, self.P.E
+        r0, r1 = a0 - self.row0, a1 - self.row0
+        qs, dt = self.qs, s.dtype
+        row_term = col_term = pattern = None
+        done_mask = False
+        if self.kind in ("alibi", "alibi_softcap"):
+            # slope·(j − i) = slope·(j − ρ) + slope·(ρ − i): the column term is added, the row term rides in
+            # the matmul. ρ lies between every key and query of a block beside the diagonal, so neither term
+            # exceeds the bias itself and rounding is as the reference's; a block that straddles the
+            # diagonal takes the bias as one cached pattern (few offsets recur), the causal mask in it.
+            if j1 - 1 <= a0 or j0 >= a1 - 1:
+                rho = j1 - 1 if j1 - 1 <= a0 else j0
+                row_term = (self.slope * (rho - np.arange(a0, a1, dtype=np.float64))).astype(dt)
+                col_term = (self.slope * (np.arange(j0, j1, dtype=np.float64) - rho)).astype(dt)
+            else:
+                causal = kind == "causal"
+                pattern = _alibi_pattern(self.slope, a0 - j0, a1 - a0, j1 - j0, dt, causal)
+                done_mask = causal
+        fold_m = m is not None and self.fold_m
+        if self.row_col and (fold_m or row_term is not None):
+            col = qs[r0:r1, E]
+            if row_term is None:
+                np.negative(m, out=col)
+            else:
+                col[...] = row_term
+                if fold_m:
+                    col -= m
+            np.matmul(qs[r0:r1], self.K_T[:, j0:j1], out=s)     # (Bq, E+1) x (E+1, bk): + row term
+        else:
+            np.matmul(qs[r0:r1, :E], self.K_T[:E, j0:j1], out=s)  # (Bq, E) x (E, bk) -> (Bq, bk)
+            if row_term is not None:
+                np.add(s, row_term[:, None], out=s)
+        if col_term is not None:
+            np.add(s, col_term, out=s)
+        if pattern is not None:
+            np.add(s, pattern, out=s)
+        g = None
+        if self.cap is not None:                              # the scale was divided by cap: s/cap here
+            np.tanh(s, out=s)
+            if grad is not None:                              # d/ds cap·tanh(s/cap) = 1 − tanh²
+                g = np.multiply(s, s, out=grad)
+                np.subtract(1, g, out=g)
+            np.multiply(s, self.cap, out=s)
+        elif self.kind == "generic":
+            from ..mods import call_score_mod, score_mod_grad
+            q_idx = np.arange(a0, a1, dtype=np.int64)[:, None]
+            kv_idx = np.arange(j0, j1, dtype=np.int64)[None, :]
+            if grad is not None:
+                np.copyto(raw, s)
+            got = call_score_mod(P.mod.mod, s, self.sb, self.sh, q_idx, kv_idx)
+            if got is not s:
+                np.copyto(s, got)
+            if grad is not None:
+                g = score_mod_grad(P.mod.mod, raw, self.sb, self.sh, q_idx, kv_idx)
+        if not done_mask:
+            self.mask(s, kind, a0, a1, j0, j1)
+        if m is not None and not fold_m:
+            np.subtract(s, m[:, None], out=s)
+        return g
+
+    def mask(self, s, kind, a0, a1, j0, j1):
+        """Mask the block in place: nothing for "full", the causal triangle, the attn_mask slice, or a block
+        mask's ops: empty cells → −inf, partial cells → the mask mod (a cached 0/−inf pattern when it
+        depends on i − j alone, else evaluated on the cell run)."""
+        if isinstance(kind, str):
+            _apply_block_mask(s, kind, self.mask2d, a0, a1, j0, j1)
+            return
+        P = self.P
+        for o0, o1, c0, c1, v in kind[1]:
+            sub = s[o0 - a0:o1 - a0, c0 - j0:c1 - j0]
+            if v < 0:
+                sub.fill(-np.inf)
+                continue
+            if v & 1:
+                mod = P.bm.mask_mod
+                if P.mask_traits[0]:
+                    np.add(sub, _mod_additive(mod, o0 - c0, o1 - o0, c1 - c0, s.dtype), out=sub)
+                else:
+                    from ..mods import call_mask_mod
+                    allowed = call_mask_mod(mod, self.mb, self.mh, np.arange(o0, o1, dtype=np.int64)[:, None],
+                                            np.arange(c0, c1, dtype=np.int64)[None, :])
+                    np.copyto(sub, -np.inf, where=~np.broadcast_to(allowed, sub.shape))
+            if v & 2:
+                np.add(sub, _causal_additive(o0 - c0, o1 - o0, c1 - c0, s.dtype), out=sub)
+            if v & 4:
+                _apply_block_mask(sub, "mask", self.mask2d, o0, o1, c0, c1)
 
 
 _local = threading.local()
@@ -279,23 +690,31 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     E, Ev = P.E, P.Ev
     mask2d = P.mask2d(idx)
     Bq = i1 - i0
-    qs = np.empty((Bq, E + 1), P.cdt)                        # [Q·scale, −m_i]: scale folded in once
+    qs = np.empty((Bq, E + 1), P.cdt)                        # [Q·scale, row term]: scale folded in once
     qs[:, :E] = P.q_rows(idx, i0, i1)
     qs[:, E] = 0.0
-    blocks = P.key_blocks(i0, i1, mask2d, block_k)
+    blocks = P.key_blocks(i0, i1, mask2d, block_k, idx)
+    sc = _Scorer(P, idx, qs, i0, K_T, mask2d, row_col=True)
     q_norm = float(np.sqrt(np.einsum("le,le->l", qs[:, :E], qs[:, :E]).max()))
     # How large a block's Σ exp(s − m_i) may grow before acc could overflow (float32 and float64 alike).
     log_room = _LOG_HEADROOM - math.log(P.S) - math.log1p(v_max)
-    # Shift-free: no score can leave ±SHIFT_FREE_BOUND, so m_i = 0 for good.
-    shift_free = (not P.float_mask and q_norm * k_norm <= SHIFT_FREE_BOUND
-                  and SHIFT_FREE_BOUND < log_room)
+    # Shift-free: no (modified) score can leave the bounds of P.shift_free, so m_i = 0 for good.
+    shift_free = P.shift_free(q_norm * k_norm * P.mod.qdiv, log_room, sc.slope)
     # Otherwise lazy rescaling: m_i (folded into the matmul as qs[:, E] = −m_i) is a max some block
     # attained; a block is exponentiated against it as is, and only when its row sums grow past
     # exp(LAZY_BOUND) (or a row has seen nothing yet) is it redone with a max pass and a rescale.
     lazy = not shift_free and dropout_p == 0 and log_room > LAZY_BOUND + 1
+    if not shift_free and sc.kind in ("alibi", "alibi_softcap") and sc.slope is not None:
+        # the blocks with the largest bias first (the diagonal, for a causal ALiBi): later ones then rarely
+        # raise the running max, where in key order every block of a steep head would be redone.
+        sl = sc.slope
+        blocks = sorted(blocks, key=lambda b: -(sl * (b[3] - 1 - (i0 + b[0])) if sl >= 0
+                                                else sl * (b[2] - (i0 + b[1] - 1))))
     row_limit = math.exp(LAZY_BOUND)
-    s_buf = _scratch(Bq, min(block_k, P.S), P.cdt)          # (Bq, bk) scores, then probabilities
-    ones = np.ones(min(block_k, P.S), P.cdt)
+    widest = max((b[3] - b[2] for b in blocks), default=1)
+    tallest = max((b[1] - b[0] for b in blocks), default=1)
+    s_flat = _scratch(1, tallest * widest, P.cdt).reshape(-1)  # a block's scores, then probabilities
+    ones = np.ones(widest, P.cdt)
     tmp = np.empty((Bq, Ev), P.cdt)
     l_blk = np.empty(Bq, P.cdt)
     acc = np.zeros((Bq, Ev), P.cdt)                          # Σ p·v per row
@@ -307,27 +726,25 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
     for r0, r1, j0, j1, kind in blocks:
         rs = slice(r0, r1)                                   # the block's rows (all, but on the diagonal)
-        s = s_buf[rs, :j1 - j0]
+        w = j1 - j0
+        s = s_flat[:(r1 - r0) * w].reshape(r1 - r0, w)
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
         if shift_free:
-            np.matmul(qs[rs, :E], K_T[:E, j0:j1], out=s)     # (Bq, E) x (E, bk) -> (Bq, bk)
-            _apply_block_mask(s, kind, mask2d, a0, a1, j0, j1)
+            sc(s, a0, a1, j0, j1, kind)                      # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked
             np.exp(s, out=s)                                 # p = exp(s − 0)
         else:
-            np.matmul(qs[rs], K_T[:, j0:j1], out=s)          # (Bq, E+1) x (E+1, bk) -> s − m_i
-            _apply_block_mask(s, kind, mask2d, a0, a1, j0, j1)
+            sc(s, a0, a1, j0, j1, kind, m=m_i[rs])           # s − m_i
             if lazy and all_seen:
                 np.exp(s, out=s)                             # p = exp(s − m_i), m_i unchanged
                 lb = l_blk[rs]
-                np.matmul(s, ones[:j1 - j0], out=lb)         # (Bq, bk) x (bk,) -> (Bq,) row sums
+                np.matmul(s, ones[:w], out=lb)               # (Bq, bk) x (bk,) -> (Bq,) row sums
                 if np.all(lb <= row_limit):                  # (NaN/inf fail too)
                     t = tmp[rs]
                     np.matmul(s, V[j0:j1], out=t)            # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
                     acc[rs] += t
                     l_i[rs] += lb
                     continue
-                np.matmul(qs[rs], K_T[:, j0:j1], out=s)      # grew too much: redo with a max pass
-                _apply_block_mask(s, kind, mask2d, a0, a1, j0, j1)
+                sc(s, a0, a1, j0, j1, kind, m=m_i[rs])       # grew too much: redo with a max pass
             # -- update m_i: raise it to this block's max; rescale what was accumulated under the old
             m_blk = np.maximum.reduce(s, axis=1)             # relative to the current m_i; −inf if all masked
             hit = np.isfinite(m_blk)
@@ -339,11 +756,10 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             acc[rs] *= alpha[:, None]
             l_i[rs] *= alpha
             m_i[rs] += shift
-            qs[rs, E] = -m_i[rs]
             seen[rs] |= hit
             all_seen = bool(seen.all())
         lb = l_blk[rs]
-        np.matmul(s, ones[:j1 - j0], out=lb)                 # (Bq, bk) x (bk,) -> (Bq,) row sums
+        np.matmul(s, ones[:w], out=lb)                       # (Bq, bk) x (bk,) -> (Bq,) row sums
         l_i[rs] += lb                                        # the softmax denominator ignores dropout
         if gen is not None:
             keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
@@ -352,6 +768,16 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         t = tmp[rs]
         np.matmul(s, V[j0:j1], out=t)                        # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
         acc[rs] += t
+    if P.sinks is not None:
+        # The sink's column: l_i += exp(sink − m_i), with m_i raised to the sink first where it is larger
+        # (and taken as the max of a row that saw nothing), so that nothing exp'd exceeds 1.
+        sink = P.cdt.type(P.sinks[sc.sh])
+        some = l_i > 0
+        m_new = np.where(some, np.maximum(m_i, sink), sink).astype(P.cdt)
+        alpha = np.where(some, np.exp(m_i - m_new), 0.0).astype(P.cdt)
+        acc *= alpha[:, None]
+        l_i = l_i * alpha + np.exp(sink - m_new)
+        m_i = m_new
     nz = l_i > 0                                             # l_i = 0: a query that may attend to nothing
     inv = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=nz)
     out[idx][i0:i1] = acc * inv[:, None]
@@ -364,9 +790,9 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         sub = np.where(nz, row_lse, np.inf)[:, None]         # fully masked rows: exp(−inf) = 0
         w_rows = weights[idx]
         for r0, r1, j0, j1, kind in blocks:
-            s = s_buf[r0:r1, :j1 - j0]
-            np.matmul(qs[r0:r1, :E], K_T[:E, j0:j1], out=s)  # (Bq, E) x (E, bk) -> (Bq, bk)
-            _apply_block_mask(s, kind, mask2d, i0 + r0, i0 + r1, j0, j1)
+            w = j1 - j0
+            s = s_flat[:(r1 - r0) * w].reshape(r1 - r0, w)
+            sc(s, i0 + r0, i0 + r1, j0, j1, kind)
             np.subtract(s, sub[r0:r1], out=s)
             np.exp(s, out=s)
             if gen is not None:
@@ -376,23 +802,41 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             w_rows[i0 + r0:i0 + r1, j0:j1] = s
 
 
+def _aligned(n: int, bs: int) -> int:
+    """``n`` rounded down to a multiple of ``bs`` (at least ``bs``)."""
+    return max(1, n // bs) * bs
+
+
 def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False, scale, enable_gqa=False,
-            rng=None, return_weights=False, return_lse=False, threads=None, block_q=None, block_k=None):
+            rng=None, return_weights=False, return_lse=False, threads=None, block_q=None, block_k=None,
+            score_mod=None, block_mask=None, sink_logits=None):
     """The tiled forward on validated arrays; returns ``(output, weights|None, lse|None)``.
 
     ``output`` (..., Hq, L, Ev) in the input dtype; ``lse`` (..., Hq, L) in the compute dtype (float32 for
     float16/32 inputs), −inf on fully masked rows; ``weights`` (..., Hq, L, S) only when asked for.
-    ``block_q``/``block_k`` override the block sizes (tests use small ones to hit block boundaries).
+    ``score_mod``, ``block_mask``, ``sink_logits``: as :func:`qkv.flex_attention` (see the module doc).
+    ``block_q``/``block_k`` override the block sizes (tests use small ones to hit block boundaries); with a
+    block mask they are rounded to multiples of its BLOCK_SIZE.
     """
     threads = RUNTIME.resolve_threads(threads)
-    P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits)
     bq = _checks.positive_int(block_q, "block_q") if block_q is not None else BLOCK_Q
     bk = _checks.positive_int(block_k, "block_k") if block_k is not None else BLOCK_K
-    bq = min(bq, P.L)
-    # Enough tasks to keep every worker busy: shrink the query block when there are few heads.
     n_heads = math.prod(P.lead)
-    while block_q is None and bq > 64 and n_heads * math.ceil(P.L / bq) < 2 * threads:
-        bq //= 2
+    if block_mask is not None:
+        bs = P.bs
+        bq = min(_aligned(bq, bs), -(-P.L // bs) * bs)
+        # the widest run of keys one matmul takes: block_k when given, else as many as keep a block of
+        # scores within BLOCK_Q × BLOCK_K numbers (a cell row of 128 queries takes up to 4096 keys at once)
+        bk = _aligned(bk, bs) if block_k is not None else _aligned(P.L + P.S, bs)
+        P.fwd_budget = None if block_k is not None else BLOCK_Q * BLOCK_K
+        while block_q is None and bq > bs and n_heads * math.ceil(P.L / bq) < 2 * threads:
+            bq = _aligned(bq // 2, bs)
+    else:
+        bq = min(bq, P.L)
+        # Enough tasks to keep every worker busy: shrink the query block when there are few heads.
+        while block_q is None and bq > 64 and n_heads * math.ceil(P.L / bq) < 2 * threads:
+            bq //= 2
     out = np.empty(P.lead + (P.L, P.Ev), P.cdt)
     lse = np.empty(P.lead + (P.L,), P.cdt) if return_lse else None
     weights = np.zeros(P.lead + (P.L, P.S), P.cdt) if return_weights else None
@@ -404,6 +848,12 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
         starts.reverse()                                     # the longest rows first: better balance
     tasks = [(P, idx, i0, min(i0 + bq, P.L), bk, out, lse, weights, dropout_p, seed)
              for i0 in starts for idx in np.ndindex(*P.lead)]
+    if block_mask is not None:                               # the most cells first: better balance
+        work = {}
+        for idx in np.ndindex(*P.lead):
+            g = P.grid(idx) >= 0
+            work[idx] = [int(g[i0 // P.bs:-(-min(i0 + bq, P.L) // P.bs)].sum()) for i0 in range(0, P.L, bq)]
+        tasks.sort(key=lambda t: -work[t[1]][t[2] // bq])
     if 2 * bq * P.S * (P.E + P.Ev) < SERIAL_BELOW_FLOPS:
         threads = 1
     RUNTIME.run(tasks, _forward_task, threads)
@@ -427,7 +877,8 @@ class TiledBackend(Backend):
     """The tiled engine as a backend (forward, backward, the size rule of ``backend="auto"``)."""
 
     name = "tiled"
-    features = frozenset({"mask", "causal", "dropout", "weights", "lse", "backward", "threads"})
+    features = frozenset({"mask", "causal", "dropout", "weights", "lse", "score_mod", "block_mask", "sinks",
+                          "backward", "threads"})
 
     def prefers(self, query, key, value, *, enable_gqa=False) -> bool:
         per_head = query.shape[-2] * key.shape[-2]
@@ -435,15 +886,10 @@ class TiledBackend(Backend):
                 and per_head >= AUTO_TILED_MIN_HEAD_SCORES and key.shape[-2] >= AUTO_MIN_KEYS)
 
     def forward(self, query, key, value, **kw):
-        return forward(query, key, value, **_plain(kw))
+        return forward(query, key, value, **kw)
 
     def backward(self, grad_out, query, key, value, **kw):
-        return backward(grad_out, query, key, value, **_plain(kw))
-
-
-def _plain(kw: dict) -> dict:
-    """Drop the flex arguments that are not set (None)."""
-    return {k: v for k, v in kw.items() if not (k in ("score_mod", "block_mask", "sink_logits") and v is None)}
+        return backward(grad_out, query, key, value, **kw)
 
 
 TILED = TiledBackend()
@@ -457,45 +903,48 @@ def tiled_attention(query, key, value, **kw):
 # ---------------------------------------------------------------------------------------------- backward
 def _backward_task(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k, dq_part, dk, dv, prep):
     """dK, dV of the key blocks ``key_starts`` of one key/value head; dQ into this task's partial."""
-    K, V, _, _, _ = P.kv(q_heads[0])
-    L, E, Ev = P.L, P.E, P.Ev
-    bq, bk = min(block_q, L), min(block_k, P.S)
-    s_buf = _scratch(bq, bk, P.cdt)                          # (Bq, bk) scores, then P
-    dp_buf = _scratch(bq, bk, P.cdt, "dp")                   # (Bq, bk) dP, then dS
+    with np.errstate(over="ignore", invalid="ignore"):
+        _backward_blocks(P, kv_idx, q_heads, key_starts, block_q, block_k, dq_part, dk, dv, prep)
+
+
+def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k, dq_part, dk, dv, prep):
+    K, V, _, _, K_T = P.kv(q_heads[0])
+    E, Ev = P.E, P.Ev
+    bq, bk = min(block_q, P.L), min(block_k, P.S)
+    s_buf = _scratch(1, bq * bk, P.cdt).reshape(-1)          # a block's scores, then P
+    dp_buf = _scratch(1, bq * bk, P.cdt, "dp").reshape(-1)   # dP, then dS
+    needs_grad = P.mod.kind in ("softcap", "alibi_softcap", "generic")
+    g_buf = _scratch(1, bq * bk, P.cdt, "grad").reshape(-1) if needs_grad else None
+    raw_buf = _scratch(1, bq * bk, P.cdt, "raw").reshape(-1) if P.mod.kind == "generic" else None
     dv_t, dk_t, dq_t = np.empty((bk, Ev), P.cdt), np.empty((bk, E), P.cdt), np.empty((bq, E), P.cdt)
     for j0 in key_starts:
         j1 = min(j0 + block_k, P.S)
-        n = j1 - j0
-        dk_j = np.zeros((n, E), P.cdt)
-        dv_j = np.zeros((n, Ev), P.cdt)
-        Kj, Vj = K[j0:j1], V[j0:j1]
+        n_j = j1 - j0
+        dk_j = np.zeros((n_j, E), P.cdt)
+        dv_j = np.zeros((n_j, Ev), P.cdt)
         for r, idx in enumerate(q_heads):
             qs, do, lse_neg, D = prep[idx]                   # (L, E), (L, Ev), (L,), (L,)
-            mask2d = P.mask2d(idx)
-            i_start = j0 if P.is_causal else 0              # causal: rows i < j0 see none of these keys
-            for i0 in range(i_start - i_start % block_q, L, block_q):
-                i1 = min(i0 + block_q, L)
-                if P.is_causal:
-                    kind = "full" if i0 >= j1 - 1 else "causal"
-                else:
-                    kind = _block_kind(mask2d, P.float_mask, i0, i1, j0, j1)
-                    if kind is None:
-                        continue
-                m = i1 - i0
-                s = s_buf[:m, :n]
-                np.matmul(qs[i0:i1], Kj.T, out=s)            # (Bq, E) x (E, bk) -> (Bq, bk)
-                _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1)
+            sc = _Scorer(P, idx, qs, 0, K_T, P.mask2d(idx), row_col=False)
+            for i0, i1, c0, c1, kind in P.backward_blocks(idx, j0, j1, block_q):
+                m, n = i1 - i0, c1 - c0
+                s = s_buf[:m * n].reshape(m, n)
+                g = sc(s, i0, i1, c0, c1, kind,
+                       grad=None if g_buf is None else g_buf[:m * n].reshape(m, n),
+                       raw=None if raw_buf is None else raw_buf[:m * n].reshape(m, n))
                 np.add(s, lse_neg[i0:i1, None], out=s)
-                p = np.exp(s, out=s)                          # P = exp(S − lse), recomputed
+                p = np.exp(s, out=s)                          # P = exp(S' − lse), recomputed
+                o = c0 - j0
                 np.matmul(p.T, do[i0:i1], out=dv_t[:n])       # (bk, Bq) x (Bq, Ev) -> (bk, Ev)
-                dv_j += dv_t[:n]
-                dp = dp_buf[:m, :n]
-                np.matmul(do[i0:i1], Vj.T, out=dp)           # (Bq, Ev) x (Ev, bk) -> (Bq, bk)
+                dv_j[o:o + n] += dv_t[:n]
+                dp = dp_buf[:m * n].reshape(m, n)
+                np.matmul(do[i0:i1], V[c0:c1].T, out=dp)     # (Bq, Ev) x (Ev, bk) -> (Bq, bk)
                 np.subtract(dp, D[i0:i1, None], out=dp)
-                np.multiply(dp, p, out=dp)                    # dS = P ∘ (dP − D)
+                np.multiply(dp, p, out=dp)                    # dS' = P ∘ (dP − D)
+                if g is not None:
+                    np.multiply(dp, g, out=dp)                # dS = dS' ∘ ∂score_mod/∂s
                 np.matmul(dp.T, qs[i0:i1], out=dk_t[:n])     # (bk, Bq) x (Bq, E) -> (bk, E)  (scale in qs)
-                dk_j += dk_t[:n]
-                np.matmul(dp, Kj, out=dq_t[:m])              # (Bq, bk) x (bk, E) -> (Bq, E)
+                dk_j[o:o + n] += dk_t[:n]
+                np.matmul(dp, K[c0:c1], out=dq_t[:m])        # (Bq, bk) x (bk, E) -> (Bq, E)
                 dq_part[r][i0:i1] += dq_t[:m]
         dk[kv_idx][j0:j1] = dk_j
         dv[kv_idx][j0:j1] = dv_j
@@ -505,18 +954,23 @@ _sum_to_shape = shapes.sum_to_shape
 
 
 def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, scale, enable_gqa=False,
-             threads=None, block_q=None, block_k=None, out=None, lse=None):
-    """Gradients ``(dQ, dK, dV)`` of ``sum(grad_out ∘ attention(query, key, value))``, tiled.
+             threads=None, block_q=None, block_k=None, out=None, lse=None, score_mod=None, block_mask=None,
+             sink_logits=None):
+    """Gradients ``(dQ, dK, dV)`` of ``sum(grad_out ∘ attention(query, key, value))``, tiled; with
+    ``sink_logits`` also ``d sink_logits`` (Hq,) last.
 
     ``out``/``lse`` from a previous :func:`forward` (with ``return_lse=True``) skip its recomputation.
     """
     threads = RUNTIME.resolve_threads(threads)
-    P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits)
     bq = _checks.positive_int(block_q, "block_q") if block_q is not None else BLOCK_Q_BACKWARD
     bk = _checks.positive_int(block_k, "block_k") if block_k is not None else BLOCK_K_BACKWARD
+    if block_mask is not None:
+        bq, bk = _aligned(bq, P.bs), _aligned(bk, P.bs)
     if out is None or lse is None:
         out, _, lse = forward(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                              enable_gqa=enable_gqa, return_lse=True, threads=threads)
+                              enable_gqa=enable_gqa, return_lse=True, threads=threads, score_mod=score_mod,
+                              block_mask=block_mask, sink_logits=sink_logits)
     out = np.broadcast_to(out, P.lead + (P.L, P.Ev))
     grad_out = np.broadcast_to(grad_out, P.lead + (P.L, P.Ev))
     lead = P.lead
@@ -528,12 +982,18 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     key_starts = list(range(0, P.S, bk))
     n_chunks = max(1, min(len(key_starts), math.ceil(threads / n_kv))) if threads > 1 else 1
     prep = {}
+    d_sink = None if P.sinks is None else np.zeros(P.sinks.shape, np.float64)
     for idx in np.ndindex(*lead):                           # per query head: Q·scale, dO, −lse, D
         do = np.asarray(grad_out[idx], dtype=P.cdt)
         o = np.asarray(out[idx], dtype=P.cdt)
         D = np.einsum("le,le->l", do, o)                      # D_i = rowsum(dO ∘ O)
-        lse_neg = np.where(np.isfinite(lse[idx]), -lse[idx], -np.inf).astype(P.cdt)   # dead rows: P = 0
+        lse_i = np.asarray(lse[idx], dtype=P.cdt)
+        lse_neg = np.where(np.isfinite(lse_i), -lse_i, -np.inf).astype(P.cdt)   # dead rows: P = 0
         prep[idx] = (P.q_rows(idx, 0, P.L), np.ascontiguousarray(do), lse_neg, D)
+        if d_sink is not None:                                # d sink_h = −Σ_i exp(sink_h − lse_i)·D_i
+            h = P.bh(idx)[1]
+            p_sink = np.exp(P.sinks[h] - lse_i.astype(np.float64))
+            d_sink[h] -= float(np.dot(np.where(np.isfinite(lse_i), p_sink, 0.0), D))
     tasks, partials = [], []
     for kv_idx in np.ndindex(*kv_lead):
         heads = shapes.query_heads(kv_idx, P.n_rep)
@@ -548,8 +1008,12 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
         for r, idx in enumerate(heads):
             dq[idx] += part[r]
     dq *= P.cdt.type(P.scale)                                 # dQ = dS·K·scale
+    if P.mod.qdiv != 1.0:
+        dk *= P.cdt.type(P.mod.qdiv)                          # qs held Q·scale/cap: dK = dSᵀ·Q·scale
     dt = query.dtype
     dq = _sum_to_shape(dq, query.shape).astype(dt, copy=False)
     dk = _sum_to_shape(dk, key.shape).astype(dt, copy=False)
     dv = _sum_to_shape(dv, value.shape).astype(dt, copy=False)
-    return dq, dk, dv
+    if d_sink is None:
+        return dq, dk, dv
+    return dq, dk, dv, d_sink.astype(np.asarray(sink_logits).dtype, copy=False)
