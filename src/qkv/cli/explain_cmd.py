@@ -176,6 +176,22 @@ def examples_cmd(fmt, lang):
             extras.append(t("cli.ex_causal", lang) if isinstance(w.mask, str) else t("cli.ex_mask", lang))
         if w.X_kv is not None:
             extras.append(t("cli.ex_cross", lang))
+        if w.rope is not None:
+            extras.append(t("cli.ex_rope", lang))
+        if w.alibi is not None:
+            extras.append(t("cli.ex_alibi", lang))
+        if w.softcap is not None:
+            extras.append(t("cli.ex_softcap", lang, c=f"{w.softcap:g}"))
+        if w.window is not None:
+            extras.append(t("cli.ex_window", lang, n=w.window))
+        if w.prefix is not None:
+            extras.append(t("cli.ex_prefix", lang, n=w.prefix))
+        if w.documents is not None:
+            extras.append(t("cli.ex_documents", lang))
+        if w.sinks is not None:
+            extras.append(t("cli.ex_sinks", lang, n=w.sinks))
+        if w.sink_logits is not None:
+            extras.append(t("cli.ex_sink_logits", lang))
         if w.claims:
             n = sum(len(r) for rows_ in w.claims.values() for r in rows_.values())
             extras.append(t("cli.ex_claims", lang, n=n))

@@ -48,8 +48,12 @@ CLAIM_NAMES = tuple(n for n in PIPELINE_ORDER if n not in (Names.MODIFIED, Names
 #: The claimable steps whose rows are keys (labelled by ``kv_tokens``), not queries.
 KEY_SIDE = (Names.K, Names.V, Names.K_ROT)
 
+#: The keys of the attention variants (RoPE, ALiBi, soft-capping, mask mods, sinks); see :func:`from_dict`.
+VARIANT_KEYS = ("rope", "alibi", "softcap", "window", "prefix", "documents", "sinks", "sink_logits")
 _KNOWN_KEYS = ("title", "description", "tokens", "kv_tokens", "X", "X_kv", "W_Q", "W_K", "W_V", "W_O", "Q",
-               "K", "V", "scores", "d_k", "mask", "heads", "claims", "tolerance")
+               "K", "V", "scores", "d_k", "mask", "heads", "claims", "tolerance") + VARIANT_KEYS
+_ROPE_KEYS = ("theta", "style", "positions", "kv_positions")
+_ROPE_STYLES = ("neox", "interleaved")
 _MAX_BYTES = 16 * 1024 * 1024
 _MAX_ELEMENTS = 4_000_000
 
@@ -270,6 +274,27 @@ class Worked:
     name: str | None = None                # the built-in name, or the file name
     tokens_given: bool = False
     kv_tokens_given: bool = False
+    # the variants (None: not used)
+    rope: dict | None = None               # {"theta": float, "style": "neox" | "interleaved"}
+    positions: np.ndarray | None = None    # (L,) the queries' RoPE positions (default 0 … L−1)
+    kv_positions: np.ndarray | None = None  # (S,) the keys' (default: the queries' in self-attention, else 0 … S−1)
+    alibi: Any = None                      # True (slopes from the head count) or an (H,) array of slopes
+    softcap: float | None = None           # c in c·tanh(s / c)
+    window: int | None = None              # causal sliding window of this many keys
+    prefix: int | None = None              # prefix LM: the first N keys visible to every query, the rest causal
+    documents: np.ndarray | None = None    # (S,) the document id of each position
+    sinks: int | None = None               # the first N keys visible to every query (or-ed with the other mask)
+    sink_logits: np.ndarray | None = None  # (H,) learned sink logits in the softmax denominator
+
+    @property
+    def has_mask_mods(self) -> bool:
+        """True when a mask key beyond ``mask`` (window, prefix, documents, sinks) is set."""
+        return any(x is not None for x in (self.window, self.prefix, self.documents, self.sinks))
+
+    @property
+    def has_variants(self) -> bool:
+        return self.has_mask_mods or any(x is not None for x in (self.rope, self.alibi, self.softcap,
+                                                                 self.sink_logits))
 
     # -------- derived facts
     @property
@@ -547,6 +572,12 @@ def _claims(value, w: Worked, shapes: dict[str, tuple[int, int]], where: str) ->
 
 
 def _why_missing(name: str, w: Worked) -> str:
+    if name in ("Q_rot", "K_rot") and w.rope is None:
+        return "it has no rope:"
+    if name == "biased" and w.alibi is None:
+        return "it has no alibi:"
+    if name == "capped" and w.softcap is None:
+        return "it has no softcap:"
     if w.heads > 1:
         return f"per-head {name} claims are not supported with heads > 1; claim Q, K or V"
     if name in ("Q", "K") and w.start == "scores":
@@ -678,6 +709,7 @@ def from_dict(doc, *, name: str | None = None, where: str | None = None) -> Work
         w.kv_tokens = [f"#{j}" for j in range(S)]
 
     w.mask = _mask(doc.get("mask"), L, S, where)
+    _variants(doc, w, L, S, E, where)
     # shapes of what can be claimed
     if has_x:
         if w.heads == 1:
@@ -693,8 +725,130 @@ def from_dict(doc, *, name: str | None = None, where: str | None = None) -> Work
         shapes.update(scores=(L, S), scaled=(L, S), weights=(L, S))
         if w.V is not None:
             shapes.update(V=(S, Ev), output=(L, Ev))
+    if w.heads == 1:
+        if w.rope is not None:
+            shapes.update(Q_rot=(L, E), K_rot=(S, E))
+        if w.alibi is not None:
+            shapes.update(biased=(L, S))
+        if w.softcap is not None:
+            shapes.update(capped=(L, S))
     w.claims = _claims(doc.get("claims"), w, shapes, where)
     return w
+
+
+def _nonneg_int(value, key: str, where: str, *, minimum: int = 1) -> int:
+    if isinstance(value, (_YamlBool, bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
+        raise WorkedExampleError(f"{where}: {key}: expected {what}, found {_describe(value)}")
+    return int(value)
+
+
+def _int_list(value, key: str, n: int, what: str, where: str, *, minimum: int = 0) -> np.ndarray:
+    if not isinstance(value, (list, tuple)):
+        raise WorkedExampleError(f"{where}: {key}: expected a list of {n} integers ({what}), found "
+                                 f"{_describe(value)}")
+    out = [_nonneg_int(x, f"{key}[{i}]", where, minimum=minimum) for i, x in enumerate(value)]
+    if len(out) != n:
+        raise WorkedExampleError(f"{where}: {key}: expected {n} integers ({what}), found {len(out)}")
+    return np.asarray(out, dtype=np.int64)
+
+
+def _number_list(value, key: str, n: int, what: str, where: str) -> np.ndarray:
+    if _is_number(value) and n == 1:
+        value = [value]
+    if not isinstance(value, (list, tuple)):
+        raise WorkedExampleError(f"{where}: {key}: expected a list of {n} numbers ({what}), found {_describe(value)}")
+    for i, x in enumerate(value):
+        _number(x, f"{where}: {key}[{i}]")
+    if len(value) != n:
+        raise WorkedExampleError(f"{where}: {key}: expected {n} numbers ({what}), found {len(value)}")
+    return np.asarray([float(x) for x in value], dtype=np.float64)
+
+
+def _variants(doc: dict, w: Worked, L: int, S: int, E: int | None, where: str) -> None:
+    """Validate the variant keys (rope, alibi, softcap, window, prefix, documents, sinks, sink_logits) into
+    ``w``; each error names the key, expected vs found."""
+    H = w.heads
+    if doc.get("rope") is not None:
+        r = doc["rope"]
+        if isinstance(r, _YamlBool) or isinstance(r, bool):
+            r = {} if (r.value if isinstance(r, _YamlBool) else r) else None
+        if r is not None:
+            if not isinstance(r, dict):
+                raise WorkedExampleError(f"{where}: rope: expected a mapping {{theta: 10000, style: neox}} (or "
+                                         f"true), found {_describe(r)}")
+            r = {str(k): v for k, v in r.items()}
+            bad = [k for k in r if k not in _ROPE_KEYS]
+            if bad:
+                raise WorkedExampleError(f"{where}: rope: unknown key {bad[0]!r}; expected some of "
+                                         f"{', '.join(_ROPE_KEYS)}")
+            if w.start == "scores":
+                raise WorkedExampleError(f"{where}: rope: RoPE rotates Q and K; this file starts from scores "
+                                         "(give X with W_Q, W_K, W_V, or Q and K)")
+            width = E // H
+            if width % 2:
+                raise WorkedExampleError(f"{where}: rope: RoPE rotates pairs of coordinates; expected an even "
+                                         f"{'head ' if H > 1 else ''}width of Q and K, found {width}")
+            theta = r.get("theta", 10000.0)
+            theta = float(_scalar(theta, "rope.theta", where)) if theta is not None else 10000.0
+            style = r.get("style", "neox")
+            if not isinstance(style, str) or isinstance(style, _YamlBool) or style not in _ROPE_STYLES:
+                raise WorkedExampleError(f"{where}: rope.style: expected one of {', '.join(_ROPE_STYLES)}, found "
+                                         f"{_describe(style)}")
+            w.rope = {"theta": theta, "style": str(style)}
+            if r.get("positions") is not None:
+                w.positions = _int_list(r["positions"], "rope.positions", L, "one per query row", where)
+            if r.get("kv_positions") is not None:
+                if not w.is_cross:
+                    raise WorkedExampleError(f"{where}: rope.kv_positions: only with cross-attention (in "
+                                             "self-attention the keys are at the queries' positions)")
+                w.kv_positions = _int_list(r["kv_positions"], "rope.kv_positions", S, "one per key row", where)
+    if doc.get("alibi") is not None:
+        a = doc["alibi"]
+        if isinstance(a, (_YamlBool, bool)):
+            w.alibi = True if (a.value if isinstance(a, _YamlBool) else a) else None
+        elif isinstance(a, (list, tuple)) or (_is_number(a) and H == 1):
+            w.alibi = _number_list(a, "alibi", H, "one slope per head", where)
+        else:
+            raise WorkedExampleError(f"{where}: alibi: expected true (slopes from the head count) or a list of "
+                                     f"{H} slopes (one per head), found {_describe(a)}")
+    if doc.get("softcap") is not None:
+        w.softcap = float(_scalar(doc["softcap"], "softcap", where))
+    if doc.get("window") is not None:
+        w.window = _nonneg_int(doc["window"], "window", where)
+    if doc.get("prefix") is not None:
+        w.prefix = _nonneg_int(doc["prefix"], "prefix", where)
+    if doc.get("sinks") is not None:
+        w.sinks = _nonneg_int(doc["sinks"], "sinks", where)
+    if doc.get("documents") is not None:
+        d = doc["documents"]
+        if L != S or w.is_cross:
+            raise WorkedExampleError(f"{where}: documents: packed documents need self-attention (queries and "
+                                     f"keys at the same positions); found {L} queries and {S} keys")
+        if isinstance(d, dict):
+            d = {str(k): v for k, v in d.items()}
+            if set(d) == {"ids"}:
+                w.documents = _int_list(d["ids"], "documents.ids", S, "the document of each position", where)
+            elif set(d) == {"lengths"}:
+                w.documents = _lengths_to_ids(d["lengths"], "documents.lengths", S, where)
+            else:
+                raise WorkedExampleError(f"{where}: documents: expected a list of lengths, {{lengths: [...]}} or "
+                                         f"{{ids: [...]}}, found the keys {sorted(d)}")
+        else:
+            w.documents = _lengths_to_ids(d, "documents", S, where)
+    if doc.get("sink_logits") is not None:
+        w.sink_logits = _number_list(doc["sink_logits"], "sink_logits", H, "one per head", where)
+
+
+def _lengths_to_ids(value, key: str, S: int, where: str) -> np.ndarray:
+    if not isinstance(value, (list, tuple)) or not value:
+        raise WorkedExampleError(f"{where}: {key}: expected a list of document lengths summing to {S} (the "
+                                 f"sequence), found {_describe(value)}")
+    lengths = [_nonneg_int(x, f"{key}[{i}]", where) for i, x in enumerate(value)]
+    if sum(lengths) != S:
+        raise WorkedExampleError(f"{where}: {key}: expected lengths summing to {S} (the sequence), found "
+                                 f"{' + '.join(map(str, lengths))} = {sum(lengths)}")
+    return np.repeat(np.arange(len(lengths), dtype=np.int64), lengths)
 
 
 def _heads_problem(W_Q, W_K, W_V, W_O, heads: int) -> str | None:
@@ -773,16 +927,83 @@ def _plain_d_k(d_k):
     return int(d) if d.is_integer() else d
 
 
-def _options(worked: Worked, m, L: int, S: int) -> dict:
-    """The keyword arguments of :func:`qkv.pipeline.attend` for this example: its mask (and where it came
-    from)."""
-    from .. import masks as _masks
+def _mask_mod(worked: Worked, m, L: int, S: int):
+    """The example's mask as a :class:`qkv.mods.MaskMod` when it uses window, prefix, documents or sinks
+    (``mask:`` and-ed with them; ``sinks`` or-ed with the result, or with causal when nothing else masks);
+    None otherwise."""
+    from .. import mods
 
+    parts = []
     if isinstance(m, str) and m == "causal":
-        return {"mask": _masks.causal(L, S), "mask_source": "causal"}
-    if m is not None:
-        return {"mask": m, "mask_source": "attn_mask"}
-    return {}
+        parts.append(mods.causal())
+    elif m is not None:
+        given = np.asarray(m, dtype=bool)
+
+        def file_mask(b, h, q_idx, kv_idx):
+            return given[q_idx, kv_idx]
+        parts.append(mods.MaskMod(file_mask, name="matrix"))
+    if worked.window is not None:
+        parts.append(mods.sliding_window(worked.window))
+    if worked.prefix is not None:
+        parts.append(mods.prefix_lm(worked.prefix))
+    if worked.documents is not None:
+        parts.append(mods.document(worked.documents))
+    mod = None if not parts else parts[0] if len(parts) == 1 else mods.and_masks(*parts)
+    if worked.sinks is not None:
+        mod = mods.or_masks(mods.sinks(worked.sinks), mod if mod is not None else mods.causal())
+    return mod
+
+
+def _options(worked: Worked, m, L: int, S: int, h: int, *, override: bool) -> dict:
+    """The keyword arguments of :func:`qkv.pipeline.attend` for this example: its mask (and where it came
+    from), its score mods (ALiBi, soft-capping), sink logits and RoPE. ``override``: ``m`` replaces every
+    mask key of the example (``run(mask=...)``)."""
+    from .. import masks as _masks
+    from .. import mods, pipeline
+    from ..positions import RoPE
+
+    opts: dict = {}
+    mod = None if override or not worked.has_mask_mods else _mask_mod(worked, m, L, S)
+    if mod is not None:
+        lead = (1, h) if h > 1 or worked.sink_logits is not None else ()
+        b, hh, q_idx, kv_idx = pipeline.indices(lead, L, S)
+        dense = mods.call_mask_mod(mod, b, hh, q_idx, kv_idx)                      # bool, broadcastable
+        opts.update(mask=np.array(np.broadcast_to(dense, np.broadcast_shapes(dense.shape, (L, S)))),
+                    mask_source=mod)
+    elif isinstance(m, str) and m == "causal":
+        opts.update(mask=_masks.causal(L, S), mask_source="causal")
+    elif m is not None:
+        opts.update(mask=m, mask_source="attn_mask")
+    score_mods = []
+    if worked.alibi is not None:
+        if worked.alibi is True:
+            slopes = mods.alibi_slopes(h)
+        else:
+            slopes = np.asarray(worked.alibi, dtype=np.float64)
+            if slopes.size != h:
+                raise ValueError(f"heads: the example's alibi gives {slopes.size} slope(s), one per head; "
+                                 f"expected {h} for {h} heads")
+        score_mods.append(mods.alibi(slopes))
+    if worked.softcap is not None:
+        score_mods.append(mods.softcap(worked.softcap))
+    if score_mods:
+        opts["score_mod"] = score_mods[0] if len(score_mods) == 1 else mods.compose(*score_mods)
+    if worked.sink_logits is not None:
+        if worked.sink_logits.size != h:
+            raise ValueError(f"heads: the example's sink_logits give {worked.sink_logits.size} logit(s), one "
+                             f"per head; expected {h} for {h} heads")
+        opts["sink_logits"] = worked.sink_logits
+    if worked.rope is not None:
+        opts["rope"] = RoPE(theta=worked.rope["theta"], style=worked.rope["style"])
+        q_pos = worked.positions if worked.positions is not None else np.arange(L, dtype=np.int64)
+        if worked.kv_positions is not None:
+            k_pos = worked.kv_positions
+        elif not worked.is_cross:
+            k_pos = q_pos
+        else:
+            k_pos = np.arange(S, dtype=np.int64)
+        opts.update(q_positions=q_pos, k_positions=k_pos)
+    return opts
 
 
 def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
@@ -814,19 +1035,19 @@ def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
     if isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1:
         raise ValueError(f"heads: expected a positive integer, got {h!r}")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):    # an overflow is reported below
-        _forward(worked, int(h), _resolve_mask(worked, mask), trace)
+        _forward(worked, int(h), _resolve_mask(worked, mask), trace, override=mask is not None)
     if trace.substitute is None:
         _check_finite(trace, worked)
     return trace
 
 
-def _forward(worked: Worked, h: int, m, trace) -> None:
+def _forward(worked: Worked, h: int, m, trace, *, override: bool = False) -> None:
     from .. import pipeline, stages
     from ..mha import MultiHeadAttention
     from ..tracing import trace as tracing
 
     L, S = worked.n_queries, worked.n_keys
-    opts = _options(worked, m, L, S)
+    opts = _options(worked, m, L, S, h, override=override)
     d_k = _plain_d_k(worked.d_k)
     start = worked.start
     if h > 1:
@@ -888,6 +1109,8 @@ def _forward(worked: Worked, h: int, m, trace) -> None:
             v = None if worked.V is None else stages.observe_input("V", worked.V)
         width = q.shape[-1] if q is not None else None
         dd = d_k if d_k is not None else width
+        if "sink_logits" in opts:               # one sink logit per head: the attention arrays get a head axis
+            q, k, v, scores = (None if a is None else a[None] for a in (q, k, v, scores))
         pipeline.attend(q, k, v, scale=1.0 / math.sqrt(dd), d_k=dd, scores=scores, **opts)
 
 

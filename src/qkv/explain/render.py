@@ -13,6 +13,7 @@ import numpy as np
 
 from ..tracing import Step, Trace
 from . import _doc
+from . import _variants as var
 from ._doc import Doc, Section, Table, fmt, fmt_factor
 from ..locales import check_lang, t
 
@@ -28,12 +29,12 @@ MAX_CALC = 36
 #: (batch, head) slices shown one by one; more show the first and say so
 MAX_SLICES = 4
 
-QUERY_SIDE = {"X", "Q", "Q_heads", "scores", "scaled", "masked", "weights", "dropout", "output", "concat",
-              "final_output"}
-KEY_SIDE = {"X_kv", "K", "V", "K_heads", "V_heads", "K_repeated", "V_repeated"}
-PER_HEAD = {"Q_heads", "K_heads", "V_heads", "K_repeated", "V_repeated", "scores", "scaled", "masked", "weights",
-            "dropout", "output"}
-KEYS_AS_COLS = {"scores", "scaled", "masked", "weights", "dropout"}
+QUERY_SIDE = {"X", "Q", "Q_heads", "Q_rot", "scores", "scaled", "biased", "capped", "modified", "masked", "weights",
+              "dropout", "output", "concat", "final_output"}
+KEY_SIDE = {"X_kv", "K", "V", "K_heads", "V_heads", "K_repeated", "V_repeated", "K_rot"}
+PER_HEAD = {"Q_heads", "K_heads", "V_heads", "K_repeated", "V_repeated", "Q_rot", "K_rot", "scores", "scaled",
+            "biased", "capped", "modified", "masked", "weights", "dropout", "output"}
+KEYS_AS_COLS = {"scores", "scaled", "biased", "capped", "modified", "masked", "weights", "dropout"}
 
 
 # ----------------------------------------------------------------------------------------------- checks
@@ -308,6 +309,17 @@ class _Builder:
             slices, more = _limited_slices(step, self.trace, self.lang)
             first = full[slices[0][1]]
             same = all(np.array_equal(full[idx], first) for _, idx in _slices(step, self.trace, self.lang))
+            source = step.params.get("source")
+            if source is not None:                       # which keys each query may see, and why
+                sec.text(t("explain.n_mask_why", self.lang))
+                lines = var.mask_rules(source, self.lang, self.p)
+                rows = range(first.shape[0]) if first.shape[0] <= SMALL else range(SHOW)
+                if same:
+                    lines += [var.mask_row_line(source, first[i], i, self.lab.query(i), self.lab.key, self.lang,
+                                                self.lab.k is not None) for i in rows]
+                    if len(rows) < first.shape[0]:
+                        lines.append("…")
+                sec.calc(lines)
             for label, idx in (slices[:1] if same else slices):
                 sec.table(_table("mask" + (f" [{label}]" if label and not same else ""), full[idx],
                                  self.lab.rows("scores", first.shape[0]), self.lab.cols("scores", first.shape[1]),
@@ -321,6 +333,8 @@ class _Builder:
     def softmax(self, step: Step) -> Section:
         sec = self.section(step, t("explain.t_weights", self.lang))
         sec.text(t("explain.n_softmax", self.lang))
+        if step.operands.get("sinks") is not None:
+            sec.text(t("explain.n_sinks", self.lang))
         e, total, mx, logits = (step.operands.get(k) for k in ("exp", "sum", "max", "logits"))
         slices, more = _limited_slices(step, self.trace, self.lang)
         for label, idx in slices:
@@ -330,7 +344,7 @@ class _Builder:
             lines = []
             if e is not None and total is not None and mx is not None and logits is not None:
                 for i in rows:
-                    lines += self._softmax_row(label, idx, i, w, e, total, mx, logits)
+                    lines += self._softmax_row(label, idx, i, w, e, total, mx, logits, step)
             if len(rows) < R:
                 lines.append(t("explain.one_element", self.lang, n=R))
             sec.calc(lines)
@@ -339,7 +353,7 @@ class _Builder:
         self.result_tables(sec, step)
         return sec
 
-    def _softmax_row(self, label, idx, i, w, e, total, mx, logits) -> list[str]:
+    def _softmax_row(self, label, idx, i, w, e, total, mx, logits, step=None) -> list[str]:
         p = self.p
         x = np.asarray(logits[idx])[i]
         ex = np.asarray(e[idx])[i]
@@ -356,10 +370,16 @@ class _Builder:
             else:
                 parts.append(f"exp({fmt(x[j], p)} − {fmt_factor(m, p)}) = {fmt(ex[j], p)}")
         lines.append("  " + ";  ".join(parts) + ("; …" if C > len(show) else ""))
+        sink = None if step is None else var.sink_values(step, idx, i)
+        if sink is not None:
+            lines.append(f"  {t('explain.sink', self.lang)}: exp({fmt(sink[0], p)} − {fmt_factor(m, p)}) = "
+                         f"{fmt(sink[1], p)}")
+        plus_sink = "" if sink is None else f" + {fmt(sink[1], p)}"
         if C <= SMALL:
-            lines.append(f"  {t('explain.sum', self.lang)} = " + " + ".join(fmt(v, p) for v in ex) + f" = {fmt(tot, p)}")
+            lines.append(f"  {t('explain.sum', self.lang)} = " + " + ".join(fmt(v, p) for v in ex) + plus_sink
+                         + f" = {fmt(tot, p)}")
         else:
-            lines.append(f"  {t('explain.sum', self.lang)} = Σ ({C}) = {fmt(tot, p)}")
+            lines.append(f"  {t('explain.sum', self.lang)} = Σ ({C}){plus_sink} = {fmt(tot, p)}")
         lines.append("  " + "  ".join(
             f"{self.lab.key(j)}: {fmt(ex[j], p)} / {fmt(tot, p)} = {fmt(w[i, j], p)}" for j in show)
             + ("  …" if C > len(show) else ""))
@@ -397,6 +417,74 @@ class _Builder:
         self.result_tables(sec, step)
         return sec
 
+    # -- RoPE
+    def rope(self, step: Step) -> Section:
+        src = step.name.split("_")[0]
+        theta = step.params.get("theta")
+        sec = self.section(step, t("explain.t_rope", self.lang, name=step.name, src=src,
+                                   style=step.params.get("style", "neox"),
+                                   theta=fmt(theta, self.p) if theta is not None else "?"))
+        for line in var.rope_note(step, self.lang, self.p):
+            sec.text(line)
+        if all(step.operands.get(k) is not None for k in ("x", "cos", "sin")):
+            slices, more = _limited_slices(step, self.trace, self.lang)
+            half = step.array.shape[-1] // 2
+            for label, idx in slices:
+                R = step.array.shape[-2]
+                lines = []
+                if R * half > MAX_CALC:
+                    lines.append(t("explain.one_element", self.lang, n=R * half))
+                    rows, pairs = [0], [0]
+                else:
+                    rows, pairs = range(R), None
+                for i in rows:
+                    rl = self.lab.rows(step.name, R)[i]
+                    lines += [((label + ": ") if label else "") + ln
+                              for ln in var.rope_lines(step, idx, i, rl, self.p, pairs)]
+                sec.calc(lines)
+            if more:
+                sec.text(more)
+        self.result_tables(sec, step)
+        return sec
+
+    # -- ALiBi and soft-capping: one line per score
+    def _elementwise(self, sec: Section, step: Step, line) -> None:
+        slices, more = _limited_slices(step, self.trace, self.lang)
+        for label, idx in slices:
+            R, C = step.array.shape[-2:]
+            cells = [(i, j) for i in range(R) for j in range(C)]
+            lines = []
+            if R * C > MAX_CALC:
+                lines.append(t("explain.one_element", self.lang, n=R * C))
+                cells = cells[:1]
+            for i, j in cells:
+                lines.append(((label + ": ") if label else "") + line(idx, i, j, self._element_name(step, i, j)))
+            sec.calc(lines)
+        if more:
+            sec.text(more)
+
+    def bias(self, step: Step) -> Section:
+        slopes = var.slopes_text(step, self.p)
+        if slopes is not None:
+            sec = self.section(step, t("explain.t_alibi", self.lang))
+            sec.text(t("explain.n_alibi", self.lang, slopes=slopes))
+        else:
+            sec = self.section(step, t("explain.t_bias", self.lang))
+            sec.text(t("explain.n_bias", self.lang))
+        if step.operands.get("scaled") is not None:
+            self._elementwise(sec, step, lambda idx, i, j, lhs: var.bias_line(step, idx, i, j, lhs, self.p))
+        self.result_tables(sec, step)
+        return sec
+
+    def softcap(self, step: Step) -> Section:
+        cap = fmt(step.params.get("cap", float("nan")), self.p)
+        sec = self.section(step, t("explain.t_softcap", self.lang, cap=cap))
+        sec.text(t("explain.n_softcap", self.lang, cap=cap))
+        if step.operands.get("scores") is not None:
+            self._elementwise(sec, step, lambda idx, i, j, lhs: var.softcap_line(step, idx, i, j, lhs, self.p))
+        self.result_tables(sec, step)
+        return sec
+
     def step(self, step: Step) -> Section | None:
         if step.op == "input":
             return self.input(step)
@@ -416,6 +504,16 @@ class _Builder:
             return self.concat(step)
         if step.op == "repeat":
             return self.repeat(step)
+        if step.op == "rope":
+            return self.rope(step)
+        if step.op == "bias":
+            return self.bias(step)
+        if step.op == "softcap":
+            return self.softcap(step)
+        if step.op == "score_mod":
+            sec = self.section(step, t("explain.t_modified", self.lang, fn=step.params.get("fn", "score_mod")))
+            self.result_tables(sec, step)
+            return sec
         sec = self.section(step, step.name)
         self.result_tables(sec, step)
         return sec
@@ -532,13 +630,22 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         return s
 
     scores_step = trace["scores"] if "scores" in trace else None
+    rot = trace["Q_rot"] if "Q_rot" in trace else None
+    if rot is not None and rot.array.shape[:-2] == W.shape[:-2] and rot.operands.get("x") is not None:
+        E = rot.array.shape[-1]
+        s = sec("Q_rot", t("explain.q_rope", lang, label=qlabel), formula=rot.formula, shape=f"({E},)")
+        for line in var.rope_note(rot, lang, p):
+            s.text(line)
+        s.calc(var.rope_lines(rot, idx, row, qlabel, p))
+        if "K_rot" in trace:
+            s.text(t("explain.q_rope_keys", lang))
     if scores_step is not None and scores_step.op == "matmul":
         qa, kb = scores_step.operands["a"], scores_step.operands["b"]
         lead_shape = scores_step.array.shape[:-2]
         qa = _bcast(qa, lead_shape + qa.shape[-2:])
         q = np.asarray(qa[idx])[row]
         E = q.shape[-1]
-        qname = "Q_heads" if "Q_heads" in trace else "Q"
+        qname = "Q_rot" if rot is not None else "Q_heads" if "Q_heads" in trace else "Q"
         s = sec("Q", t("explain.q_vec", lang, name=qname, label=qlabel), shape=f"({E},)")
         s.table(_table("q", q[None, :].astype(np.float64), [qlabel], [str(k) for k in range(E)], lang, p))
         s = sec("scores", t("explain.q_scores", lang), formula="scores[q, j] = q · k_j",
@@ -554,7 +661,7 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     elif scores_step is not None:
         s = sec("scores", t("explain.t_in_scores", lang), shape=f"({S},)")
         s.text(t("explain.q_given", lang))
-        arr = np.asarray(scores_step.array[idx])[row]
+        arr = np.asarray(_bcast(scores_step.array, W.shape)[idx])[row]
         s.table(_table("scores", arr[None, :].astype(np.float64), [qlabel], [lab.key(j) for j in range(S)], lang, p))
     if "scaled" in trace:
         st = trace["scaled"]
@@ -573,6 +680,26 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         srow = None if src is None else np.asarray(_bcast(src, st.array.shape)[idx])[row]
         s.calc([f"{lab.key(j)}: {fmt(srow[j], p) if srow is not None else '?'} {op} = {fmt(vals[j], p)}"
                 for j in keys])
+    for name in ("biased", "capped", "modified"):
+        if name not in trace or trace[name].array.shape != W.shape:
+            continue
+        st = trace[name]
+        if st.op == "bias":
+            slopes = var.slopes_text(st, p)
+            s = sec(name, t("explain.t_alibi" if slopes else "explain.t_bias", lang), formula=st.formula)
+            s.text(t("explain.n_alibi", lang, slopes=slopes) if slopes else t("explain.n_bias", lang))
+            if st.operands.get("scaled") is not None:
+                s.calc([var.bias_line(st, idx, row, j, lab.key(j), p) for j in keys])
+        elif st.op == "softcap":
+            cap = fmt(st.params.get("cap", float("nan")), p)
+            s = sec(name, t("explain.t_softcap", lang, cap=cap), formula=st.formula)
+            s.text(t("explain.n_softcap", lang, cap=cap))
+            if st.operands.get("scores") is not None:
+                s.calc([var.softcap_line(st, idx, row, j, lab.key(j), p) for j in keys])
+        else:
+            s = sec(name, t("explain.t_modified", lang, fn=st.params.get("fn", "score_mod")), formula=st.formula)
+        vals = np.asarray(st.array[idx])[row]
+        s.table(_table(name, vals[keys][None, :].astype(np.float64), [qlabel], [lab.key(j) for j in keys], lang, p))
     if "masked" in trace:
         mk = trace["masked"]
         s = sec("masked", t("explain.q_mask", lang), formula=mk.formula)
@@ -581,6 +708,10 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         if m is not None and np.asarray(m).dtype == np.bool_:
             mrow = np.asarray(_bcast(m, mk.array.shape)[idx])[row]
             s.text(t("explain.n_mask", lang))
+            source = mk.params.get("source")
+            if source is not None:
+                s.calc(var.mask_rules(source, lang, p) +
+                       [var.mask_row_line(source, mrow, row, qlabel, lab.key, lang, lab.k is not None)])
             cols = keys
             s.table(Table("mask", [qlabel], [lab.key(j) for j in cols], [[bool(mrow[j]) for j in cols]], "bool"))
         else:
@@ -590,6 +721,9 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     # softmax
     s = sec("weights", t("explain.q_softmax", lang), formula=w_step.formula)
     s.text(t("explain.n_softmax", lang))
+    sink = var.sink_values(w_step, idx, row)
+    if sink is not None:
+        s.text(t("explain.n_sinks", lang))
     e, total, mx, logits = (w_step.operands.get(k) for k in ("exp", "sum", "max", "logits"))
     if all(v is not None for v in (e, total, mx, logits)):
         x = np.asarray(logits[idx])[row]
@@ -603,10 +737,15 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
             else:
                 lines.append(f"{lab.key(j)}: exp({fmt(x[j], p)} − {fmt_factor(m, p)}) = {fmt(ex[j], p)} → "
                              f"{fmt(ex[j], p)} / {fmt(tot, p)} = {fmt(w[j], p)}")
+        plus_sink = "" if sink is None else f" + {fmt(sink[1], p)}"
         if S <= SMALL:
-            lines.insert(1, f"{t('explain.sum', lang)} = " + " + ".join(fmt(v, p) for v in ex) + f" = {fmt(tot, p)}")
+            lines.insert(1, f"{t('explain.sum', lang)} = " + " + ".join(fmt(v, p) for v in ex) + plus_sink
+                         + f" = {fmt(tot, p)}")
         else:
-            lines.insert(1, f"{t('explain.sum', lang)} = Σ ({S}) = {fmt(tot, p)}")
+            lines.insert(1, f"{t('explain.sum', lang)} = Σ ({S}){plus_sink} = {fmt(tot, p)}")
+        if sink is not None:
+            lines.insert(1, f"{t('explain.sink', lang)}: exp({fmt(sink[0], p)} − {fmt_factor(m, p)}) = "
+                            f"{fmt(sink[1], p)}")
         s.calc(lines)
     if keys_note:
         s.text(keys_note)
