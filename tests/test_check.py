@@ -142,7 +142,7 @@ def test_text_report_leads_with_the_roots(capsys):
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-@pytest.mark.parametrize("name", ["correct.yaml", "correct.json", "causal_cross.yaml"])
+@pytest.mark.parametrize("name", ["correct.yaml", "correct.json", "causal_cross.yaml", "variants.yaml"])
 def test_correct_files_exit_0(capsys, name):
     rc, out, err = run_cli(capsys, "check", DATA / name)
     assert rc == 0 and err == "" and "Every claimed number is right." in out

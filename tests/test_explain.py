@@ -35,7 +35,8 @@ def labels(w):
 # ----------------------------------------------------------------------------------------------- examples
 def test_builtin_examples_are_listed_with_the_default_first():
     assert NAMES[0] == "seed003"
-    for name in ("seed000", "seed002", "causal", "padding", "cross", "two_head"):
+    for name in ("seed000", "seed002", "causal", "padding", "cross", "two_head", "rope", "alibi", "softcap",
+                 "sliding_window", "document", "sinks"):
         assert name in NAMES
 
 
@@ -54,6 +55,9 @@ def test_seed003_example_holds_the_seed_numbers():
 def test_run_equals_the_core_functions(name):
     """The trace of run() is the computation of qkv.attention / SDPA / MultiHeadAttention, value for value."""
     w = ex.load_example(name)
+    if w.has_variants:
+        pytest.skip("RoPE/ALiBi/softcap/mask-mod/sink examples: tests/test_explain_variants.py holds them to a "
+                    "formula written there, to torch and to transformers")
     t = ex.run(w)
     if w.heads > 1:
         m = qkv.MultiHeadAttention(w.X.shape[1], w.heads, bias=False, dtype=np.float64)
