@@ -20,6 +20,7 @@ def test_core_section_examples_run(capsys):
     out = capsys.readouterr().out
     assert "['X', 'Q', 'K', 'V', 'scores', 'scaled', 'weights', 'output']" in out
     assert "[0.0299 0.0071 0.963 ]" in out
+    assert "◩ · ◩ ◩ ·" in out                   # the flex block's StreamingLLM block mask (its row 3)
 
 
 def test_quick_start_is_exactly_two_commands():

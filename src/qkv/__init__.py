@@ -7,6 +7,8 @@ from . import explain  # noqa: E402  (qkv.explain: render, explain_query, check,
 from .sdpa import attention, scaled_dot_product_attention
 from .engine import KVCache, attention_weights, get_num_threads, scaled_dot_product_attention_backward, set_num_threads
 from .mha import MultiHeadAttention
+from . import mods  # noqa: E402  (qkv.mods: mask mods, score mods)
+from .flex import BlockMask, create_block_mask, flex_attention, flex_attention_backward
 from . import positions  # qkv.positions: rope, cos_sin, RoPE, sinusoidal_positions
 from .positions import RoPE, TokenEmbedding, sinusoidal_positions
 from .tracing import Step, Trace, trace
@@ -14,6 +16,11 @@ from .tracing import Step, Trace, trace
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockMask",
+    "create_block_mask",
+    "flex_attention",
+    "flex_attention_backward",
+    "mods",
     "KVCache",
     "attention_weights",
     "get_num_threads",

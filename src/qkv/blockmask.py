@@ -33,7 +33,8 @@ class BlockMask:
 
     Attributes:
         mask_mod: the :class:`qkv.mods.MaskMod`.
-        B, H: the batch rows and heads it was built for (None = the same for all, broadcast).
+        B, H: the batch rows and heads it was built for (None = the same for all, broadcast: the mask mod
+            is then called with ``b = 0`` / ``h = 0``, and so it is when built for 1 and used for more).
         Q_LEN, KV_LEN, BLOCK_SIZE: the sizes.
         kinds: int8 array (B or 1, H or 1, ⌈Q_LEN/BLOCK_SIZE⌉, ⌈KV_LEN/BLOCK_SIZE⌉) of EMPTY/PARTIAL/FULL.
     """
@@ -66,8 +67,9 @@ class BlockMask:
         return (b if self.kinds.shape[0] > 1 else 0, h if self.kinds.shape[1] > 1 else 0)
 
     def index_arrays(self, b: int, h: int):
-        """``b``, ``h`` as the mask mod receives them for one batch row and head (0-d int arrays)."""
-        return np.asarray(b if self.B is not None else 0), np.asarray(h if self.H is not None else 0)
+        """``b``, ``h`` as the mask mod receives them for one batch row and head (0-d int arrays): 0 along a
+        dimension it was built broadcast (None or 1), as its :attr:`kinds`."""
+        return np.asarray(b if (self.B or 1) > 1 else 0), np.asarray(h if (self.H or 1) > 1 else 0)
 
     def kind(self, b: int, h: int, i0: int, i1: int, j0: int, j1: int):
         """How rows i0…i1 × keys j0…j1 of batch row ``b``, head ``h`` are masked: ``"full"``, ``"partial"``
@@ -98,9 +100,9 @@ class BlockMask:
         if lead is None:
             lead = (self.B or 1, self.H or 1)
         b, h, q_idx, kv_idx = indices(tuple(lead), L, S)
-        if self.B is None:
+        if (self.B or 1) == 1:                       # built broadcast: b = 0 for every batch row (as kinds)
             b = np.zeros((), np.int64)
-        if self.H is None:
+        if (self.H or 1) == 1:
             h = np.zeros((), np.int64)
         m = call_mask_mod(self.mask_mod, b, h, q_idx, kv_idx)
         return m
@@ -127,6 +129,11 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128) -> BlockMas
 
     Returns:
         a :class:`BlockMask`, computed once, reusable by every call with these sizes.
+
+    Raises:
+        TypeError / ValueError naming the argument: sizes that are not positive integers, a ``mask_mod`` that
+        is not callable, returns something other than a bool array broadcasting over (…, L, S), or cannot
+        serve these sizes (``doc_ids`` of another length …).
     """
     mod = as_mask_mod(mask_mod, "mask_mod")
     Bn = None if B is None else _checks.positive_int(B, "B")
@@ -134,6 +141,7 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128) -> BlockMas
     L = _checks.positive_int(Q_LEN, "Q_LEN")
     S = _checks.positive_int(KV_LEN, "KV_LEN")
     bs = _checks.positive_int(BLOCK_SIZE, "BLOCK_SIZE")
+    mod.validate(Bn, Hn, L, S)
     nq, nk = -(-L // bs), -(-S // bs)
     q0 = (np.arange(nq, dtype=np.int64) * bs)[:, None]                       # (nQ, 1)
     q1 = np.minimum(q0 + bs, L)

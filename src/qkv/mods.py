@@ -48,10 +48,12 @@ class MaskMod:
             means every entry is. Conservative is fine (``any`` True and ``all`` False for an unsure block:
             it is evaluated element by element).
         children: the mods it combines (and_masks / or_masks).
+        validate: ``(B, H, L, S) -> None``, or None: raises ValueError naming the parameter when the mod cannot
+            serve these sizes (``doc_ids`` of the wrong length …); B/H may be None (broadcast).
     """
 
     def __init__(self, fn, *, name: str | None = None, params: dict | None = None, block_kinds=None,
-                 children: tuple = ()):
+                 children: tuple = (), validate=None):
         if not callable(fn):
             raise TypeError(f"mask_mod: expected a callable (b, h, q_idx, kv_idx) -> bool, got {type(fn).__name__}")
         self.fn = fn
@@ -59,6 +61,7 @@ class MaskMod:
         self.params = dict(params or {})
         self._block_kinds = block_kinds
         self.children = tuple(children)
+        self._validate = validate
 
     def __call__(self, b, h, q_idx, kv_idx):
         return self.fn(b, h, q_idx, kv_idx)
@@ -66,6 +69,13 @@ class MaskMod:
     def block_kinds(self, q0, q1, k0, k1):
         """``(any, all)`` for blocks bounded by q0…q1 × k0…k1 (see the class doc), or None if unknown."""
         return None if self._block_kinds is None else self._block_kinds(q0, q1, k0, k1)
+
+    def validate(self, B, H, L: int, S: int) -> None:
+        """ValueError (naming the parameter) when this mod, or one it combines, cannot serve B × H × L × S."""
+        if self._validate is not None:
+            self._validate(B, H, L, S)
+        for c in self.children:
+            c.validate(B, H, L, S)
 
     def __repr__(self) -> str:
         if self.children:
@@ -170,9 +180,11 @@ def sinks(n: int) -> MaskMod:
 
     def sinks_mask(b, h, q_idx, kv_idx):
         return np.broadcast_to(kv_idx < n, np.broadcast_shapes(q_idx.shape, kv_idx.shape))
-    return MaskMod(sinks_mask, name="sinks", params={"n": n},
-                   block_kinds=lambda q0, q1, k0, k1: (np.broadcast_to(k0 < n, np.broadcast_shapes(q0.shape, k0.shape)),
-                                                       np.broadcast_to(k1 - 1 < n, np.broadcast_shapes(q0.shape, k0.shape))))
+
+    def kinds(q0, q1, k0, k1):
+        grid = np.broadcast_shapes(q0.shape, k0.shape)                       # (nQ, nK)
+        return np.broadcast_to(k0 < n, grid), np.broadcast_to(k1 - 1 < n, grid)
+    return MaskMod(sinks_mask, name="sinks", params={"n": n}, block_kinds=kinds)
 
 
 def document(doc_ids) -> MaskMod:
@@ -203,11 +215,22 @@ def document(doc_ids) -> MaskMod:
         if ids.ndim == 2:                                                   # (B, nQ, nK) -> (B, 1, nQ, nK)
             any_, all_ = any_[:, None], all_[:, None]
         return any_, all_
-    return MaskMod(document_mask, name="document", params={"doc_ids": ids}, block_kinds=kinds)
+
+    def validate(B, H, L, S):
+        if ids.shape[-1] != max(L, S):
+            raise ValueError(f"doc_ids: expected {max(L, S)} document ids (one per position: max(Q_LEN={L}, "
+                             f"KV_LEN={S})), got {ids.shape[-1]}")
+        if ids.ndim == 2 and ids.shape[0] != (1 if B is None else B):
+            need = "B=None (broadcast) takes one row" if B is None else f"B={B} takes one row per batch row"
+            raise ValueError(f"doc_ids: expected shape ({1 if B is None else B}, {ids.shape[-1]}) ({need}; "
+                             f"per-batch ids need create_block_mask(mask_mod, B={ids.shape[0]}, …)), "
+                             f"got {ids.shape}")
+    return MaskMod(document_mask, name="document", params={"doc_ids": ids}, block_kinds=kinds, validate=validate)
 
 
 def document_from_lengths(lengths) -> MaskMod:
-    """:func:`document` for documents packed one after another: ``lengths`` [3, 5, 2] → ids 0 0 0 1 1 1 1 1 2 2."""
+    """:func:`document` for documents packed one after another: ``lengths`` [3, 5, 2] → ids 0 0 0 1 1 1 1 1 2 2
+    (so their sum is the sequence length)."""
     lengths = _int_array(lengths, "lengths")
     if lengths.ndim != 1 or lengths.size == 0:
         raise ValueError(f"lengths: expected a non-empty 1-D sequence of document lengths, got shape {lengths.shape}")
@@ -218,6 +241,8 @@ def document_from_lengths(lengths) -> MaskMod:
 
 def _int_array(x, name: str) -> np.ndarray:
     arr = np.asarray(x)
+    if arr.size == 0 and arr.dtype == np.float64 and not isinstance(x, np.ndarray):
+        arr = arr.astype(np.int64)                           # [] is an empty sequence of ints: a shape error
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
     return arr.astype(np.int64, copy=False)
@@ -292,13 +317,15 @@ class ScoreMod:
         grad: ``grad(score, b, h, q_idx, kv_idx) -> ∂fn/∂score`` elementwise (same broadcasting), needed by
             :func:`qkv.flex_attention_backward`; None: the backward refuses this mod.
         name, params: what it is, for the explainer and ``repr``.
+        validate: ``(B, H, L, S) -> None``, or None: raises ValueError naming the parameter when the mod cannot
+            serve these sizes (ALiBi with fewer slopes than heads).
 
     The built-in mods record their own trace steps (``biased``, ``capped``); a custom one is recorded as
     ``modified``.
     """
 
     def __init__(self, fn, grad=None, *, name: str | None = None, params: dict | None = None,
-                 records: bool = False, step_names: tuple = ()):
+                 records: bool = False, step_names: tuple = (), validate=None):
         if not callable(fn):
             raise TypeError(f"score_mod: expected a callable (score, b, h, q_idx, kv_idx) -> score, got "
                             f"{type(fn).__name__}")
@@ -310,6 +337,7 @@ class ScoreMod:
         self.params = dict(params or {})
         self.records = records
         self.step_names = tuple(step_names)
+        self._validate = validate
 
     def __call__(self, score, b, h, q_idx, kv_idx):
         return self.fn(score, b, h, q_idx, kv_idx)
@@ -317,6 +345,11 @@ class ScoreMod:
     @property
     def has_grad(self) -> bool:
         return self._grad is not None
+
+    def validate(self, B, H, L: int, S: int) -> None:
+        """ValueError (naming the parameter) when this mod cannot serve B × H × L × S."""
+        if self._validate is not None:
+            self._validate(B, H, L, S)
 
     def grad(self, score, b, h, q_idx, kv_idx):
         """∂ score_mod(score) / ∂ score, elementwise."""
@@ -359,9 +392,12 @@ def call_score_mod(score_mod, s, b, h, q_idx, kv_idx, *, name: str = "score_mod"
             raise ValueError(f"{name}: expected a result of the scores' shape {s.shape}, got shape {out.shape}")
         out = np.broadcast_to(out, s.shape)
     out = out.astype(s.dtype, copy=False)
-    if np.isnan(out).any() and not np.isnan(s).any():
-        raise ValueError(f"{name}: returned NaN for finite scores (e.g. at index "
-                         f"{tuple(int(i) for i in np.argwhere(np.isnan(out))[0])})")
+    if not (out < np.inf).all():                             # NaN or +inf somewhere (−inf removes a key: allowed)
+        bad = ~(out < np.inf) & (s < np.inf)                 # … where the score itself was not NaN or +inf
+        if bad.any():
+            at = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise ValueError(f"{name}: expected finite scores or −inf (−inf removes a key), got {out[at]} at "
+                             f"index {at} for the score {s[at]}")
     return out
 
 
@@ -372,12 +408,24 @@ def score_mod_grad(score_mod, s, b, h, q_idx, kv_idx, *, name: str = "score_mod"
         raise ValueError(f"{name}: {label} has no derivative, so the backward cannot be computed; wrap it "
                          "with qkv.mods.ScoreMod(fn, grad=lambda score, b, h, q_idx, kv_idx: ...)")
     g = score_mod.grad(s, b, h, q_idx, kv_idx)
-    g = np.asarray(g, dtype=s.dtype)
+    if isinstance(g, (bool, np.bool_)) or not isinstance(g, (np.ndarray, numbers.Real)):
+        raise TypeError(f"{name}: its grad returned {type(g).__name__}, expected a numpy float array")
+    g = np.asarray(g)
+    if g.dtype.kind not in "fiu":
+        raise TypeError(f"{name}: its grad returned dtype {g.dtype}, expected a float array")
+    g = g.astype(s.dtype, copy=False)
     try:
-        np.broadcast_shapes(g.shape, s.shape)
+        ok = np.broadcast_shapes(g.shape, s.shape) == s.shape
     except ValueError:
+        ok = False
+    if not ok:
         raise ValueError(f"{name}: its grad returned shape {g.shape}, expected one broadcastable to "
-                         f"{s.shape}") from None
+                         f"{s.shape}")
+    bad = None if np.isfinite(g).all() else ~np.isfinite(g) & np.isfinite(s)
+    if bad is not None and bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name}: its grad returned {np.broadcast_to(g, s.shape)[at]} at index {at} for the "
+                         f"finite score {np.broadcast_to(s, bad.shape)[at]}; expected finite derivatives")
     return g
 
 
@@ -416,13 +464,19 @@ def alibi(slopes) -> ScoreMod:
 
     def alibi_grad(score, b, h, q_idx, kv_idx):
         return np.ones((), score.dtype)
+
+    def validate(B, H, L, S):
+        if H is not None and H > s.size:
+            raise ValueError(f"slopes: expected one slope per query head (H={H}), got {s.size}")
     return ScoreMod(alibi_mod, alibi_grad, name="alibi", params={"slopes": s}, records=True,
-                    step_names=(Names.BIASED,))
+                    step_names=(Names.BIASED,), validate=validate)
 
 
 def softcap(cap: float) -> ScoreMod:
     """Logit soft-capping (Gemma 2): ``cap · tanh(score / cap)``. Records the step ``capped``."""
-    if isinstance(cap, bool) or not isinstance(cap, numbers.Real) or not math.isfinite(cap) or cap <= 0:
+    if isinstance(cap, (bool, np.bool_)) or not isinstance(cap, numbers.Real):
+        raise TypeError(f"cap: expected a finite number > 0, got {type(cap).__name__} {cap!r}")
+    if not math.isfinite(cap) or cap <= 0:
         raise ValueError(f"cap: expected a finite number > 0, got {cap!r}")
     cap = float(cap)
 
@@ -444,9 +498,13 @@ def compose(*score_mods) -> ScoreMod:
     ms = [as_score_mod(m, f"compose[{i}]") for i, m in enumerate(score_mods)]
 
     def composed(score, b, h, q_idx, kv_idx):
-        for m in ms:
-            score = call_score_mod(m, score, b, h, q_idx, kv_idx, name=f"compose[{ms.index(m)}]")
+        for i, m in enumerate(ms):
+            score = call_score_mod(m, score, b, h, q_idx, kv_idx, name=f"compose[{i}]")
         return score
+
+    def validate(B, H, L, S):
+        for m in ms:
+            m.validate(B, H, L, S)
 
     def composed_grad(score, b, h, q_idx, kv_idx):
         from .tracing import trace as _no_trace                            # grads record nothing
@@ -459,4 +517,4 @@ def compose(*score_mods) -> ScoreMod:
     grad = composed_grad if all(m.has_grad for m in ms) else None
     steps = tuple(n for m in ms for n in (m.step_names if m.records else (Names.MODIFIED,)))
     return ScoreMod(composed, grad, name="compose", params={"mods": ms}, records=all(m.records for m in ms),
-                    step_names=steps)
+                    step_names=steps, validate=validate)

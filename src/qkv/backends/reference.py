@@ -52,6 +52,8 @@ class ReferenceBackend(Backend):
                   else None if attn_mask is None else "attn_mask")
         out, w, lse = pipeline.attend(query, key, value, scale=scale, mask=mask, mask_source=source,
                                       score_mod=score_mod, sink_logits=sink_logits, dropout_p=dropout_p, rng=rng)
+        if out.ndim > len(lead) + 2:                     # sinks (H, 1, 1) broadcast a head axis onto (L, S) scores
+            out, w, lse = out.reshape(lead + out.shape[-2:]), w.reshape(lead + w.shape[-2:]), lse.reshape(lead + (L,))
         out = out.astype(out_dtype, copy=False)
         w = w.astype(out_dtype, copy=False) if return_weights else None
         return out, w, (lse if return_lse else None)
@@ -108,8 +110,9 @@ class ReferenceBackend(Backend):
         total = np.sum(np.exp(s_mod - m), axis=-1, keepdims=True) + np.exp(sinks - m)
         p_sink = np.exp(sinks - m) / total                                   # (..., H, L, 1)
         d_sink = -(p_sink * D)[..., 0]                                       # (..., H, L)
-        d_sink = d_sink.reshape(-1, d_sink.shape[-2], L).sum(axis=(0, 2)) if d_sink.ndim > 1 else d_sink
-        return grads + (np.asarray(d_sink, dtype=np.asarray(sink_logits).dtype),)
+        H = sinks.shape[0]                                                   # one logit per query head
+        d_sink = np.broadcast_to(d_sink, d_sink.shape[:-2] + (H, L)).reshape(-1, H, L).sum(axis=(0, 2))
+        return grads + (d_sink.astype(np.asarray(sink_logits).dtype, copy=False),)            # (H,)
 
 
 REFERENCE = ReferenceBackend()
