@@ -80,7 +80,8 @@ def attend(q, k, v, *, scale: float, d_k=None, mask=None, mask_source=None, scor
     s = stages.apply_mask(s, mask, source=mask_source)
     sinks = None
     if sink_logits is not None:
-        sinks = np.asarray(sink_logits, dtype=s.dtype).reshape(-1, 1, 1)         # (H, 1, 1)
+        sinks = np.asarray(sink_logits, dtype=s.dtype)
+        sinks = sinks.reshape(-1, 1, 1) if s.ndim >= 3 else sinks.reshape(1, 1)   # (H, 1, 1); (1, 1) 2-D
     w, lse = stages.softmax(s, return_lse=True, sinks=sinks)                     # (..., H, L, S), (..., H, L)
     if dropout_p > 0:
         w = stages.dropout(w, dropout_p, rng)
