@@ -369,3 +369,73 @@ def test_features_and_shift_free_rules():
     assert not P.shift_free(10.0, 70.0, 0.5)                                  # future keys: bias > 0
     P = tiled._Problem(z, z, z, None, False, 1.0, False, score_mod=_custom_score())
     assert P.mod.kind == "generic" and not P.shift_free(0.0, 70.0, None)
+
+
+@pytest.mark.parametrize("amp", [0.05, 0.5, 1.0, 1.6, 4.0])
+def test_softcap_polynomial_is_as_exact_as_numpy_tanh(amp):
+    # float32 softcap 50: |s/cap| bounded per query block; small bounds take the polynomial, larger np.tanh.
+    # Either way the error against float64 is that of the reference's own float32 tanh.
+    B, H, L, S, E = 1, 2, 256, 256, 64
+    q, k, v, _ = _inputs(8, B, H, H, L, S, E=E, Ev=16, dtype=np.float32, amp=amp)
+    sm = mods.softcap(50.0)
+    kw = dict(scale=1 / 8, score_mod=sm, return_lse=True)
+    out, _, lse = TILED.forward(q, k, v, block_q=64, block_k=64, **kw)
+    r32, _, l32 = REF.forward(q, k, v, **kw)
+    r64, _, l64 = REF.forward(*(a.astype(np.float64) for a in (q, k, v)), **kw)
+    err, err_ref = np.abs(out - r64).max(), np.abs(r32 - r64).max()
+    assert err <= 3 * err_ref + 1e-6, (err, err_ref)
+    assert np.abs(lse - l64).max() <= 3 * np.abs(l32 - l64).max() + 1e-6
+
+
+def test_tanh_polynomials():
+    for bound in (0.001, 0.03, 0.1, 0.2, 0.29, 0.31, 0.4, 0.5):
+        a = tiled._tanh_poly(bound)
+        assert a is not None and len(a) <= 5
+        y = np.linspace(-bound, bound, 2001)
+        y = y[y != 0]
+        got = y * np.polynomial.Polynomial(a)(y * y)
+        assert np.abs(got / np.tanh(y) - 1).max() < 3e-8
+    assert tiled._tanh_poly(0.51) is None and tiled._tanh_poly(float("nan")) is None
+
+
+def test_weights_and_dropout_with_block_masks():
+    B, H, L, S = 1, 2, 40, 40
+    q, k, v, _ = _inputs(6, B, H, H, L, S)
+    bm = create_block_mask(mods.or_masks(mods.sinks(2), mods.sliding_window(6)), None, None, L, S, BLOCK_SIZE=4)
+    sm = mods.alibi(mods.alibi_slopes(H))
+    sinks = np.array([0.5, -0.5])
+    out, w, _ = TILED.forward(q, k, v, scale=0.3, block_mask=bm, score_mod=sm, sink_logits=sinks,
+                              return_weights=True, block_q=8, block_k=8)
+    rout, rw, _ = REF.forward(q, k, v, scale=0.3, block_mask=bm, score_mod=sm, sink_logits=sinks,
+                              return_weights=True)
+    np.testing.assert_allclose(w, rw, atol=1e-12)
+    np.testing.assert_allclose(out, rout, atol=1e-12)
+    runs = [TILED.forward(q, k, v, scale=0.3, block_mask=bm, score_mod=sm, dropout_p=0.3, threads=t,
+                          rng=np.random.default_rng(5), return_weights=True, block_q=8, block_k=8)[:2]
+            for t in (1, 2)]
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    d_out, d_w = runs[0]
+    np.testing.assert_allclose(d_out, d_w @ v, atol=1e-12)     # the output uses exactly these weights
+    assert np.all(d_w[rw == 0] == 0) and 0.15 < (d_w[rw > 0] == 0).mean() < 0.45
+
+
+def test_bench_variants_small(monkeypatch, capsys):
+    from qkv import bench
+    small = dict(window_n=512, window=64, docs=2, doc_len=128, mods_n=256, backward_n=256, long_n=2048)
+    res = bench.variants(heads=2, dim=16, repeats=1, threads=1, progress=False, **small)
+    assert {r["case"] for r in res["rows"]} == {"window", "documents", "mods", "backward"}
+    assert all(r["median_s"] > 0 for r in res["rows"])
+    assert len(res["ratios"]) == len(bench.VARIANT_TARGETS)
+    assert all(r["ratio"] is None or r["ratio"] > 0 for r in res["ratios"])
+    assert res["long"]["n"] == 2048 and res["long"]["finite"] and res["long"]["peak_rss_mb"] > 0
+    md = bench.variants_markdown(res)
+    assert "| window / qkv full causal |" in md and "peak RSS" in md
+    # the CLI flag, at these sizes
+    pytest.importorskip("click")
+    from qkv.cli import main
+    real = bench.variants
+    monkeypatch.setattr(bench, "variants", lambda **kw: real(**{**kw, **small, "long_n": 2048}))
+    capsys.readouterr()
+    assert main(["bench", "--variants", "--repeats", "1", "--heads", "2", "--dim", "16", "--threads", "1",
+                 "--markdown", "--no-progress"]) == 0
+    assert "| ratio of medians |" in capsys.readouterr().out

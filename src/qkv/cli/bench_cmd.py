@@ -48,8 +48,13 @@ def _words(text: str, name: str, allowed) -> list[str]:
 @click.option("--plot", "plot_out", default=None, metavar="FILE", help="Save a plot of time against N (matplotlib).")
 @click.option("--markdown", is_flag=True, help="Print the table as Markdown (as in the README).")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar.")
+@click.option("--variants", is_flag=True,
+              help="Instead of the sweep: the attention variants against their targets — sliding window 512 "
+                   "(N=8192) vs qkv's full causal and torch with the dense mask, 8 packed documents vs 8 calls, "
+                   "ALiBi/softcap/RoPE vs plain (N=4096), the flex backward vs torch autograd (N=2048), and "
+                   "the peak RSS of an N=65536 window forward (--long changes N).")
 def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, long_n, json_out, plot_out,
-          markdown, progress):
+          markdown, progress, variants):
     """Time qkv's tiled engine, its reference path and torch's SDPA side by side (float32).
 
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
@@ -66,6 +71,29 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
                       ("--threads", threads), ("--long", long_n)):
         if val is not None and val < 1:
             raise UserError(f"{name}: expected a positive integer, got {val}")
+    if variants:
+        if plot_out:
+            raise UserError("--plot: not offered with --variants (its rows are not a sweep over N)")
+        result = B.variants(heads=heads, dim=dim, repeats=repeats, threads=threads,
+                            long_n=65536 if long_n is None else long_n, progress=progress)
+        if json_out == "-":
+            click.echo(B.dumps(result))
+            return 0
+        if json_out:
+            with open(json_out, "w", encoding="utf-8") as f:
+                f.write(B.dumps(result) + "\n")
+        if markdown:
+            click.echo(B.variants_markdown(result))
+        else:
+            m, c = result["machine"], result["config"]
+            click.echo(f"B=1 H={c['heads']} E={c['dim']} float32, {c['threads']} threads, median of "
+                       f"{c['repeats']}; numpy matmul {m['matmul_gflops']:.0f} GFLOP/s ({m['blas']}); torch "
+                       f"{m['torch'] or 'not installed'}")
+            for line in B.variants_text(result):
+                click.echo(line)
+        if json_out:
+            click.echo(f"json: {json_out}")
+        return 0
     result = B.run(_ints(lengths, "--lengths"), heads=heads, dim=dim, batch=batch, repeats=repeats,
                    threads=threads, modes=_words(modes, "--modes", B.MODES),
                    impls=_words(impls, "--impls", B.IMPLS), memory=memory, progress=progress)
