@@ -350,11 +350,15 @@ def test_sinks_alone_mean_causal_plus_the_first_keys(tmp_path):
     np.testing.assert_array_equal(np.isfinite(t["masked"].array), np.tril(np.ones((3, 3))) > 0)
 
 
-def test_mask_override_replaces_the_mask_keys():
+def test_mask_override_replaces_the_mask_key_and_the_mods_still_apply():
     w = ex.load_example("document")
-    assert "masked" not in ex.run(w, mask="none")
-    t = ex.run(w, mask="causal")
-    np.testing.assert_array_equal(np.isfinite(t["masked"].array), np.tril(np.ones((5, 5))) > 0)
+    t = ex.run(w, mask="none")                    # documents without causal: each document whole
+    np.testing.assert_array_equal(np.isfinite(t["masked"].array), w.documents[:, None] == w.documents[None, :])
+    np.testing.assert_array_equal(w.mask_matrix("none"), w.documents[:, None] == w.documents[None, :])
+    w = ex.load_example("sliding_window")
+    t = ex.run(w, mask=np.ones((4, 4), bool))
+    np.testing.assert_array_equal(np.isfinite(t["masked"].array), w.mask_matrix())
+    assert ex.load_example("causal").mask_matrix() == "causal" and ex.load_example("seed003").mask_matrix() is None
 
 
 # ----------------------------------------------------------------------------------------------- explanations
@@ -535,3 +539,18 @@ def test_python_errors_name_the_key():
         ex.from_dict({"Q": [[1.0]], "K": [[1.0]], "rope": True})
     w = ex.from_dict({"Q": [[1.0, 0.0]], "K": [[1.0, 0.0]], "rope": True, "sink_logits": 0.5})
     assert w.rope == {"theta": 10000.0, "style": "neox"} and w.sink_logits.tolist() == [0.5]
+
+
+def test_the_page_gets_the_variants():
+    from qkv import viz
+
+    d = viz.from_worked(ex.load_example("rope"))
+    assert d["rope"] == {"theta": 100.0, "style": "neox", "positions": None, "kv_positions": None}
+    d = viz.from_worked(ex.load_example("sinks"))
+    assert d["sink_logits"] == [0.0] and d["mask"] == ex.load_example("sinks").mask_matrix().tolist()
+    assert viz.from_worked(ex.load_example("alibi"))["alibi"] == [0.5]
+    assert viz.from_worked(ex.load_example("softcap"))["softcap"] == 2.0
+    with pytest.raises(ValueError, match="rope"):
+        viz.playground_data(scores=[[1.0]], d_k=1, rope={"theta": 10})
+    with pytest.raises(ValueError, match="sink_logits"):
+        viz.playground_data(scores=[[1.0]], d_k=1, sink_logits=[0, 1])

@@ -291,6 +291,19 @@ class Worked:
         """True when a mask key beyond ``mask`` (window, prefix, documents, sinks) is set."""
         return any(x is not None for x in (self.window, self.prefix, self.documents, self.sinks))
 
+    def mask_matrix(self, mask=None):
+        """The mask the runner applies, as data: ``"causal"``, a bool (L, S) matrix (True = may attend), or
+        None. With window/prefix/documents/sinks it is their mask mod evaluated on (L, S); ``mask`` overrides
+        the file's ``mask:`` key as in :func:`run`."""
+        m = _resolve_mask(self, mask)
+        if not self.has_mask_mods:
+            return m
+        from .. import mods, pipeline
+        L, S = self.n_queries, self.n_keys
+        b, h, q_idx, kv_idx = pipeline.indices((), L, S)
+        dense = mods.call_mask_mod(_mask_mod(self, m, L, S), b, h, q_idx, kv_idx)
+        return np.array(np.broadcast_to(dense, (L, S)))
+
     @property
     def has_variants(self) -> bool:
         return self.has_mask_mods or any(x is not None for x in (self.rope, self.alibi, self.softcap,
@@ -954,16 +967,16 @@ def _mask_mod(worked: Worked, m, L: int, S: int):
     return mod
 
 
-def _options(worked: Worked, m, L: int, S: int, h: int, *, override: bool) -> dict:
+def _options(worked: Worked, m, L: int, S: int, h: int) -> dict:
     """The keyword arguments of :func:`qkv.pipeline.attend` for this example: its mask (and where it came
-    from), its score mods (ALiBi, soft-capping), sink logits and RoPE. ``override``: ``m`` replaces every
-    mask key of the example (``run(mask=...)``)."""
+    from), its score mods (ALiBi, soft-capping), sink logits and RoPE. ``m`` is the ``mask:`` key (or what
+    ``run(mask=...)`` put in its place); window, prefix, documents and sinks combine with it."""
     from .. import masks as _masks
     from .. import mods, pipeline
     from ..positions import RoPE
 
     opts: dict = {}
-    mod = None if override or not worked.has_mask_mods else _mask_mod(worked, m, L, S)
+    mod = _mask_mod(worked, m, L, S) if worked.has_mask_mods else None
     if mod is not None:
         lead = (1, h) if h > 1 or worked.sink_logits is not None else ()
         b, hh, q_idx, kv_idx = pipeline.indices(lead, L, S)
@@ -1019,7 +1032,8 @@ def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
     Args:
         worked: the example.
         heads: override the number of heads (X examples whose projection widths divide by it).
-        mask: override the mask: ``"causal"``, ``"none"``, or a boolean array (True = may attend).
+        mask: override the file's ``mask:`` key: ``"causal"``, ``"none"``, or a boolean array (True = may
+            attend); window, prefix, documents and sinks still combine with it.
         trace: a :class:`qkv.Trace` to record into (a new one by default). A trace with a ``substitute``
             (the checker's) continues with what it returns at every step.
     """
@@ -1035,19 +1049,19 @@ def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
     if isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1:
         raise ValueError(f"heads: expected a positive integer, got {h!r}")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):    # an overflow is reported below
-        _forward(worked, int(h), _resolve_mask(worked, mask), trace, override=mask is not None)
+        _forward(worked, int(h), _resolve_mask(worked, mask), trace)
     if trace.substitute is None:
         _check_finite(trace, worked)
     return trace
 
 
-def _forward(worked: Worked, h: int, m, trace, *, override: bool = False) -> None:
+def _forward(worked: Worked, h: int, m, trace) -> None:
     from .. import pipeline, stages
     from ..mha import MultiHeadAttention
     from ..tracing import trace as tracing
 
     L, S = worked.n_queries, worked.n_keys
-    opts = _options(worked, m, L, S, h, override=override)
+    opts = _options(worked, m, L, S, h)
     d_k = _plain_d_k(worked.d_k)
     start = worked.start
     if h > 1:

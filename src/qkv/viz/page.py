@@ -60,7 +60,8 @@ def _tokens(tokens, n: int, name: str) -> list[str]:
 
 def playground_data(X=None, W_Q=None, W_K=None, W_V=None, *, Q=None, K=None, V=None, scores=None,
                     d_k: float | None = None, tokens=None, X_kv=None, kv_tokens=None, W_O=None, mask=None,
-                    heads: int = 1, causal: bool = False, scaling: bool = True, title: str | None = None) -> dict:
+                    heads: int = 1, causal: bool = False, scaling: bool = True, title: str | None = None,
+                    rope: dict | None = None, alibi=None, softcap: float | None = None, sink_logits=None) -> dict:
     """The playground's starting point, checked. It starts from one of
 
     - token vectors: ``X`` (L, D), ``W_Q``/``W_K`` (D, H·E), ``W_V`` (D, H·Ev), optional ``X_kv`` (S, D_kv)
@@ -70,6 +71,10 @@ def playground_data(X=None, W_Q=None, W_K=None, W_V=None, *, Q=None, K=None, V=N
 
     ``mask``: boolean (L, S), True = may attend (a float mask of 0 / -inf is converted), or ``"causal"``.
     ``d_k``: the √d_k divisor when it is not the width of a head. ``heads`` > 1 only from token vectors.
+
+    The variants of the worked-example files: ``rope`` ``{"theta", "style", "positions", "kv_positions"}``
+    (Q and K turned per head before the scores), ``alibi`` ``"auto"`` (slopes from the head count) or one
+    slope per head, ``softcap`` c (``c·tanh(s / c)``), ``sink_logits`` one per head (softmax sinks).
     """
     if X is not None:
         start = "X"
@@ -136,22 +141,81 @@ def playground_data(X=None, W_Q=None, W_K=None, W_V=None, *, Q=None, K=None, V=N
         if marr.shape != (L, S):
             raise ValueError(f"mask: expected shape {(L, S)}, got {marr.shape}")
         m = marr.tolist()
+    variants = _variants(start, rope, alibi, softcap, sink_logits, heads, L, S,
+                         width_q if start == "X" else (len(q[0]) if q else None))
     cross = Xkv is not None or kv_tokens is not None or (start != "X" and S != L)
     return {"title": title or "Attention playground", "start": start, "tokens": _tokens(tokens, L, "tokens"),
             "kv_tokens": _tokens(kv_tokens, S, "kv_tokens") if cross else None,
             "X": Xl, "X_kv": Xkv, "W_Q": wq, "W_K": wk, "W_V": wv, "Q": q, "K": k, "V": v, "scores": sc,
-            "d_k": d_k, "W_O": wo, "mask": m, "heads": heads, "causal": bool(causal), "scaling": bool(scaling)}
+            "d_k": d_k, "W_O": wo, "mask": m, "heads": heads, "causal": bool(causal), "scaling": bool(scaling),
+            **variants}
+
+
+def _variants(start, rope, alibi, softcap, sink_logits, heads: int, L: int, S: int, width) -> dict:
+    """The variant fields of the playground data, checked (see :func:`playground_data`)."""
+    out = {"rope": None, "alibi": None, "softcap": None, "sink_logits": None}
+    if rope is not None:
+        if start == "scores" or width is None:
+            raise ValueError("rope: expected Q and K (token vectors or Q/K given), got a start from scores")
+        if not isinstance(rope, dict) or set(rope) - {"theta", "style", "positions", "kv_positions"}:
+            raise ValueError(f"rope: expected a dict with theta, style (and positions, kv_positions), got {rope!r}")
+        theta = float(rope.get("theta", 10000.0))
+        style = rope.get("style", "neox")
+        if not (math.isfinite(theta) and theta > 0) or style not in ("neox", "interleaved"):
+            raise ValueError(f"rope: expected theta > 0 and style neox or interleaved, got {rope!r}")
+        if (width // heads) % 2:
+            raise ValueError(f"rope: expected an even head width, got {width // heads}")
+        pos = {}
+        for key, n in (("positions", L), ("kv_positions", S)):
+            v = rope.get(key)
+            if v is not None:
+                v = [int(x) for x in np.asarray(v).ravel()]
+                if len(v) != n or min(v) < 0:
+                    raise ValueError(f"rope.{key}: expected {n} non-negative integers, got {v}")
+            pos[key] = v
+        out["rope"] = {"theta": theta, "style": style, **pos}
+    if alibi is not None:
+        if isinstance(alibi, str) and alibi == "auto":
+            out["alibi"] = "auto"
+        else:
+            a = [float(x) for x in np.asarray(alibi, dtype=np.float64).ravel()]
+            if len(a) != heads or not all(math.isfinite(x) for x in a):
+                raise ValueError(f"alibi: expected 'auto' or {heads} finite slopes (one per head), got {alibi!r}")
+            out["alibi"] = a
+    if softcap is not None:
+        c = float(softcap)
+        if not (math.isfinite(c) and c > 0):
+            raise ValueError(f"softcap: expected a finite number > 0, got {softcap!r}")
+        out["softcap"] = c
+    if sink_logits is not None:
+        z = [float(x) for x in np.asarray(sink_logits, dtype=np.float64).ravel()]
+        if len(z) != heads or not all(math.isfinite(x) for x in z):
+            raise ValueError(f"sink_logits: expected {heads} finite numbers (one per head), got {sink_logits!r}")
+        out["sink_logits"] = z
+    return out
 
 
 def from_worked(worked, *, tokens=None) -> dict:
     """Playground data from a worked example (``qkv.explain.examples.Worked``); ``tokens`` relabels it."""
     heads = getattr(worked, "heads", None) or 1
     kv = getattr(worked, "kv_tokens", None)
+    rope = getattr(worked, "rope", None)
+    if rope is not None:
+        rope = dict(rope, positions=getattr(worked, "positions", None),
+                    kv_positions=getattr(worked, "kv_positions", None))
+    alibi = getattr(worked, "alibi", None)
+    mask = worked.mask_matrix() if hasattr(worked, "mask_matrix") else worked.mask   # window, documents, … too
+    causal = False
+    if isinstance(mask, np.ndarray) and isinstance(worked.mask, str) and worked.mask == "causal":
+        L, S = mask.shape
+        causal = not np.any(mask & ~np.tri(L, S, dtype=bool))   # the page's causal toggle stays on when it fits
     return playground_data(worked.X, worked.W_Q, worked.W_K, worked.W_V, Q=worked.Q, K=worked.K, V=worked.V,
                            scores=worked.scores, d_k=worked.d_k,
                            tokens=tokens if tokens is not None else worked.tokens,
                            X_kv=worked.X_kv, kv_tokens=kv, W_O=worked.W_O if heads > 1 else None,
-                           mask=worked.mask, heads=heads, title=worked.title)
+                           mask=mask, causal=causal, heads=heads, title=worked.title, rope=rope,
+                           alibi="auto" if alibi is True else alibi, softcap=getattr(worked, "softcap", None),
+                           sink_logits=getattr(worked, "sink_logits", None))
 
 
 def model_data(text: str, *, model=None, digits: int = 6) -> dict:

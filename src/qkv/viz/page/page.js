@@ -84,9 +84,14 @@
     }
     var lines = [msg("page.row", { label: label }) + ": " + msg("page.max") + " = " + num(soft.max),
                  "  " + parts.join(";  ") + (C > show ? "; \u2026" : "")];
-    var sum = "  " + msg("page.sum") + " = ";
-    lines.push(C <= 8 ? sum + soft.exp.map(num).join(" + ") + " = " + num(soft.sum)
-                      : sum + "\u03a3 (" + C + ") = " + num(soft.sum));
+    var sum = "  " + msg("page.sum") + " = ", plusSink = "";
+    if (soft.sink !== null && soft.sink !== undefined) {
+      lines.push("  " + msg("page.sink") + ": exp(" + num(soft.sink) + " " + MINUS + " " + factor(soft.max) + ") = " +
+                 num(soft.sinkExp));
+      plusSink = " + " + num(soft.sinkExp);
+    }
+    lines.push(C <= 8 ? sum + soft.exp.map(num).join(" + ") + plusSink + " = " + num(soft.sum)
+                      : sum + "\u03a3 (" + C + ")" + plusSink + " = " + num(soft.sum));
     lines.push("  " + keyLabels[j] + ": " + num(soft.exp[j]) + " / " + num(soft.sum) + " = " + num(soft.w[j]));
     return lines.join("\n");
   }
@@ -105,13 +110,43 @@
   }
   function columns(A, a, b) { return A.map(function (r) { return r.slice(a, b); }); }
   function transpose(A) { return A[0].map(function (_, j) { return A.map(function (r) { return r[j]; }); }); }
-  function softmaxRow(row) {              // qkv.stages.softmax: a row with nothing allowed becomes zeros
-    var m = Math.max.apply(null, row);
+  // qkv.stages.softmax: a row with nothing allowed becomes zeros; a sink logit joins the max and the denominator.
+  function softmaxRow(row, sink) {
+    var m = Math.max.apply(null, row), hasSink = sink !== null && sink !== undefined;
+    if (hasSink) m = Math.max(m, sink);
     if (!Number.isFinite(m)) m = 0;
     var e = row.map(function (x) { return Math.exp(x - m); });
     var total = e.reduce(function (a, b) { return a + b; }, 0);
-    return { max: m, exp: e, sum: total, w: e.map(function (x) { return x / (total === 0 ? 1 : total); }) };
+    var sinkExp = hasSink ? Math.exp(sink - m) : null;
+    if (hasSink) total += sinkExp;
+    return { max: m, exp: e, sum: total, sink: hasSink ? sink : null, sinkExp: sinkExp,
+             w: e.map(function (x) { return x / (total === 0 ? 1 : total); }) };
   }
+  // ALiBi's head slopes (qkv.mods.alibi_slopes): 2^(−8(h+1)/n) for a power of two n, then every other of 2n.
+  function alibiSlopes(H) {
+    function pow2(n) { var out = []; for (var i = 0; i < n; i++) out.push(Math.pow(2, -8 * (i + 1) / n)); return out; }
+    var n = Math.pow(2, Math.floor(Math.log2(H))), out = pow2(n);
+    if (n < H) out = out.concat(pow2(2 * n).filter(function (_, i) { return i % 2 === 0; }).slice(0, H - n));
+    return out;
+  }
+  // RoPE (qkv.positions.rope): the pair (a, b) of row t turns by positions[t] × θ_i, θ_i = theta^(−2i/E).
+  function ropePair(rope, E, i) {
+    return rope.style === "interleaved" ? [2 * i, 2 * i + 1] : [i, i + E / 2];
+  }
+  function ropeRows(M, positions, rope) {
+    var E = M[0].length;
+    return M.map(function (row, t) {
+      var out = row.slice();
+      for (var i = 0; i < E / 2; i++) {
+        var ab = ropePair(rope, E, i), phi = positions[t] * (1 / Math.pow(rope.theta, (2 * i) / E));
+        var c = Math.cos(phi), s = Math.sin(phi);
+        out[ab[0]] = row[ab[0]] * c - row[ab[1]] * s;
+        out[ab[1]] = row[ab[1]] * c + row[ab[0]] * s;
+      }
+      return out;
+    });
+  }
+  function range(n) { var out = []; for (var i = 0; i < n; i++) out.push(i); return out; }
 
   // st.start: "X" (token vectors and projections), "QK" (Q, K and maybe V given) or "scores" (scores given).
   function compute(st) {
@@ -139,18 +174,34 @@
     // d_k: the example's own d_k while the heads are as it gave them, otherwise the width of one head.
     var d_k = (st.d_k !== null && st.heads === initial.heads) ? st.d_k : E;
     var scale = st.scaling ? 1 / Math.sqrt(d_k) : 1;
+    // The variants, as the worked example gives them: RoPE, ALiBi slopes (one per head), softcap, sink logits.
+    var rope = st.start !== "scores" ? st.rope : null;
+    var qPos = rope && (rope.positions || range(L));
+    var kPos = rope && (rope.kv_positions || (st.kv_tokens || S !== L ? range(S) : qPos));
+    var slopes = st.alibi === "auto" ? alibiSlopes(H) : (st.alibi && st.alibi.length === H ? st.alibi
+                                                        : (st.alibi ? alibiSlopes(H) : null));
+    var sinks = st.sink_logits ? range(H).map(function (h) { return st.sink_logits[h % st.sink_logits.length]; }) : null;
     var heads = [];
     for (var h = 0; h < H; h++) {
       var Qh = Q && columns(Q, h * E, (h + 1) * E), Kh = K && columns(K, h * E, (h + 1) * E);
-      var Vh = V && columns(V, h * Ev, (h + 1) * Ev);
-      var scores = st.start === "scores" ? st.scores : matmul(Qh, transpose(Kh));
+      var Vh = V && columns(V, h * Ev, (h + 1) * Ev), Qr = null, Kr = null;
+      if (rope) { Qr = ropeRows(Qh, qPos, rope); Kr = ropeRows(Kh, kPos, rope); }
+      var scores = st.start === "scores" ? st.scores : matmul(Qr || Qh, transpose(Kr || Kh));
       var scaled = scores.map(function (r) { return r.map(function (x) { return x * scale; }); });
-      var soft = scaled.map(function (r, i) {
-        return softmaxRow(r.map(function (x, j) { return allowed[i][j] ? x : -Infinity; }));
+      var biased = slopes ? scaled.map(function (r, i) {
+        return r.map(function (x, j) { return x + slopes[h] * (j - i); });
+      }) : null;
+      var capped = st.softcap ? (biased || scaled).map(function (r) {
+        return r.map(function (x) { return st.softcap * Math.tanh(x / st.softcap); });
+      }) : null;
+      var logits = capped || biased || scaled;
+      var soft = logits.map(function (r, i) {
+        return softmaxRow(r.map(function (x, j) { return allowed[i][j] ? x : -Infinity; }), sinks ? sinks[h] : null);
       });
       var weights = soft.map(function (s) { return s.w; });
-      heads.push({ Q: Qh, K: Kh, V: Vh, scores: scores, scaled: scaled, soft: soft, weights: weights,
-                   output: Vh ? matmul(weights, Vh) : null });
+      heads.push({ Q: Qr || Qh, K: Kr || Kh, Q_in: Qh, K_in: Kh, V: Vh, scores: scores, scaled: scaled,
+                   biased: biased, capped: capped, logits: logits, slope: slopes ? slopes[h] : null, soft: soft,
+                   weights: weights, output: Vh ? matmul(weights, Vh) : null });
     }
     var output = null;
     if (V) {
@@ -162,7 +213,7 @@
     }
     var final = st.W_O && output ? matmul(output, st.W_O) : null;
     return { Q: Q, K: K, V: V, E: E, Ev: Ev, d_k: d_k, scale: scale, allowed: allowed, heads: heads, output: output,
-             final: final, L: L, S: S };
+             final: final, L: L, S: S, rope: rope, qPos: qPos, kPos: kPos };
   }
 
   // ------------------------------------------------------------------ state
@@ -178,7 +229,8 @@
       scores: copy(initial.scores), W_O: copy(initial.W_O), mask: copy(initial.mask),
       d_k: initial.d_k === undefined ? null : initial.d_k,
       heads: initial.heads || 1, causal: !!initial.causal, scaling: initial.scaling !== false, shown: 0,
-      invalid: {}
+      rope: initial.rope || null, alibi: initial.alibi || null, softcap: initial.softcap || null,
+      sink_logits: initial.sink_logits || null, invalid: {}
     };
   }
   function keyTokens() { return state.kv_tokens || state.tokens; }
@@ -383,6 +435,26 @@
     }
     box.appendChild(tabs);
     var hs = H > 1 ? msg("page.head_suffix", { h: shown }) : "", hp = H > 1 ? msg("page.head_prefix", { h: shown }) : "";
+    if (r.rope) {                           // Q and K turned pair by pair by position × θ_i (this head)
+      var rot = el("div", { "class": "matrices" });
+      [["Q_rot", hd.Q_in, hd.Q, r.qPos, toks], ["K_rot", hd.K_in, hd.K, r.kPos, ktoks]].forEach(function (x) {
+        var name = x[0], src = x[1], M = x[2], pos = x[3], labels = x[4];
+        rot.appendChild(table(name, name + hs, msg("page.rope_formula", { name: name.charAt(0), theta: num(r.rope.theta),
+                                                                          style: r.rope.style }),
+                              labels, indexLabels(M[0].length), function (i, c, td) {
+          var Eh = M[0].length, k, ab;
+          for (k = 0; k < Eh / 2; k++) { ab = ropePair(r.rope, Eh, k); if (ab[0] === c || ab[1] === c) break; }
+          var th = 1 / Math.pow(r.rope.theta, (2 * k) / Eh), phi = pos[i] * th, co = Math.cos(phi), si = Math.sin(phi);
+          var a = src[i][ab[0]], b = src[i][ab[1]];
+          numberCell(td, M[i][c], hp + name + "[" + labels[i] + ", (" + ab[0] + ", " + ab[1] + ")]: \u03c6 = " + pos[i] +
+                     " \u00d7 " + num(th) + " = " + num(phi) + " rad, cos \u03c6 = " + num(co) + ", sin \u03c6 = " + num(si) +
+                     "\n  = (" + factor(a) + "\u00d7" + factor(co) + " " + MINUS + " " + factor(b) + "\u00d7" + factor(si) + ", " +
+                     factor(b) + "\u00d7" + factor(co) + " + " + factor(a) + "\u00d7" + factor(si) + ") = (" +
+                     num(M[i][ab[0]]) + ", " + num(M[i][ab[1]]) + ")");
+        }));
+      });
+      box.appendChild(rot);
+    }
     var attn = el("div", { "class": "matrices" });
     if (state.start !== "scores") {
       attn.appendChild(table("scores", "scores" + hs, "= Q·Kᵀ", toks, ktoks, function (i, j, td) {
@@ -397,14 +469,30 @@
       if (!r.allowed[i][j]) td.classList.add("masked");     // struck through: −∞ before softmax (see the mask)
       numberCell(td, v, text);
     }));
+    if (hd.biased) {
+      attn.appendChild(table("biased", "biased" + hs, "= scaled + m_h\u00b7(j " + MINUS + " i)", toks, ktoks, function (i, j, td) {
+        var d = j - i, dist = d < 0 ? "(" + MINUS + (-d) + ")" : String(d);
+        numberCell(td, hd.biased[i][j], hp + "biased[" + toks[i] + ", " + ktoks[j] + "] = " + num(hd.scaled[i][j]) + " + " +
+                   factor(hd.slope) + "\u00d7" + dist + " = " + num(hd.biased[i][j]));
+      }));
+    }
+    if (hd.capped) {
+      var c = state.softcap, cc = num(c);
+      attn.appendChild(table("capped", "capped" + hs, msg("page.softcap_formula", { cap: cc }), toks, ktoks, function (i, j, td) {
+        var s = (hd.biased || hd.scaled)[i][j], v = hd.capped[i][j];
+        numberCell(td, v, hp + "capped[" + toks[i] + ", " + ktoks[j] + "] = " + cc + "\u00b7tanh(" + num(s) + " / " + cc +
+                   ") = " + cc + "\u00b7tanh(" + num(s / c) + ") = " + cc + "\u00d7" + factor(v / c) + " = " + num(v));
+      }));
+    }
     attn.appendChild(table("mask", "mask", msg("page.may_attend"), toks, ktoks, function (i, j, td) {
       td.textContent = r.allowed[i][j] ? "1" : "0";
       td.tabIndex = 0;
       explainOn(td, "mask[" + toks[i] + ", " + ktoks[j] + "] = " + (r.allowed[i][j] ? msg("page.mask_yes") : msg("page.mask_no")));
     }));
-    attn.appendChild(table("weights", "weights" + hs, "= softmax(scaled)", toks, ktoks, function (i, j, td) {
+    var last = hd.capped ? "capped" : hd.biased ? "biased" : "scaled";
+    attn.appendChild(table("weights", "weights" + hs, "= softmax(" + last + ")", toks, ktoks, function (i, j, td) {
       var w = hd.weights[i][j];
-      var logits = hd.scaled[i].map(function (x, k) { return r.allowed[i][k] ? x : -Infinity; });
+      var logits = hd.logits[i].map(function (x, k) { return r.allowed[i][k] ? x : -Infinity; });
       var text = hp + softmaxLines(toks[i], ktoks, logits, hd.soft[i], j);
       numberCell(td, w, text);
       td.style.backgroundColor = "rgba(37, 99, 235, " + Math.max(0, Math.min(1, w)) * 0.55 + ")";
