@@ -44,8 +44,10 @@ def rope_note(step, lang: str, p: int) -> list[str]:
            t("explain.n_rope_neox" if style == "neox" else "explain.n_rope_interleaved", lang, half=E // 2)]
     if theta is not None:
         th = rope_thetas(theta, E)
-        out.append(t("explain.n_rope_theta", lang, theta=fmt(theta, p), d=E,
-                     values=", ".join(f"θ_{i} = {fmt(v, p)}" for i, v in enumerate(th))))
+        shown = [f"θ_{i} = {fmt(v, p)}" for i, v in enumerate(th)]
+        if len(shown) > 8:
+            shown = shown[:4] + ["…", shown[-1]]
+        out.append(t("explain.n_rope_theta", lang, theta=fmt(theta, p), d=E, values=", ".join(shown)))
     return out
 
 

@@ -636,7 +636,11 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         s = sec("Q_rot", t("explain.q_rope", lang, label=qlabel), formula=rot.formula, shape=f"({E},)")
         for line in var.rope_note(rot, lang, p):
             s.text(line)
-        s.calc(var.rope_lines(rot, idx, row, qlabel, p))
+        half = E // 2
+        lines = var.rope_lines(rot, idx, row, qlabel, p, None if half <= SMALL else range(SHOW // 2))
+        if half > SMALL:
+            lines.append(t("explain.pairs_more", lang, n=half))
+        s.calc(lines)
         if "K_rot" in trace:
             s.text(t("explain.q_rope_keys", lang))
     if scores_step is not None and scores_step.op == "matmul":
