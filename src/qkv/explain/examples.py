@@ -16,7 +16,13 @@ File format (YAML or JSON)::
     d_k: 3                      # the d in √d_k; default the key width
     mask: causal                # or a boolean matrix (true = may attend)
     heads: 2                    # several heads (needs X and square W_Q); W_O optional (default identity)
-    claims: {Q: {爱: [0.05, 0.23, 0.41]}, weights: [[...], ...]}
+    rope: {theta: 10000, style: neox}   # RoPE on Q and K (positions: [...], kv_positions: [...] optional)
+    alibi: true                 # ALiBi slopes from the head count, or a list (one per head)
+    softcap: 30                 # capped = 30·tanh(s / 30)
+    window: 3                   # causal sliding window; prefix: N (prefix LM); documents: [2, 3] or {ids: [...]}
+    sinks: 1                    # the first N keys visible to every query (or-ed with the other mask keys)
+    sink_logits: [0.0]          # learned softmax sinks, one per head
+    claims: {Q: {爱: [0.05, 0.23, 0.41]}, weights: [[...], ...]}   # also Q_rot, K_rot, biased, capped
     tolerance: 0.001            # absolute tolerance for every claim (default: the precision as written)
 
 Loading is safe: YAML goes through a ``SafeLoader`` subclass (no tag constructs an object), numbers keep

