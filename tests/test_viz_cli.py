@@ -85,6 +85,19 @@ def test_view_default_and_tokens(tmp_path, monkeypatch, capsys):
     assert embedded(tmp_path / "t2.html")["playground"]["tokens"] == ["I", "love", "eating"]
 
 
+def test_view_in_chinese(tmp_path, capsys):
+    """`qkv view --lang zh` embeds the zh locale's page strings (the page's words come from locales/zh.json)."""
+    from qkv import locales
+    out = tmp_path / "zh.html"
+    code, _, err = run(capsys, "view", "--lang", "zh", "-o", str(out))
+    assert code == 0, err
+    data = embedded(out)
+    assert data["lang"] == "zh" and data["strings"] == locales.strings("zh", "page.")
+    assert data["strings"] != locales.strings("en", "page.")
+    code, _, err = run(capsys, "view", "--lang", "xx", "-o", str(tmp_path / "xx.html"))
+    assert code == 2 and "--lang" in err and not (tmp_path / "xx.html").exists()
+
+
 def test_view_every_builtin_example(tmp_path, capsys):
     for name in examples.builtin_names():
         out = tmp_path / f"{name}.html"

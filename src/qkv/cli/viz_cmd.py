@@ -8,6 +8,7 @@ import numpy as np
 
 from . import UserError
 from ._app import cli
+from .explain_cmd import lang_option
 
 #: The built-in example both commands start from when given nothing: seed 003's 我 爱 吃.
 DEFAULT_EXAMPLE = "seed003"
@@ -168,7 +169,8 @@ def heatmap_cmd(file, example, model_text, layer, head, all_heads, tokens, title
 @click.option("--tokens", multiple=True, metavar="A B C", help="Token labels of the playground (one per row of X).")
 @click.option("--model", "-m", "model_text", metavar="TEXT", help="Add the model view for this sentence (model extra).")
 @click.option("-o", "--output", default="attention.html", show_default=True, metavar="FILE", help="The HTML file.")
-def view_cmd(file, example, tokens, model_text, output):
+@lang_option("Language of the page (qkv.locales).")
+def view_cmd(file, example, tokens, model_text, output, lang):
     """Write one self-contained HTML page (no network access; open it from disk, offline).
 
     The playground starts from seed 003's example, --example NAME or FILE: edit tokens, X, W_Q, W_K and W_V
@@ -181,5 +183,5 @@ def view_cmd(file, example, tokens, model_text, output):
     worked = _load_worked(example, file)
     playground = viz.from_worked(worked, tokens=_tokens(tokens, len(worked.tokens), "one per row of X"))
     model = viz.model_data(model_text, model=_load_model()) if model_text is not None else None
-    _write(lambda p: viz.write_page(p, {"playground": playground, "model": model}), output)
+    _write(lambda p: viz.write_page(p, {"playground": playground, "model": model}, lang=lang), output)
     click.echo(f"wrote {output}")
