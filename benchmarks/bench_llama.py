@@ -1,0 +1,167 @@
+"""qkv's SmolLM2 decoder vs transformers on the same GGUF file, side by side in one run (CPU, float32).
+
+    .venv/bin/python benchmarks/bench_llama.py [--repeats 5] [--threads N] [--new-tokens 64] [--prefill 512]
+                                               [--skip-load]
+
+What is timed (each side once to warm up, then ``--repeats`` times alternately, each call after a ``--settle``
+pause so the other side's idle threads stop spinning; the medians and their ratio qkv / transformers):
+
+* generation: greedy, ``--new-tokens`` (64) new tokens after a 30-token prompt — ``model.generate`` against
+  transformers' ``generate(do_sample=False, min_new_tokens=64)`` (its KV cache, its default SDPA attention);
+  both sides must produce the same tokens;
+* prefill: ``--prefill`` (512) tokens through the model once, filling the KV cache, logits of the last token
+  (``model.step(ids, caches)`` against ``model(ids, use_cache=True, logits_to_keep=1)``), and the same forward
+  with the logits of every position (``model.forward(ids)`` against ``model(ids)``);
+* load (GGUF file → ready to run) and resident memory after it, each side in a fresh Python process
+  (``--skip-load`` skips these).
+
+Both sides get the same number of threads (``--threads``, default: the CPUs this process may use):
+torch.set_num_threads, BLAS via threadpoolctl, and qkv's runtime. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+PROMPT = ("The old lighthouse keeper climbed the stairs every evening to light the lamp. One night, a terrible "
+          "storm rolled in from the dark sea, and the old")         # 30 tokens with SmolLM2's tokenizer
+
+_LOAD_QKV = """
+import json, time, os
+t = time.perf_counter()
+from qkv.models import load_llama
+m = load_llama()
+dt = time.perf_counter() - t
+rss = int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+print(json.dumps({"seconds": dt, "rss": rss}))
+"""
+
+_LOAD_HF = """
+import json, time, os
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+t = time.perf_counter()
+import torch, transformers
+from qkv.models.llama import default_model_path
+p = default_model_path()
+tok = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+m = transformers.AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, dtype=torch.float32)
+dt = time.perf_counter() - t
+rss = int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
+print(json.dumps({"seconds": dt, "rss": rss}))
+"""
+
+
+def _fresh(code: str, threads: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
+               MKL_NUM_THREADS=str(threads))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _timed(fn, settle: float) -> float:
+    time.sleep(settle)
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prefill", type=int, default=512)
+    ap.add_argument("--settle", type=float, default=0.5, help="seconds of pause before each timed call")
+    ap.add_argument("--skip-load", action="store_true", help="skip the load-time and memory measurements")
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+    import transformers
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    import qkv
+    from qkv.models.llama import default_model_path, load_llama
+
+    print(f"threads {args.threads} (torch, BLAS, qkv runtime); numpy {np.__version__} "
+          f"({', '.join(sorted({i['internal_api'] for i in threadpool_info() if i['user_api'] == 'blas'}))}), "
+          f"torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"load average {os.getloadavg()[0]:.2f} at start")
+    if not args.skip_load:
+        q = _fresh(_LOAD_QKV, args.threads)
+        h = _fresh(_LOAD_HF, args.threads)
+        print(f"load (fresh process, GGUF → ready): qkv {q['seconds']:.1f} s, RSS {q['rss'] / 2**20:.0f} MiB; "
+              f"transformers {h['seconds']:.1f} s, RSS {h['rss'] / 2**20:.0f} MiB  "
+              f"(ratio {q['seconds'] / h['seconds']:.2f}x time, {q['rss'] / h['rss']:.2f}x memory)")
+
+    torch.set_num_threads(args.threads)
+    qkv.set_num_threads(args.threads)
+    path = default_model_path()
+    model = load_llama()
+    tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                           dtype=torch.float32).eval()
+    prompt_ids = model.encode(PROMPT)
+    assert prompt_ids == tok(PROMPT)["input_ids"]
+    ids_t = torch.tensor([prompt_ids])
+    rng = np.random.default_rng(0)
+    long_ids = rng.integers(100, model.config.vocab_size, (1, args.prefill))
+    long_t = torch.from_numpy(long_ids)
+    results = {}
+
+    def q_gen():
+        results["q_gen"] = model.generate(PROMPT, max_new_tokens=args.new_tokens).ids
+
+    def h_gen():
+        with torch.inference_mode():
+            out = hf.generate(ids_t, attention_mask=torch.ones_like(ids_t), max_new_tokens=args.new_tokens,
+                              min_new_tokens=args.new_tokens, do_sample=False)
+        results["h_gen"] = out[0, len(prompt_ids):].tolist()
+
+    def q_prefill():
+        results["q_pre"] = model.step(long_ids, model.new_caches())
+
+    def h_prefill():
+        with torch.inference_mode():
+            results["h_pre"] = hf(long_t, use_cache=True, logits_to_keep=1).logits[:, -1].numpy()
+
+    def q_forward():
+        results["q_fwd"] = model.forward(long_ids)
+
+    def h_forward():
+        with torch.inference_mode():
+            results["h_fwd"] = hf(long_t, use_cache=False).logits.numpy()
+
+    pairs = {"generate": (q_gen, h_gen), "prefill (last logits)": (q_prefill, h_prefill),
+             "forward (all logits)": (q_forward, h_forward)}
+    times = {k: ([], []) for k in pairs}
+    with threadpool_limits(limits=args.threads, user_api="blas"):
+        for name, (fq, fh) in pairs.items():
+            fq(), fh()                                                     # warm-up
+            for _ in range(args.repeats):
+                times[name][0].append(_timed(fq, args.settle))
+                times[name][1].append(_timed(fh, args.settle))
+    same = results["q_gen"] == results["h_gen"]
+    print(f"prompt {len(prompt_ids)} tokens; generated {len(results['q_gen'])} tokens, identical to "
+          f"transformers': {same}; prefill {args.prefill} tokens, max |Δ logits| "
+          f"{np.abs(results['q_pre'] - results['h_pre']).max():.1e} (last), "
+          f"{np.abs(results['q_fwd'] - results['h_fwd']).max():.1e} (all)")
+    for name, (tq, th) in times.items():
+        mq, mh = statistics.median(tq), statistics.median(th)
+        extra = f", {args.new_tokens / mq:.1f} vs {args.new_tokens / mh:.1f} tokens/s" if name == "generate" else ""
+        print(f"{name:>22}: qkv median {mq:.3f} s (best {min(tq):.3f}), transformers median {mh:.3f} s "
+              f"(best {min(th):.3f}); ratio of medians {mq / mh:.2f}x (target <= 1.0){extra}")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+if __name__ == "__main__":
+    main()
