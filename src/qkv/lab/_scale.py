@@ -1,0 +1,173 @@
+"""``qkv lab scale``: why ÷ √d_k — seed 002's claim, measured on qkv's own forward and backward.
+
+"When d_k grows, the variance of the dot product grows; scores that are too large push softmax towards
+one-hot and the gradients of the non-maximal entries to zero; scaling by √d_k brings the scores back."
+
+For each d_k in 4, 8, … 1024: queries and keys with independent unit-variance entries (``samples`` query
+rows, each against ``keys`` keys), values and an upstream gradient likewise, through
+:func:`qkv.scaled_dot_product_attention` twice — ``scale=1`` (no scaling) and the default 1/√d_k — recording
+the stages in a :class:`qkv.Trace`:
+
+* ``score_var``: the variance of q·k (the trace's ``scores``; theory: d_k), ``score_var_scaled`` of
+  q·k/√d_k (the ``scaled`` step; theory: 1);
+* ``max_weight`` / ``entropy``: the mean over rows of the largest softmax weight and of the weights' entropy
+  (nats; uniform over the keys would be ln keys);
+* ``grad_norm``: the median over rows (the typical query) of ‖∂loss/∂s‖, the gradient with respect to the scores s that enter the
+  softmax, for the loss ⟨G, output⟩ (G the upstream gradient). It comes from qkv's backward,
+  :func:`qkv.flex_attention_backward`, run on query = the scores and key = the identity (so Q·Kᵀ = s with
+  scale 1): its gradient for the query is exactly ∂loss/∂s. (The gradient for the real queries follows by the
+  chain rule: ∂loss/∂q = scale · ∂loss/∂s · K; ``tests/test_lab.py`` holds the two together.) The mean
+  over rows is in ``grad_norm_mean``: it falls far less, because the few rows whose two largest scores
+  happen to be close keep a gradient of order 1 — saturation silences the typical row, not every row.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import qkv
+from ..locales import t
+from . import _common as C
+
+D_KS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def score_gradient(s: np.ndarray, v: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """∂⟨g, softmax(s)·v⟩/∂s from qkv's backward: ``flex_attention_backward`` on query = s, key = I, scale 1.
+
+    s: (..., L, S) scores entering the softmax, v: (..., S, Ev), g: (..., L, Ev) → (..., L, S).
+    """
+    S = s.shape[-1]
+    eye = np.broadcast_to(np.eye(S, dtype=s.dtype), s.shape[:-2] + (S, S))
+    dq, _, _ = qkv.flex_attention_backward(g, s, eye, v, scale=1.0, backend="reference")
+    return dq
+
+
+def _stats(scores, weights, s_softmax, v, g):
+    """One chunk: ``(sums, grad norms)`` — Σ score, Σ score², Σ max weight, Σ entropy — and ‖∂loss/∂s‖ per row."""
+    w = weights
+    ent = -np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=-1)
+    grad = score_gradient(s_softmax, v, g)
+    sums = np.array([scores.sum(), np.square(scores).sum(), w.max(-1).sum(), ent.sum()])
+    return sums, np.linalg.norm(grad, axis=-1).ravel()
+
+
+def run(*, seed: int = 0, d_ks=D_KS, samples: int = 16384, keys: int = 16, values: int = 16) -> dict:
+    """The scale experiment; plain data (JSON-ready).
+
+    Returns ``{"rows": [{"d_k", "score_var", "score_var_scaled", "max_weight", "max_weight_scaled",
+    "entropy", "entropy_scaled", "grad_norm", "grad_norm_scaled"}], "grad_norm_mean": [{"d_k", "grad_norm",
+    "grad_norm_scaled"}], "theory": {"score_var": "d_k", "score_var_scaled": 1, "uniform_entropy",
+    "uniform_max_weight"}, "settings": {"seed", "samples", "keys", "values"}}`` (see the module doc).
+    """
+    rng = C.seeded(seed)
+    samples = C.positive(samples, "samples")
+    keys = C.positive(keys, "keys", minimum=2)
+    values = C.positive(values, "values")
+    d_ks = [C.positive(d, "d_ks") for d in d_ks]
+    if not d_ks:
+        raise ValueError("d_ks: expected at least one d_k")
+    per = keys                                    # query rows per (batch) item: a keys × keys block
+    items = max(1, math.ceil(samples / per))
+    rows, grad_means = [], []
+    for d in d_ks:
+        chunk = max(1, min(items, (1 << 21) // (2 * per * d)))       # about 32 MB of q and k at a time
+        acc = {True: np.zeros(4), False: np.zeros(4)}
+        norms = {True: [], False: []}
+        done = 0
+        while done < items:
+            n = min(chunk, items - done)
+            q = rng.standard_normal((n, 1, per, d))
+            k = rng.standard_normal((n, 1, keys, d))
+            v = rng.standard_normal((n, 1, keys, values))
+            g = rng.standard_normal((n, 1, per, values))
+            for scaled in (False, True):
+                with qkv.trace() as tr:
+                    qkv.scaled_dot_product_attention(q, k, v, scale=None if scaled else 1.0, backend="reference")
+                raw = tr["scores"].array                                   # q·k, (n, 1, L, S)
+                s = tr["scaled"].array                                     # what enters the softmax
+                sums, gn = _stats(s if scaled else raw, tr["weights"].array, s, v, g)
+                acc[scaled] += sums
+                norms[scaled].append(gn)
+            done += n
+        N = items * per
+        row = {"d_k": d}
+        mean_grad = {"d_k": d}
+        for scaled, suffix in ((False, ""), (True, "_scaled")):
+            tot, sq, mw, ent = acc[scaled]
+            mean = tot / (N * keys)
+            gn = np.concatenate(norms[scaled])
+            row["score_var" + suffix] = C.num(sq / (N * keys) - mean * mean)
+            row["max_weight" + suffix] = C.num(mw / N)
+            row["entropy" + suffix] = C.num(ent / N)
+            row["grad_norm" + suffix] = C.num(np.median(gn))
+            mean_grad["grad_norm" + suffix] = C.num(np.mean(gn))
+        grad_means.append(mean_grad)
+        rows.append({k: row[k] for k in ("d_k", "score_var", "score_var_scaled", "max_weight", "max_weight_scaled",
+                                         "entropy", "entropy_scaled", "grad_norm", "grad_norm_scaled")})
+    return {"rows": rows,
+            "grad_norm_mean": grad_means,
+            "theory": {"score_var": "d_k", "score_var_scaled": 1, "uniform_entropy": C.num(math.log(keys)),
+                       "uniform_max_weight": C.num(1 / keys)},
+            "settings": {"seed": seed, "samples": items * per, "keys": keys, "values": values}}
+
+
+# ----------------------------------------------------------------------------------------------- presenting
+def paragraph(result: dict, lang: str = "en") -> str:
+    r = result["rows"]
+    lo, hi = r[0], r[-1]
+    ratio = lo["grad_norm"] / hi["grad_norm"] if hi["grad_norm"] > 0 else float("inf")
+    flat = [x["max_weight_scaled"] for x in r]
+    return t("lab.scale_paragraph", lang, d0=lo["d_k"], d1=hi["d_k"], n=result["settings"]["samples"],
+             keys=result["settings"]["keys"],
+             var0=f"{lo['score_var']:.3g}", var1=f"{hi['score_var']:.4g}",
+             svar0=f"{min(x['score_var_scaled'] for x in r):.3f}", svar1=f"{max(x['score_var_scaled'] for x in r):.3f}",
+             mw0=f"{lo['max_weight']:.2f}", mw1=f"{hi['max_weight']:.3f}",
+             smw0=f"{min(flat):.2f}", smw1=f"{max(flat):.2f}",
+             ent0=f"{lo['entropy']:.2f}", ent1=f"{hi['entropy']:.3f}", sent=f"{hi['entropy_scaled']:.2f}",
+             g0=f"{lo['grad_norm']:.3g}", g1=f"{hi['grad_norm']:.2g}", orders=f"{math.log10(ratio):.1f}",
+             sg0=f"{min(x['grad_norm_scaled'] for x in r):.3g}", sg1=f"{max(x['grad_norm_scaled'] for x in r):.3g}")
+
+
+def table(result: dict, lang: str = "en"):
+    heads = ["d_k", t("lab.col_var", lang), t("lab.col_var_scaled", lang), t("lab.col_max_weight", lang),
+             t("lab.col_max_weight_scaled", lang), t("lab.col_entropy", lang), t("lab.col_entropy_scaled", lang),
+             t("lab.col_grad", lang), t("lab.col_grad_scaled", lang)]
+    rows = [[str(r["d_k"]), f"{r['score_var']:.4g}", f"{r['score_var_scaled']:.4f}", f"{r['max_weight']:.4f}",
+             f"{r['max_weight_scaled']:.4f}", f"{r['entropy']:.4f}", f"{r['entropy_scaled']:.4f}",
+             f"{r['grad_norm']:.3e}", f"{r['grad_norm_scaled']:.3e}"] for r in result["rows"]]
+    return t("lab.scale_title", lang), heads, rows
+
+
+@C.with_fonts
+def plot(result: dict, path, lang: str = "en") -> str:
+    """Three panels against d_k (log scale): variance with the theory lines, max weight, gradient norm."""
+    r = result["rows"]
+    d = [x["d_k"] for x in r]
+    fig = C.new_figure(12, 3.6)
+    axes = fig.subplots(1, 3)
+    un, sc = C.label(t("lab.unscaled", lang)), C.label(t("lab.scaled", lang))
+    drawable = C.label
+    ax = axes[0]
+    ax.loglog(d, [x["score_var"] for x in r], "o-", label=un)
+    ax.loglog(d, [x["score_var_scaled"] for x in r], "s-", label=sc)
+    ax.loglog(d, d, "k:", lw=1, label=drawable(t("lab.theory", lang)))
+    ax.loglog(d, [1] * len(d), "k:", lw=1)
+    ax.set_title(drawable(t("lab.col_var", lang)))
+    ax = axes[1]
+    ax.semilogx(d, [x["max_weight"] for x in r], "o-", label=un)
+    ax.semilogx(d, [x["max_weight_scaled"] for x in r], "s-", label=sc)
+    ax.set_ylim(0, 1.02)
+    ax.set_title(drawable(t("lab.col_max_weight", lang)))
+    ax = axes[2]
+    ax.loglog(d, [x["grad_norm"] for x in r], "o-", label=un)
+    ax.loglog(d, [x["grad_norm_scaled"] for x in r], "s-", label=sc)
+    ax.set_title(drawable(t("lab.col_grad", lang)))
+    for ax in axes:
+        ax.set_xlabel("d_k")
+        ax.legend(fontsize=8)
+    return C.save_atomic(fig, path)
+
+
+__all__ = ["run", "paragraph", "table", "plot", "score_gradient", "D_KS"]
