@@ -28,10 +28,35 @@ quadrants so little of its masked triangle is computed), a boolean mask by looki
 ``all`` over a slice of the broadcast mask — masks from :mod:`qkv.masks`, causal or sliding window, skip their
 empty blocks this way); a block the mask allows entirely is not masked at all.
 
-Backward (FlashAttention-2): recompute ``P = exp(S − lse)`` block by block from the saved log-sum-exp, with
-``D_i = rowsum(dO ∘ O)``: ``dV += Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dS = P ∘ (dP − D_i)``,
-``dK += dSᵀ·Q·scale``, ``dQ += dS·K·scale``. Key blocks are the parallel unit (their ``dK``, ``dV`` belong to
-one worker); ``dQ`` is summed from per-task partials.
+Flex attention (:func:`qkv.flex_attention`'s score mods, block masks and sinks), block by block, never an
+``(L, S)`` bias or mask array:
+
+* *Block masks*: the engine's blocks are rectangles of BlockMask cells (BLOCK_SIZE² each; the grid of
+  kinds, (L/128)² int8, is all that is looked at). Per query block (a multiple of BLOCK_SIZE rows) a planner
+  covers the non-empty cells with rectangles — one matmul per run of non-empty key cells, rows halved while
+  that is cheaper (GRID_CALL_COST): packed documents stay 1024-row squares, a sliding window goes by cell
+  rows against its run of keys (128 × 640 for window 512), a causal mask halves towards the diagonal.
+  Empty cells are skipped, full cells never masked, partial cells masked with −inf by the mask mod — or,
+  for a mod that depends on ``i − j`` alone (causal, sliding window, their and/or), by a 0/−inf pattern
+  cached per offset (the same few recur every block).
+* *Score mods* on the scaled scores of each block, ``b``/``h`` the flattened batch and head indices. The
+  built-ins get folds: **ALiBi** ``m·(j − i) = m·(j − ρ) + m·(ρ − i)`` — the row term rides in the matmul
+  (the extra query column), the column term is one broadcast add, and a block that straddles the diagonal
+  adds a cached bias pattern; **softcap** folds ``1/cap`` into the query scale, so a block is matmul → tanh
+  → ×cap → exp, with a fitted polynomial instead of tanh in float32 when the block's bound allows
+  (:func:`_tanh_poly`); any other mod is called on the block (:func:`qkv.mods.call_score_mod`).
+  Shift-free stays where the modded scores are provably bounded (softcap by its cap; ALiBi under a causal
+  mask that allows the diagonal: bias ≤ 0 and 0 on the diagonal); otherwise lazy rescaling, ALiBi's blocks
+  taken largest bias first so the running max is rarely raised.
+* *Sinks*: each row's denominator gains ``exp(sink_h − m_i)`` at the end (``m_i`` raised to the sink first
+  where it is larger, so nothing overflows); the log-sum-exp includes it.
+
+Backward (FlashAttention-2): recompute ``P = exp(S' − lse)`` block by block from the saved log-sum-exp, with
+``D_i = rowsum(dO ∘ O)``: ``dV += Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dS' = P ∘ (dP − D_i)``, ``dS = dS' ∘ ∂S'/∂S``
+(the score mod's derivative: softcap ``1 − tanh²``, ALiBi 1, a custom mod's ``grad``),
+``dK += dSᵀ·Q·scale``, ``dQ += dS·K·scale``; ``d sink_h = −Σ_i exp(sink_h − lse_i)·D_i``. Key blocks are the
+parallel unit (their ``dK``, ``dV`` belong to one worker; a block mask planned per key block and query
+chunk as in the forward); ``dQ`` is summed from per-task partials.
 
 Parallelism: tasks (batch × heads × query blocks forward, key blocks backward) run on a thread pool of
 :func:`get_num_threads` workers, each pinned to its own CPU; NumPy releases the GIL inside matmul and ufunc

@@ -53,8 +53,10 @@ def _words(text: str, name: str, allowed) -> list[str]:
                    "(N=8192) vs qkv's full causal and torch with the dense mask, 8 packed documents vs 8 calls, "
                    "ALiBi/softcap/RoPE vs plain (N=4096), the flex backward vs torch autograd (N=2048), and "
                    "the peak RSS of an N=65536 window forward (--long changes N).")
+@click.option("--cases", default="window,documents,mods,backward", show_default=True,
+              help="With --variants: which cases to run.")
 def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, long_n, json_out, plot_out,
-          markdown, progress, variants):
+          markdown, progress, variants, cases):
     """Time qkv's tiled engine, its reference path and torch's SDPA side by side (float32).
 
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
@@ -75,7 +77,8 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         if plot_out:
             raise UserError("--plot: not offered with --variants (its rows are not a sweep over N)")
         result = B.variants(heads=heads, dim=dim, repeats=repeats, threads=threads,
-                            long_n=65536 if long_n is None else long_n, progress=progress)
+                            long_n=65536 if long_n is None else long_n, progress=progress,
+                            cases=_words(cases, "--cases", ("window", "documents", "mods", "backward")))
         if json_out == "-":
             click.echo(B.dumps(result))
             return 0
