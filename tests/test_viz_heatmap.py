@@ -41,9 +41,11 @@ def test_heatmap_draws_the_weights_with_token_labels():
 
 
 def test_annotation_is_automatic_by_size_and_can_be_forced():
-    big = np.full((13, 12), 1 / 12)
+    # Numbers where they are legible at the cell size (issue 11: chosen from the size, not a cell count).
+    assert len(viz.heatmap(np.full((13, 12), 1 / 12)).texts) == 13 * 12
+    big = np.full((80, 80), 1 / 80)
     assert len(viz.heatmap(big).texts) == 0
-    assert len(viz.heatmap(big, annotate=True).texts) == 13 * 12
+    assert len(viz.heatmap(big, annotate=True).texts) == 80 * 80
     assert len(viz.heatmap(seed_weights(), annotate=False).texts) == 0
 
 

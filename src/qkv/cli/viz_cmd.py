@@ -86,10 +86,14 @@ def _check_output(path: str, suffixes: tuple[str, ...] | None) -> str:
 
 
 def _write(writer, path: str) -> None:
+    """Run ``writer(path)`` (an atomic writer: a temporary file renamed into place); any failure is one line and
+    leaves no file behind."""
     try:
         writer(path)
     except OSError as exc:
         raise UserError(f"cannot write {path!r}: {exc.strerror or exc}") from None
+    except MemoryError:
+        raise UserError(f"cannot write {path!r}: out of memory while drawing it (nothing was written)") from None
 
 
 def _load_model():
@@ -127,12 +131,25 @@ def heatmap_cmd(file, example, model_text, layer, head, all_heads, tokens, title
     if model_text is not None:
         if file is not None or example is not None:
             raise UserError("give either --model TEXT or an example (--example NAME / FILE), not both")
-        data = viz.model_data(model_text, model=_load_model())
-        if not 0 <= layer < data["layers"]:
-            raise UserError(f"--layer: expected 0 … {data['layers'] - 1}, got {layer}")
-        weights = np.asarray(data["attentions"][layer])                  # (H, T, T)
-        rows = cols = _tokens(tokens, len(data["tokens"]), "one per model token") or data["tokens"]
-        default_title = f"{data['name']}: layer {layer}"
+        if not model_text.strip():
+            raise UserError("--model: expected a non-empty sentence")
+        model = _load_model()
+        n_layers = model.config.num_layers
+        if not 0 <= layer < n_layers:
+            raise UserError(f"--layer: expected 0 … {n_layers - 1}, got {layer}")
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = model.run([model_text])                                 # one layer kept, float32: bounded
+        for w in caught:                                                  # e.g. truncated to 512 tokens
+            click.echo(f"qkv: warning: {' '.join(str(w.message).split())}", err=True)
+        model_tokens = [str(t) for t in out.tokens[0]]
+        T = len(model_tokens)
+        weights = np.asarray(out.attentions[layer])[0, :, :T, :T]         # (H, T, T)
+        del out
+        rows = cols = _tokens(tokens, T, "one per model token") or model_tokens
+        default_title = f"{viz.model_name(model)}: layer {layer}"
     else:
         worked = _load_worked(example, file)
         trace = _examples().run(worked)

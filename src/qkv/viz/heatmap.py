@@ -8,11 +8,21 @@ Labels in Chinese (or Japanese, Korean) need a font that has those characters: :
 one among the installed fonts (Debian's ``fonts-noto-cjk`` provides Noto Sans CJK). When there is none, qkv
 warns once with the install hint and writes such characters as ``U+6211`` instead of drawing empty boxes.
 matplotlib is imported inside the functions, so ``import qkv.viz`` costs nothing without it.
+
+Any size: the figure's size, the numbers in the cells and the tick labels are chosen from the matrix's size
+(:func:`layout`). A cell is at most 0.55 in wide and a picture at most 12 in (a grid's panel 4 in), so a
+1,024-token matrix is an 1,800-pixel PNG, not a 90,000-pixel one; numbers are written in the cells only where
+they fit at a legible size (6 pt or more); tick labels are thinned to every k-th token so they do not overlap.
+:func:`save` writes a temporary file in the target's folder and renames it: a failure (a full disk, no memory)
+leaves no empty or half-written file behind.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import os
+import tempfile
 import warnings
 
 import numpy as np
@@ -25,9 +35,27 @@ CJK_FAMILIES = (
     "Microsoft YaHei", "PingFang SC", "Heiti SC", "Hiragino Sans GB", "Arial Unicode MS",
 )
 INSTALL_HINT = "apt-get install fonts-noto-cjk"
-#: Matrices with at most this many cells get their values written in the cells when ``annotate=None``.
-ANNOTATE_MAX_CELLS = 144
 FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+#: Pixels per inch of a written PNG.
+DPI = 150
+#: The largest cell (inches): small matrices are drawn at this size, larger ones shrink to fit.
+MAX_CELL_IN = 0.55
+#: The longest side of one heatmap's matrix (inches; 1,800 px at 150 dpi) and of one panel in a grid.
+MAX_SIDE_IN = 12.0
+MAX_PANEL_IN = 4.0
+#: Numbers are written in the cells only at this font size (points) or more; the largest size used is 8.
+MIN_ANNOTATION_PT = 6.0
+MAX_ANNOTATION_PT = 8.0
+#: ``annotate=True`` writes at most this many numbers (beyond it they could not be read: a warning instead).
+MAX_ANNOTATIONS = 10_000
+#: Tick labels: their font size range (points), and the longest label kept (longer ones end in "…").
+MIN_TICK_PT, MAX_TICK_PT = 6.0, 10.0
+MAX_LABEL_CHARS = 16
+#: At most this many tick labels on an axis (more could not be read, and each costs drawing time).
+MAX_TICKS = 48
+MAX_PANEL_TICKS = 24
+#: A digit is about this wide, in ems, in DejaVu Sans (matplotlib's default font); a CJK character is 1 em.
+_DIGIT_EM = 0.64
 
 _warned_no_cjk = False
 
@@ -112,17 +140,79 @@ def _labels(labels, n: int, name: str, default: str) -> list[str]:
     return labels
 
 
+def _text_width_em(text: str) -> float:
+    """Roughly how wide ``text`` is, in ems: wide (CJK) characters 1, others about a digit's width."""
+    return sum(1.0 if is_cjk(ch) else _DIGIT_EM for ch in text)
+
+
+def _short(label: str) -> str:
+    return label if len(label) <= MAX_LABEL_CHARS else label[:MAX_LABEL_CHARS - 1] + "…"
+
+
+def layout(L: int, S: int, *, max_side: float = MAX_SIDE_IN, max_cell: float = MAX_CELL_IN,
+           cell: float | None = None, row_labels=None, col_labels=None, sample: str = "0.00",
+           max_ticks: int | None = None) -> dict:
+    """How an (L, S) heatmap is drawn at its size: what :func:`heatmap` and :func:`heads_grid` follow.
+
+    Returns a dict:
+        cell          the side of one cell in inches: ``min(max_cell, max_side / max(L, S))`` (or ``cell``)
+        annotate_pt   the font size of the numbers in the cells (points) — 0 when they would be smaller than
+                      ``MIN_ANNOTATION_PT`` (not legible), so none are written by default
+        tick_pt       the font size of the tick labels
+        row_step, col_step   every k-th row / column is labelled (1: all), so that labels do not overlap and
+                      there are at most ``MAX_TICKS`` (48) of them
+        rotate        the column labels' rotation (0, 45 or 90 degrees)
+        interpolation "nearest" while a cell is at least 3 pixels, else "antialiased" (no moiré)
+    """
+    if cell is None:
+        cell = min(max_cell, max_side / max(L, S, 1))
+    max_ticks = MAX_TICKS if max_ticks is None else max_ticks
+    pt = cell * 72.0                                                  # a cell's side in points
+    width_em = _text_width_em(sample)
+    annotate_pt = min(MAX_ANNOTATION_PT, 0.85 * pt / max(width_em, 1e-9), pt / 1.4)
+    if annotate_pt < MIN_ANNOTATION_PT:
+        annotate_pt = 0.0
+    tick_pt = max(MIN_TICK_PT, min(MAX_TICK_PT, 0.8 * pt))
+    rows = [_short(r) for r in (row_labels or [])]
+    cols = [_short(c) for c in (col_labels or [])]
+    row_step = max(1, math.ceil(1.25 * tick_pt / pt), math.ceil(L / max_ticks))
+    widest = max((_text_width_em(c) for c in cols), default=2 * _DIGIT_EM) * tick_pt
+    if widest <= 0.9 * pt and (not cols or max(map(len, cols)) <= 3):
+        rotate, col_step = 0, 1
+    elif S <= 24 and widest <= 4 * pt:
+        rotate, col_step = 45, max(1, math.ceil(0.9 * tick_pt / pt))
+    else:
+        rotate, col_step = 90, max(1, math.ceil(1.25 * tick_pt / pt))
+    col_step = max(col_step, math.ceil(S / max_ticks))
+    return {"cell": cell, "annotate_pt": annotate_pt, "tick_pt": tick_pt, "row_step": row_step,
+            "col_step": col_step, "rotate": rotate,
+            "interpolation": "nearest" if cell * DPI >= 3 else "antialiased"}
+
+
+def _ticks(n: int, step: int) -> list[int]:
+    """Every ``step``-th index, always including the last one when there is room for it."""
+    ticks = list(range(0, n, step))
+    if step > 1 and ticks and n - 1 - ticks[-1] >= step / 2:
+        ticks.append(n - 1)
+    return ticks
+
+
 def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, annotate=None,
             cmap: str = "Blues", vmin: float | None = 0.0, vmax: float | None = None, fmt: str = "{:.2f}",
-            colorbar: bool = True, xlabel: str | None = "key", ylabel: str | None = "query"):
-    """Draw one attention matrix: rows are queries, columns are keys.
+            colorbar: bool = True, xlabel: str | None = "key", ylabel: str | None = "query", _layout=None,
+            _tick_rows: bool = True, _tick_cols: bool = True):
+    """Draw one attention matrix: rows are queries, columns are keys. Any size (see :func:`layout`).
 
     Args:
         weights: (L, S) array (leading axes of size 1 are dropped), e.g. ``trace["weights"].array``.
-        row_labels, col_labels: L query and S key labels (tokens); default ``q0 …`` / ``k0 …``.
-        ax: a matplotlib Axes to draw on; None makes a new Agg figure (``ax.figure`` to save or show it).
+        row_labels, col_labels: L query and S key labels (tokens); default ``q0 …`` / ``k0 …``. Thinned to every
+            k-th one when they would overlap; longer than 16 characters end in "…".
+        ax: a matplotlib Axes to draw on; None makes a new Agg figure sized for the matrix (cells of at most
+            0.55 in, the matrix at most 12 in; ``ax.figure`` to save or show it).
         title: the Axes title.
-        annotate: write each value in its cell; None means "when the matrix has ≤ 144 cells".
+        annotate: write each value in its cell; None means "where the numbers are legible at the cell size"
+            (6 pt or more: about 50 × 50 cells at most in a new figure); True forces them (up to 10,000 cells,
+            else a warning and none); False never.
         cmap, vmin, vmax: colour map and its range (default 0 … the maximum, for weights in [0, 1]).
         fmt: format of an annotation, e.g. ``"{:.2f}"``.
         colorbar: add a colour bar.
@@ -136,37 +226,65 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
     L, S = w.shape
     rows = _labels(row_labels, L, "row_labels", "q")
     cols = _labels(col_labels, S, "col_labels", "k")
-    style, drawable = _text_style(rows + cols + [title or ""])
-    if ax is None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(1.2 + 0.55 * S + (1.0 if colorbar else 0.0), 1.0 + 0.5 * L), layout="constrained")
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
     finite = w[np.isfinite(w)]
     hi = vmax if vmax is not None else (float(finite.max()) if finite.size else 1.0)
     lo = vmin if vmin is not None else (float(finite.min()) if finite.size else 0.0)
     if hi <= lo:
         hi = lo + 1.0
-    im = ax.imshow(w, cmap=cmap, vmin=lo, vmax=hi, aspect="auto", interpolation="nearest")
-    ax.set_xticks(range(S), [drawable(c) for c in cols], **style)
-    ax.set_yticks(range(L), [drawable(r) for r in rows], **style)
-    ax.tick_params(axis="x", labelrotation=45 if max(map(len, cols)) > 3 else 0)
+    sample = max((fmt.format(v) for v in (lo, hi, -abs(hi))), key=len)
+    lay = _layout
+    if lay is None:
+        cell = None
+        if ax is not None:                                            # the Axes' own size decides
+            fw, fh = ax.figure.get_size_inches()
+            box = ax.get_position()
+            cell = max(min(box.width * fw / S, box.height * fh / L), 1e-3)
+        lay = layout(L, S, cell=cell, row_labels=rows, col_labels=cols, sample=sample)
+    rstep, cstep = lay["row_step"], lay["col_step"]
+    rticks = _ticks(L, rstep) if _tick_rows else []                 # a grid labels its outer panels only
+    cticks = _ticks(S, cstep) if _tick_cols else []
+    shown = [rows[i] for i in rticks] + [cols[j] for j in cticks]
+    style, drawable = _text_style(shown + [title or ""])
+    if ax is None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        c = lay["cell"]
+        label_in = max((_text_width_em(_short(r)) for r in (rows[i] for i in rticks)), default=1.0) \
+            * lay["tick_pt"] / 72.0
+        fig = Figure(figsize=(0.9 + label_in + c * S + (1.0 if colorbar else 0.0),
+                              1.0 + (0.6 if lay["rotate"] else 0.3) + c * L), layout="constrained")
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+    im = ax.imshow(w, cmap=cmap, vmin=lo, vmax=hi, aspect="auto", interpolation=lay["interpolation"])
+    tick_style = dict(style, fontsize=lay["tick_pt"])
+    ax.set_xticks(cticks, [drawable(_short(cols[j])) for j in cticks], **tick_style)
+    ax.set_yticks(rticks, [drawable(_short(rows[i])) for i in rticks], **tick_style)
+    ax.tick_params(axis="x", labelrotation=lay["rotate"])
+    if lay["rotate"] == 45:
+        for lab in ax.get_xticklabels():
+            lab.set_horizontalalignment("right")
+            lab.set_rotation_mode("anchor")
     if xlabel:
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(xlabel + (f" (1 label in {cstep})" if cstep > 1 else ""))
     if ylabel:
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabel + (f" (1 label in {rstep})" if rstep > 1 else ""))
     if title:
         ax.set_title(drawable(title), **style)
+    size = lay["annotate_pt"]
     if annotate is None:
-        annotate = L * S <= ANNOTATE_MAX_CELLS
+        annotate = size > 0
+    elif annotate and L * S > MAX_ANNOTATIONS:
+        warnings.warn(f"annotate: {L}×{S} = {L * S} cells are too many to write a number in each (at most "
+                      f"{MAX_ANNOTATIONS}); drawing the colours only", UserWarning, stacklevel=2)
+        annotate = False
     if annotate:
+        size = size or max(2.0, min(MAX_ANNOTATION_PT, lay["cell"] * 72.0 / 1.4))
         mid = lo + (hi - lo) / 2
         for i in range(L):
             for j in range(S):
                 v = w[i, j]
-                ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=8,
+                ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=size,
                         color="white" if v > mid else "black")
     if colorbar:
         ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
@@ -175,7 +293,8 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
 
 def heads_grid(weights, row_labels=None, col_labels=None, *, titles=None, ncols: int | None = None,
                suptitle: str | None = None, annotate=None, cmap: str = "Blues", fmt: str = "{:.2f}"):
-    """One heatmap per head in a grid, sharing one colour scale (0 … the largest weight).
+    """One heatmap per head in a grid, sharing one colour scale (0 … the largest weight). Any size: each
+    panel's matrix is at most 4 in (cells of at most 0.45 in), numbers and tick labels as :func:`layout` says.
 
     Args:
         weights: (H, L, S) attention weights (leading axes of size 1 are dropped).
@@ -203,31 +322,72 @@ def heads_grid(weights, row_labels=None, col_labels=None, *, titles=None, ncols:
     if ncols < 1:
         raise ValueError(f"ncols: expected an integer >= 1, got {ncols}")
     nrows = -(-H // ncols)
-    cell = 0.45 if L * S <= ANNOTATE_MAX_CELLS else 0.3
-    fig = Figure(figsize=(ncols * (1.4 + cell * S), nrows * (1.2 + cell * L) + (0.4 if suptitle else 0)),
-                 layout="constrained")
+    rows = _labels(row_labels, L, "row_labels", "q")
+    cols = _labels(col_labels, S, "col_labels", "k")
+    finite = w[np.isfinite(w)]
+    vmax = max(float(finite.max()) if finite.size else 1.0, 1e-12)
+    lay = layout(L, S, max_side=MAX_PANEL_IN, max_cell=0.45, row_labels=rows, col_labels=cols,
+                 sample=fmt.format(vmax), max_ticks=MAX_PANEL_TICKS)
+    c = lay["cell"]
+    big = max(L, S) > 16                       # small panels keep their own labels; large ones label the edges
+    label_in = max((_text_width_em(_short(r)) for r in rows[::lay["row_step"]]), default=1.0) * lay["tick_pt"] / 72
+    fig = Figure(figsize=(ncols * (0.5 + label_in + c * S), nrows * (0.9 + (0.5 if lay["rotate"] else 0.2) + c * L)
+                          + (0.4 if suptitle else 0)), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    finite = w[np.isfinite(w)]
-    vmax = float(finite.max()) if finite.size else 1.0
     for h in range(nrows * ncols):
         ax = axes[h // ncols][h % ncols]
         if h >= H:
             ax.set_axis_off()
             continue
-        heatmap(w[h], row_labels, col_labels, ax=ax, title=titles[h], annotate=annotate, cmap=cmap,
-                vmin=0.0, vmax=max(vmax, 1e-12), fmt=fmt, colorbar=False,
-                xlabel=None, ylabel=None)
+        last_row = h + ncols >= H                                     # nothing drawn below this panel
+        heatmap(w[h], rows, cols, ax=ax, title=titles[h], annotate=annotate, cmap=cmap,
+                vmin=0.0, vmax=vmax, fmt=fmt, colorbar=False, xlabel=None, ylabel=None, _layout=lay,
+                _tick_rows=not big or h % ncols == 0, _tick_cols=not big or last_row)
     if suptitle:
         style, drawable = _text_style([suptitle])
         fig.suptitle(drawable(suptitle), **style)
     return fig
 
 
+def _default_mode() -> int:
+    """The permission bits a new file gets here (0o666 less the umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode: str = "wb", **kw):
+    """Open a temporary file in ``path``'s folder for writing; on success it replaces ``path`` (``os.replace``,
+    atomic on one file system), on any failure (an exception, MemoryError, Ctrl-C) it is removed. A reader
+    sees the old file or the whole new one, never an empty or half-written one. The new file gets the usual
+    permissions (those of the file it replaces, else 0o666 less the umask)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **kw) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            perm = os.stat(path).st_mode & 0o7777
+        except OSError:
+            perm = _default_mode()
+        os.chmod(tmp, perm)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def save(fig, path) -> str:
     """Write ``fig`` (a Figure, or an Axes of one) to ``path``; the suffix picks PNG, SVG or PDF.
 
-    Raises ValueError for another suffix and OSError when the file cannot be written.
+    The file is written whole or not at all (:func:`atomic_write`). Raises ValueError for another suffix and
+    OSError when the file cannot be written.
     """
     path = os.fspath(path)
     fig = getattr(fig, "figure", fig)
@@ -240,6 +400,10 @@ def save(fig, path) -> str:
     with warnings.catch_warnings():
         # Our own warning (no CJK font) already fired; matplotlib's per-glyph warnings would repeat it.
         warnings.filterwarnings("ignore", message="Glyph .* missing from")
-        with open(path, "wb") as fh:                                # OSError here names the path
-            fig.savefig(fh, format=FORMATS[suffix], dpi=150)
+        kw = {}
+        if suffix == ".png":                       # a large picture: zlib's fastest level (3× faster, ~25% bigger)
+            w_in, h_in = fig.get_size_inches()
+            kw["pil_kwargs"] = {"compress_level": 1 if w_in * h_in * DPI * DPI > 2e6 else 6}
+        with atomic_write(path, "wb") as fh:                        # OSError here names the path
+            fig.savefig(fh, format=FORMATS[suffix], dpi=DPI, **kw)
     return path

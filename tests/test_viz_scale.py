@@ -1,0 +1,183 @@
+"""Pictures at any size (issue 11): the heatmap's size, numbers and tick labels follow the matrix's size, memory
+and time stay bounded (measured in a subprocess: its peak RSS read back), and writes are atomic."""
+import importlib
+import json
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+pytest.importorskip("click")
+
+from qkv import viz  # noqa: E402
+from qkv.cli import main  # noqa: E402
+
+hm = importlib.import_module("qkv.viz.heatmap")   # the module (qkv.viz.heatmap is also the function)
+ROOT = Path(__file__).resolve().parents[1]
+QKV = Path(sys.executable).with_name("qkv")
+
+#: Runs a command as its only child and prints the child's peak RSS (kB) and wall time (s) as the last line.
+PEAK = textwrap.dedent("""
+    import resource, subprocess, sys, time
+    t = time.perf_counter()
+    p = subprocess.run(sys.argv[1:], capture_output=True, text=True)
+    dt = time.perf_counter() - t
+    sys.stdout.write(p.stdout)
+    sys.stderr.write(p.stderr)
+    print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, round(dt, 2))
+""")
+
+
+def peak(*cmd, timeout=240):
+    """(exit code, stdout, stderr, peak RSS in MB, seconds) of ``cmd`` run in a fresh process."""
+    p = subprocess.run([sys.executable, "-c", PEAK, *map(str, cmd)], capture_output=True, text=True,
+                       timeout=timeout, cwd=ROOT)
+    *out, last = p.stdout.rstrip("\n").split("\n")
+    rc, kb, secs = last.split()
+    return int(rc), "\n".join(out), p.stderr, int(kb) / 1024, float(secs)
+
+
+def png_size(path) -> tuple[int, int]:
+    data = Path(path).read_bytes()[:24]
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+# ----------------------------------------------------------------------------------------------- layout
+def test_layout_small_matrices_keep_big_cells_numbers_and_every_label():
+    lay = viz.layout(3, 3, row_labels=["我", "爱", "吃"], col_labels=["我", "爱", "吃"])
+    assert lay["cell"] == hm.MAX_CELL_IN
+    assert lay["annotate_pt"] >= hm.MIN_ANNOTATION_PT
+    assert lay["row_step"] == lay["col_step"] == 1 and lay["rotate"] == 0
+
+
+@pytest.mark.parametrize("n", [50, 100, 300, 1024, 4096])
+def test_layout_large_matrices_are_bounded(n):
+    lay = viz.layout(n, n)
+    assert lay["cell"] * n <= hm.MAX_SIDE_IN + 1e-9                   # the matrix fits in 12 in
+    assert n / lay["row_step"] <= hm.MAX_TICKS + 1 and n / lay["col_step"] <= hm.MAX_TICKS + 1
+    # rows labelled at least a font height apart: no overlap
+    assert lay["row_step"] * lay["cell"] * 72 >= 1.2 * lay["tick_pt"]
+    if n >= 100:
+        assert lay["annotate_pt"] == 0                                 # numbers would not be legible
+        assert lay["interpolation"] == "antialiased" or lay["cell"] * hm.DPI >= 3
+
+
+def test_numbers_only_where_legible_and_labels_thinned():
+    w = np.full((200, 200), 1 / 200)
+    labels = [f"t{i}" for i in range(200)]
+    ax = viz.heatmap(w, labels, labels)
+    assert len(ax.texts) == 0
+    shown = [t.get_text() for t in ax.get_yticklabels()]
+    assert 2 <= len(shown) <= hm.MAX_TICKS + 1 and shown[0] == "t0"
+    assert set(shown) <= set(labels)
+    assert "1 label in" in ax.get_ylabel()
+    fw, fh = ax.figure.get_size_inches()
+    assert fw * hm.DPI < 2600 and fh * hm.DPI < 2600                  # not 88 px a token
+    with pytest.warns(UserWarning, match="too many to write a number"):
+        assert len(viz.heatmap(np.full((120, 120), 1 / 120), annotate=True).texts) == 0
+
+
+def test_long_labels_are_shortened():
+    long = "x" * 100
+    ax = viz.heatmap(np.eye(2), [long, "b"], ["a", long])
+    assert all(len(t.get_text()) <= hm.MAX_LABEL_CHARS for t in ax.get_yticklabels() + ax.get_xticklabels())
+
+
+def test_grid_of_large_panels_labels_the_outer_edges_only():
+    w = np.full((6, 40, 40), 1 / 40)
+    fig = viz.heads_grid(w)
+    panels = [ax for ax in fig.axes if ax.images]
+    assert len(panels) == 6
+    with_rows = [i for i, ax in enumerate(panels) if ax.get_yticklabels()]
+    with_cols = [i for i, ax in enumerate(panels) if ax.get_xticklabels()]
+    assert with_rows == [0, 4]                                          # the first column of 4
+    assert with_cols == [2, 3, 4, 5]                                    # nothing below them
+
+
+# ----------------------------------------------------------------------------------------------- atomic writes
+def _boom(fig, fh, **kwargs):
+    fh.write(b"\x89PNG half a picture")
+    raise MemoryError
+
+
+def test_save_is_atomic_on_failure(tmp_path, monkeypatch):
+    ax = viz.heatmap(np.eye(3))
+    monkeypatch.setattr(type(ax.figure), "savefig", _boom)
+    target = tmp_path / "w.png"
+    with pytest.raises(MemoryError):
+        viz.save(ax, target)
+    assert list(tmp_path.iterdir()) == []                               # no 0-byte file, no temporary
+    target.write_bytes(b"the old picture")
+    with pytest.raises(MemoryError):
+        viz.save(ax, target)
+    assert target.read_bytes() == b"the old picture"                   # the old file is kept whole
+    assert [p.name for p in tmp_path.iterdir()] == ["w.png"]
+
+
+def test_save_gives_the_usual_permissions(tmp_path):
+    path = tmp_path / "w.png"
+    viz.save(viz.heatmap(np.eye(2)), path)
+    mask = os.umask(0)
+    os.umask(mask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~mask
+    assert [p.name for p in tmp_path.iterdir()] == ["w.png"]
+
+
+def test_cli_failure_leaves_no_file(tmp_path, monkeypatch, capsys):
+    from matplotlib.figure import Figure
+
+    monkeypatch.setattr(Figure, "savefig", _boom)
+    out = tmp_path / "h.png"
+    code = main(["heatmap", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert "out of memory" in err and "nothing was written" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------------------------- memory and time
+def _big_example(path: Path, L: int = 1024, D: int = 8) -> Path:
+    rng = np.random.default_rng(0)
+    X = np.round(rng.normal(size=(L, D)), 3)
+    W = [np.round(rng.normal(size=(D, D)) * 0.3, 3) for _ in range(3)]
+    path.write_text(json.dumps({"title": f"{L} tokens", "tokens": [f"t{i}" for i in range(L)], "X": X.tolist(),
+                                "W_Q": W[0].tolist(), "W_K": W[1].tolist(), "W_V": W[2].tolist()}))
+    return path
+
+
+def test_heatmap_of_1024_tokens_is_bounded(tmp_path):
+    src = _big_example(tmp_path / "big.json")
+    out = tmp_path / "big.png"
+    rc, stdout, err, mb, secs = peak(QKV, "heatmap", src, "-o", out)
+    assert rc == 0, err
+    print(f"1,024-token heatmap: peak RSS {mb:.0f} MB, {secs:.1f} s")
+    assert mb < 1024 and secs < 30
+    w, h = png_size(out)
+    assert w <= 2600 and h <= 2600
+
+
+@pytest.mark.model
+def test_minilm_grid_of_512_tokens_is_bounded(tmp_path):
+    try:
+        from qkv.models import load_bert
+        load_bert()
+    except ImportError as exc:
+        pytest.skip(f"no model: {exc}")
+    words = "the cat sat on a mat and looked at birds flying over old houses near the river".split()
+    text = " ".join(words[i % len(words)] for i in range(600))            # more than 512 tokens
+    out = tmp_path / "grid.svg"
+    rc, stdout, err, mb, secs = peak(QKV, "heatmap", "--model", text, "--layer", "2", "-o", out)
+    assert rc == 0, err
+    print(f"MiniLM 12-head grid, 512 tokens: peak RSS {mb:.0f} MB, {secs:.1f} s")
+    assert mb < 1024 and secs < 30
+    assert err.count("\n") == 1 and err.startswith("qkv: warning:") and "512 tokens" in err   # truncated
+    svg = out.read_text(encoding="utf-8")
+    assert svg.count("head ") >= 12
+    assert "all-MiniLM-L6-v2: layer 2" in svg and "nreimers" not in svg
