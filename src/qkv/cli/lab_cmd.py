@@ -50,10 +50,10 @@ def _check_plot(path: str | None, lang: str) -> None:
         return
     from qkv.lab._common import matplotlib_available
 
-    if os.path.splitext(path)[1].lower() not in PLOT_SUFFIXES:
-        raise UserError(t("lab.plot_suffix", lang, path=path, suffixes=", ".join(PLOT_SUFFIXES)))
     if os.path.isdir(path):
         raise UserError(t("lab.plot_is_folder", lang, path=path))
+    if os.path.splitext(path)[1].lower() not in PLOT_SUFFIXES:
+        raise UserError(t("lab.plot_suffix", lang, path=path, suffixes=", ".join(PLOT_SUFFIXES)))
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise UserError(t("lab.plot_folder", lang, path=path, folder=folder))
@@ -81,6 +81,8 @@ def _show(name: str, result: dict, lang: str, as_json: bool, plot_path: str | No
             raise UserError(t("lab.cannot_write", lang, path=plot_path, why=exc.strerror or exc)) from None
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False, indent=1))
+        if plot_path is not None:
+            click.echo(t("lab.wrote", lang, path=plot_path), err=True)       # stdout stays pure JSON
         return 0
     title, heads, rows = lab.table(name, result, lang)
     text = lab.paragraph(name, result, lang)
@@ -105,7 +107,7 @@ def _show(name: str, result: dict, lang: str, as_json: bool, plot_path: str | No
     if after is not None:
         after()
     if plot_path is not None:
-        click.echo(t("lab.wrote", lang, path=plot_path), err=as_json)
+        click.echo(t("lab.wrote", lang, path=plot_path))
     return 0
 
 

@@ -165,8 +165,9 @@ class TinyAttention:
         g["W_V"] = x.reshape(B * T, -1).T @ dv.reshape(B * T, -1)
         dx = dk @ p["W_K"].T + dv @ p["W_V"].T                                 # (B, T, D)
         dx[np.arange(B), qpos] += dq @ p["W_Q"].T
-        dEmb = np.zeros_like(p["Emb"])
-        np.add.at(dEmb, ids.reshape(-1), dx.reshape(B * T, -1))
+        onehot = np.zeros((B * T, p["Emb"].shape[0]))                          # (B·T, vocab)
+        onehot[np.arange(B * T), ids.reshape(-1)] = 1.0
+        dEmb = onehot.T @ dx.reshape(B * T, -1)                                # Σ over the positions of each id
         dPos = np.zeros_like(p["Pos"])
         dPos[:T] = dx.sum(0)
         g["Emb"], g["Pos"] = dEmb, dPos
@@ -208,12 +209,15 @@ def matplotlib_available() -> bool:
     return True
 
 
-def new_figure(width: float, height: float):
-    """An Agg figure (no display needed)."""
+def new_figure(width: float, height: float, *, layout: str | None = None):
+    """An Agg figure (no display needed). Fixed margins by default (a layout engine measures every tick
+    label and costs seconds); ``layout="constrained"`` for a figure that needs it."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = Figure(figsize=(width, height), layout=layout)
+    if layout is None:
+        fig.subplots_adjust(left=0.06, right=0.98, bottom=0.16, top=0.9, wspace=0.3)
     FigureCanvasAgg(fig)
     return fig
 

@@ -142,12 +142,16 @@ def _kind(kind: str, lang: str) -> str:
 
 def paragraph(result: dict, lang: str = "en") -> str:
     one, two = result["models"]
-    kinds = ", ".join(f"{a['head']}: {_kind(a['kind'], lang)}" for a in two["attention"])
+    kinds = t("lab.list_sep", lang).join(t("lab.head_kind_item", lang, head=a["head"], kind=_kind(a["kind"], lang))
+                                         for a in two["attention"])
     a1 = one["attention"][0]
-    return t("lab.heads_paragraph", lang, acc1=f"{100 * one['accuracy']:.1f}", acc2=f"{100 * two['accuracy']:.1f}",
-             width=result["settings"]["width"], w2=two["head_width"], kinds=kinds,
-             prev1=f"{a1['previous_token']:.2f}", match1=f"{a1['matching_bracket']:.2f}",
-             steps=result["settings"]["steps"], chance=f"{100 * result['chance']:.1f}")
+    text = t("lab.heads_paragraph", lang, acc1=f"{100 * one['accuracy']:.1f}", acc2=f"{100 * two['accuracy']:.1f}",
+             width=result["settings"]["width"], w2=two["head_width"], prev1=f"{a1['previous_token']:.2f}",
+             match1=f"{a1['matching_bracket']:.2f}", steps=result["settings"]["steps"],
+             chance=f"{100 * result['chance']:.1f}")
+    split = sorted(a["kind"] for a in two["attention"]) == ["matching bracket", "previous token"]
+    more = t("lab.heads_split" if split else "lab.heads_nosplit", lang, kinds=kinds)
+    return text + ("" if lang == "zh" else " ") + more
 
 
 def table(result: dict, lang: str = "en"):

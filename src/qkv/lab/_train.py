@@ -164,7 +164,7 @@ def _metrics(model, d: Data, idx=None):
 
 
 # ----------------------------------------------------------------------------------------------- the experiment
-def run(*, seed: int = 0, steps: int = 400, batch: int = 64, lr: float = 0.03, d_model: int = 16, d_k: int = 8,
+def run(*, seed: int = 0, steps: int = 400, batch: int = 128, lr: float = 0.03, d_model: int = 16, d_k: int = 8,
         held_out: int = 500, log_every: int = 10) -> dict:
     """Train the one-head attention model on the pronoun language; plain data (JSON-ready).
 
@@ -271,7 +271,7 @@ def paragraph(result: dict, lang: str = "en") -> str:
     text = t("lab.train_paragraph", lang, steps=result["settings"]["steps"],
              loss0=_f(result["initial_loss"], 3), loss1=_f(result["final_loss"], 3),
              att0=_f(curve[0]["attention"], 2), chance=_f(result["chance_attention"], 2),
-             att=_f(result["attention_to_antecedent"], 2), acc=_f(100 * result["accuracy"], 1),
+             att=_f(result["attention_to_antecedent"], 3), acc=_f(100 * result["accuracy"], 1),
              n=result["held_out"]["sentences"])
     if ex["top"] == ex["antecedent"]:
         # the other noun that agrees with 它 (银行 in the seeds' sentence): the one the model had to pass over
