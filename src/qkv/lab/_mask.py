@@ -150,7 +150,7 @@ def table(result: dict, lang: str = "en"):
     heads = [t("lab.col_method", lang), t("lab.col_row_sum", lang), t("lab.col_pad_weight", lang),
              t("lab.col_leak", lang), t("lab.col_pad_grad", lang), t("lab.col_diff", lang),
              t("lab.col_full_sum", lang), t("lab.col_full_norm", lang)]
-    rows = [[_name(r["method"], lang), f"{r['row_sum_min']:.4f} … {r['row_sum_max']:.4f}", f"{r['pad_weight']:.4g}",
+    rows = [[_name(r["method"], lang), f"{r['row_sum_min']:.4f}–{r['row_sum_max']:.4f}", f"{r['pad_weight']:.4g}",
              f"{r['leak']:.3g}", f"{r['pad_grad']:.3g}", f"{r['diff_vs_inf']:.2g}",
              f"{r['fully_masked_weight_sum']:.4g}", f"{r['fully_masked_output_norm']:.4g}"]
             for r in result["methods"]]

@@ -302,7 +302,7 @@ def _thin(rows, n: int):
 
 
 def _f(x, digits: int) -> str:
-    return f"{x:.{digits}f}"
+    return f"{x:.{digits}f}".replace("-", "−")
 
 
 @C.with_fonts
