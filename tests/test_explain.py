@@ -298,10 +298,11 @@ def test_large_inputs_switch_to_shapes_and_summaries():
     t = qkv.Trace()
     m(x, key_mask=np.array([[True] * 26 + [False] * 4]), trace=t)
     s = render(t)
-    assert "first 6 of 30 rows" in s and "one element written out" in s and "other 7 are computed" in s
+    # issue 11: tables with elided middles — the first and last rows and columns, "…" between
+    assert "the first 3 and last 3 of 30 rows" in s and "one element written out" in s and "other 7 are computed" in s
     assert len(s.splitlines()) < 600
     zh = render(t, lang="zh")
-    assert "前 6/30 行" in zh
+    assert "共 30 行，显示前 3 行和后 3 行" in zh
 
 
 def test_explain_query_on_a_bert_like_trace():

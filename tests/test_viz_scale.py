@@ -181,3 +181,84 @@ def test_minilm_grid_of_512_tokens_is_bounded(tmp_path):
     svg = out.read_text(encoding="utf-8")
     assert svg.count("head ") >= 12
     assert "all-MiniLM-L6-v2: layer 2" in svg and "nreimers" not in svg
+
+
+# ----------------------------------------------------------------------------------------------- explain at any size
+examples = importlib.import_module("qkv.explain.examples")
+render_mod = importlib.import_module("qkv.explain.render")
+
+
+def _mid_example(L=40, D=4, **extra):
+    rng = np.random.default_rng(1)
+    doc = {"tokens": [f"t{i}" for i in range(L)], "X": np.round(rng.normal(size=(L, D)), 2).tolist(),
+           **{k: np.round(rng.uniform(-1, 1, (D, 4)), 1).tolist() for k in ("W_Q", "W_K", "W_V")}}
+    doc.update(extra)
+    return examples.from_dict(doc, name="mid")
+
+
+VARIANTS = [{}, {"mask": "causal"}, {"heads": 2}, {"heads": 2, "alibi": True, "mask": "causal"},
+            {"rope": {"theta": 10000}}, {"softcap": 5, "window": 3}, {"documents": [10, 30], "sinks": 1},
+            {"sink_logits": [0.5]}, {"heads": 2, "sink_logits": [0.5, -1.0], "prefix": 4}]
+
+
+@pytest.mark.parametrize("extra", VARIANTS, ids=lambda v: ",".join(v) or "plain")
+def test_row_blocks_write_the_same_document_as_the_whole_trace(extra):
+    """run_rows (blocks of 7 query rows, only the shown rows kept) → the same text as run() on every row."""
+    w = _mid_example(**extra)
+    L = w.n_queries
+    edges = [0, 1, 2, L - 3, L - 2, L - 1]
+    whole = render_mod.render(examples.run(w), tokens=w.tokens)
+    rows = examples.run_rows(w, edges, block_cells=7 * L)
+    assert render_mod.render(rows, tokens=w.tokens) == whole
+    assert "the first 3 and last 3 of 40 rows" in whole
+    assert rows["weights"].array.shape[-2] == 6 and render_mod.full_shape(rows["weights"])[-2] == L
+    H = w.heads
+    one = examples.run_rows(w, [17], block_cells=5 * L)
+    assert (render_mod.explain_query(one, 17, head=H - 1, tokens=w.tokens)
+            == render_mod.explain_query(examples.run(w), 17, head=H - 1, tokens=w.tokens))
+    with pytest.raises(ValueError, match="holds only rows"):
+        render_mod.explain_query(one, 3, tokens=w.tokens)
+
+
+def test_row_blocks_of_every_builtin_example():
+    for name in examples.builtin_names():
+        w = examples.load_example(name)
+        tokens = list(w.tokens) if w.tokens_given else None
+        assert (render_mod.render(examples.run_rows(w, range(w.n_queries), block_cells=2 * w.n_keys), tokens=tokens)
+                == render_mod.render(examples.run(w), tokens=tokens)), name
+
+
+def test_row_blocks_from_q_and_k_and_from_scores():
+    rng = np.random.default_rng(2)
+    for doc in ({"Q": rng.normal(size=(30, 3)).round(2).tolist(), "K": rng.normal(size=(20, 3)).round(2).tolist(),
+                 "V": rng.normal(size=(20, 2)).round(2).tolist()},
+                {"scores": rng.normal(size=(30, 12)).round(2).tolist(), "d_k": 4, "mask": "causal"}):
+        w = examples.from_dict(doc, name="x")
+        rows = examples.run_rows(w, [0, 1, 2, 27, 28, 29], block_cells=50)
+        assert render_mod.render(rows) == render_mod.render(examples.run(w))
+
+
+def _big_explain_file(path: Path, L: int = 10_000) -> Path:
+    rng = np.random.default_rng(0)
+    X = np.round(rng.normal(size=(L, 4)), 2)
+    W = [np.round(rng.uniform(-1, 1, size=(4, 3)), 1) for _ in range(3)]
+    path.write_text(json.dumps({"title": f"{L} tokens", "tokens": [f"w{i}" for i in range(L)], "X": X.tolist(),
+                                "W_Q": W[0].tolist(), "W_K": W[1].tolist(), "W_V": W[2].tolist()}))
+    return path
+
+
+def test_explain_of_10000_tokens_is_bounded(tmp_path):
+    src = _big_explain_file(tmp_path / "big.json")
+    rc, out, err, mb, secs = peak(QKV, "explain", src)
+    assert rc == 0, err
+    print(f"qkv explain, 10,000 tokens: peak RSS {mb:.0f} MB, {secs:.1f} s")
+    assert mb < 1024 and secs < 60
+    assert "(10000, 3) · (10000, 3)ᵀ → (10000, 10000)" in out
+    assert "the first 3 and last 3 of 10000 rows; the first 3 and last 3 of 10000 columns; 100000000 values" in out
+    assert f"qkv explain {src} --query ROW" in out                     # how to see one query whole
+    assert len(out) < 40_000                                            # no 10,000-token line either
+    rc, out, err, mb, secs = peak(QKV, "explain", src, "--query", "w5000")
+    assert rc == 0, err
+    print(f"qkv explain --query w5000, 10,000 tokens: peak RSS {mb:.0f} MB, {secs:.1f} s")
+    assert mb < 1024 and secs < 60
+    assert "Query w5000: its whole calculation" in out and "the other 9992 keys have total weight" in out

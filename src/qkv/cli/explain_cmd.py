@@ -112,21 +112,37 @@ def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, he
     from qkv.explain import _doc, examples as ex
     from qkv.explain.render import build_doc, build_query_doc
 
+    from qkv.explain.render import EDGE, SMALL
+
     worked = _load(example, file, lang)
-    trace = ex.run(worked, heads=heads, mask=_mask(mask_spec, worked, lang))
+    mask = _mask(mask_spec, worked, lang)
+    # A large input (issue 11): the attention part is computed in blocks of query rows and only the rows the
+    # document shows are kept (examples.run_rows) — a 10,000-token file in ~200 MB instead of 13 GB.
+    large = ex.is_large(worked, heads)
+    row = None if query is None else _query_row(query, worked, lang)
+    L = worked.n_queries
+    if not large:
+        trace = ex.run(worked, heads=heads, mask=mask)
+    elif row is None:
+        trace = ex.run_rows(worked, list(range(min(EDGE, L))) + list(range(max(L - EDGE, 0), L)), heads=heads,
+                            mask=mask)
+    else:
+        trace = ex.run_rows(worked, [row], heads=heads, mask=mask)
     tokens = list(worked.tokens) if worked.tokens_given else None
     kv_tokens = list(worked.kv_tokens) if worked.kv_tokens_given else None
     if query is None:
         doc = build_doc(trace, lang=lang, precision=precision, tokens=tokens, kv_tokens=kv_tokens,
                         title=worked.title)
+        if L > SMALL or worked.n_keys > SMALL:         # tables elided: say how to see one query whole
+            how = f"qkv explain {file if file is not None else '--example ' + (worked.name or '')}".rstrip()
+            doc.intro.append(t("explain.large_note", lang, L=L, S=worked.n_keys, how=how))
     else:
-        row = _query_row(query, worked, lang)
         n_heads = trace["weights"].array.shape[-3] if trace["weights"].array.ndim >= 3 else 1
         if head >= n_heads:
             raise UserError(t("cli.bad_head", lang, last=n_heads - 1, head=head))
         doc = build_query_doc(trace, row, head=head, lang=lang, precision=precision, tokens=tokens,
                               kv_tokens=kv_tokens)
-    if query is None and heads is None and mask_spec is None and worked.claims:
+    if query is None and heads is None and mask_spec is None and worked.claims and not large:
         from qkv.explain import check
 
         r = check(worked)

@@ -94,15 +94,16 @@ def slopes_text(step, p: int) -> str | None:
     return ", ".join(f"m_{h} = {fmt(m, p)}" for h, m in enumerate(np.asarray(slopes).ravel()))
 
 
-def bias_line(step, idx: tuple, i: int, j: int, lhs: str, p: int) -> str:
-    """``lhs = scaled + m_h×(j − i) = value`` (or ``scaled + bias = value`` for another bias)."""
+def bias_line(step, idx: tuple, i: int, j: int, lhs: str, p: int, qi: int | None = None) -> str:
+    """``lhs = scaled + m_h×(j − i) = value`` (or ``scaled + bias = value`` for another bias). ``i`` indexes the
+    step's array; ``qi`` is the query's true row when that differs (a row-sampled step)."""
     shape = step.array.shape
     s = float(np.broadcast_to(np.asarray(step.operands["scaled"]), shape)[idx][i, j])
     v = float(np.asarray(step.array)[idx][i, j])
     slopes = step.params.get("slopes")
     if slopes is not None:
         m = float(np.asarray(slopes).ravel()[head_of(idx)])
-        d = j - i
+        d = j - (i if qi is None else qi)
         dist = f"({MINUS}{-d})" if d < 0 else str(d)
         return f"{lhs} = {fmt(s, p)} + {fmt_factor(m, p)}×{dist} = {fmt(v, p)}"
     b = float(np.broadcast_to(np.asarray(step.operands["bias"]), shape)[idx][i, j])

@@ -46,7 +46,7 @@ import numpy as np
 from ..stages import PIPELINE_ORDER, Names
 
 __all__ = ["Worked", "WorkedExampleError", "builtin_names", "load_example", "load_file", "from_dict", "run",
-           "CLAIM_NAMES", "KEY_SIDE", "Number", "half_unit", "text_of"]
+           "run_rows", "is_large", "CLAIM_NAMES", "KEY_SIDE", "Number", "half_unit", "text_of"]
 
 #: The steps a worked example may claim numbers for, in pipeline order (:data:`qkv.stages.PIPELINE_ORDER`
 #: without ``modified`` — no custom score mod in a file — and ``masked``, whose −∞ is not a number to claim).
@@ -973,26 +973,33 @@ def _mask_mod(worked: Worked, m, L: int, S: int):
     return mod
 
 
-def _options(worked: Worked, m, L: int, S: int, h: int) -> dict:
+def _options(worked: Worked, m, L: int, S: int, h: int, q_range: tuple[int, int] | None = None) -> dict:
     """The keyword arguments of :func:`qkv.pipeline.attend` for this example: its mask (and where it came
     from), its score mods (ALiBi, soft-capping), sink logits and RoPE. ``m`` is the ``mask:`` key (or what
-    ``run(mask=...)`` put in its place); window, prefix, documents and sinks combine with it."""
+    ``run(mask=...)`` put in its place); window, prefix, documents and sinks combine with it.
+
+    ``q_range=(r0, r1)``: for the query rows r0 … r1−1 only (:func:`run_rows`): the mask's rows r0 … r1−1, and
+    score mods that see the true query index (``q_idx + r0``)."""
     from .. import masks as _masks
     from .. import mods, pipeline
     from ..positions import RoPE
 
     opts: dict = {}
+    r0, r1 = (0, L) if q_range is None else q_range
     mod = _mask_mod(worked, m, L, S) if worked.has_mask_mods else None
     if mod is not None:
         lead = (1, h) if h > 1 or worked.sink_logits is not None else ()
-        b, hh, q_idx, kv_idx = pipeline.indices(lead, L, S)
+        b, hh, q_idx, kv_idx = pipeline.indices(lead, r1 - r0, S, q_offset=r0)
         dense = mods.call_mask_mod(mod, b, hh, q_idx, kv_idx)                      # bool, broadcastable
-        opts.update(mask=np.array(np.broadcast_to(dense, np.broadcast_shapes(dense.shape, (L, S)))),
+        opts.update(mask=np.array(np.broadcast_to(dense, np.broadcast_shapes(dense.shape, (r1 - r0, S)))),
                     mask_source=mod)
     elif isinstance(m, str) and m == "causal":
-        opts.update(mask=_masks.causal(L, S), mask_source="causal")
+        if q_range is None:
+            opts.update(mask=_masks.causal(L, S), mask_source="causal")
+        else:                                       # rows r0 … r1−1 of masks.causal(L, S) (top-left: j ≤ i)
+            opts.update(mask=np.arange(S)[None, :] <= np.arange(r0, r1)[:, None], mask_source="causal")
     elif m is not None:
-        opts.update(mask=m, mask_source="attn_mask")
+        opts.update(mask=m if q_range is None else np.asarray(m)[..., r0:r1, :], mask_source="attn_mask")
     score_mods = []
     if worked.alibi is not None:
         if worked.alibi is True:
@@ -1007,6 +1014,8 @@ def _options(worked: Worked, m, L: int, S: int, h: int) -> dict:
         score_mods.append(mods.softcap(worked.softcap))
     if score_mods:
         opts["score_mod"] = score_mods[0] if len(score_mods) == 1 else mods.compose(*score_mods)
+        if r0:
+            opts["score_mod"] = _shifted(opts["score_mod"], r0)
     if worked.sink_logits is not None:
         if worked.sink_logits.size != h:
             raise ValueError(f"heads: the example's sink_logits give {worked.sink_logits.size} logit(s), one "
@@ -1023,6 +1032,15 @@ def _options(worked: Worked, m, L: int, S: int, h: int) -> dict:
             k_pos = np.arange(S, dtype=np.int64)
         opts.update(q_positions=q_pos, k_positions=k_pos)
     return opts
+
+
+def _shifted(mod, r0: int):
+    """``mod`` seeing query indices shifted by ``r0`` (a block of rows r0 … computed on its own)."""
+    from .. import mods
+
+    def fn(score, b, h, q_idx, kv_idx):
+        return mod(score, b, h, q_idx + r0, kv_idx)
+    return mods.ScoreMod(fn, name=mod.name, params=mod.params, records=mod.records, step_names=mod.step_names)
 
 
 def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
@@ -1132,6 +1150,179 @@ def _forward(worked: Worked, h: int, m, trace) -> None:
         if "sink_logits" in opts:               # one sink logit per head: the attention arrays get a head axis
             q, k, v, scores = (None if a is None else a[None] for a in (q, k, v, scores))
         pipeline.attend(q, k, v, scale=1.0 / math.sqrt(dd), d_k=dd, scores=scores, **opts)
+
+
+# ----------------------------------------------------------------------------------------------- large inputs
+#: Above this many attention weights (heads × L × S) ``qkv explain`` runs a worked example with
+#: :func:`run_rows`: about 8 MB per (L, S) step in float64, where a full trace holds 5 or 6 of them.
+LARGE_CELLS = 1 << 20
+#: The attention weights one block of rows computes at a time in :func:`run_rows` (16 MB per float64 array).
+BLOCK_CELLS = 1 << 21
+
+
+def is_large(worked: Worked, heads: int | None = None) -> bool:
+    """True when the example's attention (heads × L × S weights) is too large to keep whole in a trace."""
+    h = worked.heads if heads is None else int(heads)
+    return h * worked.n_queries * worked.n_keys > LARGE_CELLS
+
+
+def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block_cells: int | None = None):
+    """Run a worked example as :func:`run` does, keeping the (L, S) steps only at the query ``rows``.
+
+    The same stages compute the same numbers: the projections, the head split, RoPE, the concat and W_O on
+    every row, recorded whole; the attention part (scores → scaled → [biased, capped] → masked → weights →
+    output) in blocks of query rows (``block_cells`` weights at a time; every query row's attention needs only
+    its own q and all of K and V), each block recorded into a trace of its own that is read and dropped. Those
+    steps keep their array, and their row-indexed operands, at ``rows`` only, with ``params``: ``rows`` (the
+    true row indices), ``full_shape``, ``stats`` (per (batch, head) slice: count, min, max and mean of the
+    finite values over every row) and ``row_operands``; :mod:`qkv.explain.render` writes such a trace as it
+    writes a whole one. The output step holds the kept rows; the concat after it is of every row.
+
+    Memory is O(rows × S + block) instead of O(L × S) for each of the 5–6 steps a trace keeps: a 10,000-token
+    example needs about 200 MB, not 13 GB. Float64 throughout (the numbers are the ones :func:`run` gives).
+    """
+    from .. import pipeline, stages
+    from ..positions import RoPE
+    from ..stages import Names
+    from ..tracing import Step, Trace
+    from ..tracing import trace as tracing
+
+    if not isinstance(worked, Worked):
+        raise TypeError(f"worked: expected a qkv.explain.examples.Worked, got {type(worked).__name__}")
+    h = worked.heads if heads is None else heads
+    if isinstance(h, bool) or not isinstance(h, numbers.Integral) or h < 1:
+        raise ValueError(f"heads: expected a positive integer, got {h!r}")
+    h = int(h)
+    L, S = worked.n_queries, worked.n_keys
+    keep = sorted({int(r) for r in rows})
+    if not keep or keep[0] < 0 or keep[-1] >= L:
+        raise ValueError(f"rows: expected row indices 0..{L - 1}, got {list(rows)!r}")
+    m = _resolve_mask(worked, mask)
+    d_k = _plain_d_k(worked.d_k)
+    start = worked.start
+    main = Trace()
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"), tracing(main):
+        q_pos = k_pos = None
+        if worked.rope is not None:
+            q_pos = worked.positions if worked.positions is not None else np.arange(L, dtype=np.int64)
+            k_pos = (worked.kv_positions if worked.kv_positions is not None
+                     else q_pos if not worked.is_cross else np.arange(S, dtype=np.int64))
+        scores = None
+        if h > 1:
+            if start != "X":
+                raise ValueError(f"heads: several heads need an example that starts from X (this one starts from "
+                                 f"{'Q and K' if start == 'QK' else 'scores'})")
+            problem = _heads_problem(worked.W_Q, worked.W_K, worked.W_V, worked.W_O, h)
+            if problem:
+                raise ValueError(problem)
+            F = worked.W_Q.shape[1]
+            if d_k is not None and float(d_k) != F // h:
+                raise ValueError(f"heads: d_k = {text_of(worked.d_k)} but {h} heads have width {F // h}")
+            x = stages.observe_input("X", worked.X[None])                              # (1, L, D)
+            kv = x if worked.X_kv is None else stages.observe_input("X_kv", worked.X_kv[None])
+            kv_name = "X" if worked.X_kv is None else "X_kv"
+            q = stages.project(x, worked.W_Q, name="Q", weight_name="W_Q", input_name="X")
+            k = stages.project(kv, worked.W_K, name="K", weight_name="W_K", input_name=kv_name)
+            v = stages.project(kv, worked.W_V, name="V", weight_name="W_V", input_name=kv_name)
+            q, k, v = (stages.split_heads(a, h, name=n) for a, n in ((q, "Q"), (k, "K"), (v, "V")))
+            width = q.shape[-1]
+        else:
+            if start == "X":
+                x = stages.observe_input("X", worked.X)
+                kv = x if worked.X_kv is None else stages.observe_input("X_kv", worked.X_kv)
+                kv_name = "X" if worked.X_kv is None else "X_kv"
+                q = stages.project(x, worked.W_Q, name="Q", weight_name="W_Q", input_name="X")
+                k = stages.project(kv, worked.W_K, name="K", weight_name="W_K", input_name=kv_name)
+                v = stages.project(kv, worked.W_V, name="V", weight_name="W_V", input_name=kv_name)
+            elif start == "QK":
+                q = stages.observe_input("Q", worked.Q)
+                k = stages.observe_input("K", worked.K)
+                v = None if worked.V is None else stages.observe_input("V", worked.V)
+            else:
+                q = k = None
+                scores = stages.observe_input("scores", worked.scores, "scores (given)")
+                v = None if worked.V is None else stages.observe_input("V", worked.V)
+            width = q.shape[-1] if q is not None else None
+            if worked.sink_logits is not None:          # one sink logit per head: a head axis (as run() does)
+                q, k, v, scores = (None if a is None else a[None] for a in (q, k, v, scores))
+        dd = d_k if d_k is not None else width
+        if worked.rope is not None:                     # RoPE on every row, before the blocks (as attend does)
+            rope = RoPE(theta=worked.rope["theta"], style=worked.rope["style"])
+            q = rope(q, q_pos, name=Names.Q_ROT)
+            k = rope(k, k_pos, name=Names.K_ROT)
+    _check_finite(main, worked)
+
+    lead = (q if q is not None else scores).shape[:-2]
+    n_lead = max(1, int(np.prod(lead)))
+    block = max(1, int(block_cells or BLOCK_CELLS) // max(1, n_lead * S))
+    keep_set = set(keep)
+    merged: dict = {}
+    order: list[str] = []
+    out_full = None
+    for r0 in range(0, L, block):
+        r1 = min(L, r0 + block)
+        opts = _options(worked, m, L, S, h, q_range=(r0, r1))
+        opts.pop("rope", None), opts.pop("q_positions", None), opts.pop("k_positions", None)
+        bt = Trace()
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"), tracing(bt):
+            pipeline.attend(None if q is None else q[..., r0:r1, :], k, v, scale=1.0 / math.sqrt(dd), d_k=dd,
+                            scores=None if scores is None else scores[..., r0:r1, :], **opts)
+        _check_finite(bt, worked)
+        local = [i - r0 for i in range(r0, r1) if i in keep_set]
+        for st in bt:
+            rec = merged.get(st.name)
+            if rec is None:
+                order.append(st.name)
+                row_ops = tuple(key for key, val in st.operands.items()
+                                if isinstance(val, np.ndarray) and val.ndim >= 2 and val.shape[-2] == r1 - r0
+                                and (st.op != "matmul" or key == "a"))
+                rec = merged[st.name] = {"first": st, "pieces": [], "ops": {key: [] for key in row_ops},
+                                         "stats": {}}
+            a = np.asarray(st.array)
+            for li in np.ndindex(*a.shape[:-2]):
+                sl = a[li]
+                finite = sl[np.isfinite(sl)]
+                n, lo, hi, tot, cnt = rec["stats"].get(li, (0, np.inf, -np.inf, 0.0, 0))
+                if finite.size:
+                    lo, hi = min(lo, float(finite.min())), max(hi, float(finite.max()))
+                    tot, cnt = tot + float(finite.sum(dtype=np.float64)), cnt + finite.size
+                rec["stats"][li] = (n + sl.size, lo, hi, tot, cnt)
+            if st.name == Names.OUTPUT:
+                if out_full is None:
+                    out_full = np.empty(a.shape[:-2] + (L, a.shape[-1]), dtype=a.dtype)
+                out_full[..., r0:r1, :] = a
+            if local:
+                rec["pieces"].append(a[..., local, :].copy())
+                for key in rec["ops"]:
+                    val = np.asarray(st.operands[key])
+                    rec["ops"][key].append(val[..., local, :].copy())
+        del bt
+    for name in order:
+        rec = merged[name]
+        first = rec["first"]
+        arr = np.concatenate(rec["pieces"], axis=-2)
+        operands = dict(first.operands)
+        for key, pieces in rec["ops"].items():
+            operands[key] = np.concatenate(pieces, axis=-2)
+        stats = {li: (n, lo, hi, tot / cnt) for li, (n, lo, hi, tot, cnt) in rec["stats"].items() if cnt}
+        params = dict(first.params, rows=np.asarray(keep), full_shape=arr.shape[:-2] + (L, arr.shape[-1]),
+                      stats=stats, row_operands=tuple(rec["ops"]))
+        main.record(Step(name=name, op=first.op, formula=first.formula, array=arr, operands=operands,
+                         params=params))
+    if h > 1 and out_full is not None:
+        W_O = worked.W_O
+        D = worked.X.shape[1]
+        plain = set(_options(worked, m, L, S, h, q_range=(0, 1))) <= {"mask", "mask_source"}
+        square = (worked.W_Q.shape == (D, D) and worked.W_K.shape[1] == D and worked.W_V.shape[1] == D
+                  and (W_O is None or W_O.shape == (D, D)))
+        if W_O is None and square and plain:          # as run(): MultiHeadAttention, whose W_O is the identity
+            W_O = np.eye(D)
+        with tracing(main):
+            out = stages.merge_heads(out_full)                                          # (1, L, H·Ev)
+            if W_O is not None:
+                stages.project(out, W_O, name="final_output", weight_name="W_O", input_name="concat")
+    _check_finite(main, worked)
+    return main
 
 
 #: steps whose −∞ entries are the mask's doing (not an overflow)

@@ -3,7 +3,14 @@
 Nothing here computes attention. Every number shown after an ``=`` is an element of a stage's own recorded
 output; the arithmetic to its left is formatted from the operands that stage recorded (``Step.terms`` for
 the matrix products; ``exp``, ``sum`` and ``max`` recorded by :func:`qkv.stages.softmax`). Large inputs switch
-to shapes, leading rows/columns and summaries.
+to shapes, tables with elided middles (the first and last rows and columns, "…" between) and summaries, and
+write out one element's arithmetic.
+
+Row-sampled steps. A step whose ``params`` hold ``rows`` (the true query rows its array keeps, along axis −2),
+``full_shape`` and ``stats`` (count, min, max, mean over the whole array) was recorded by
+:func:`qkv.explain.examples.run_rows`: an (L, S) step of a large input kept only at the rows the explainer shows.
+Its row-indexed operands (``row_operands``) are kept at the same rows. The document says the same as for the
+whole array (shapes, summaries, the elided table); only the rows it shows are held in memory.
 """
 from __future__ import annotations
 
@@ -19,8 +26,9 @@ from ..locales import check_lang, t
 
 __all__ = ["render", "explain_query", "build_doc", "build_query_doc"]
 
-#: rows/columns shown in full; larger matrices show the first SHOW of them and a summary
+#: rows/columns shown in full; larger matrices show the first EDGE and the last EDGE ("…" between) and a summary
 SMALL = 8
+EDGE = 3
 SHOW = 6
 #: a matrix product's element is written out term by term when the inner dimension is at most this
 MAX_TERMS = 8
@@ -94,8 +102,8 @@ class _Labels:
 def _lengths(trace: Trace):
     for name in ("weights", "scores", "scaled"):
         if name in trace:
-            a = trace[name].array
-            return a.shape[-2], a.shape[-1]
+            shape = full_shape(trace[name])
+            return shape[-2], shape[-1]
     L = trace["X"].array.shape[-2] if "X" in trace else None
     S = trace["X_kv"].array.shape[-2] if "X_kv" in trace else L
     return L, S
@@ -130,24 +138,123 @@ def _shape(a) -> str:
     return "(" + ", ".join(str(d) for d in np.shape(a)) + ")"
 
 
+# ----------------------------------------------------------------------------------------------- row-sampled steps
+def held_rows(step: Step) -> np.ndarray | None:
+    """The true query rows a row-sampled step holds (along axis −2), or None when it holds them all."""
+    rows = step.params.get("rows") if isinstance(step.params, dict) else None
+    return None if rows is None else np.asarray(rows)
+
+
+def full_shape(step: Step) -> tuple:
+    """The shape of the whole array (a row-sampled step's array holds only some of its rows)."""
+    return tuple(step.params.get("full_shape") or np.shape(step.array))
+
+
+def _dims(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _step_shape(step: Step) -> str:
+    """The step's shape as the document writes it: the whole array's, also for a row-sampled step."""
+    return _dims(full_shape(step))
+
+
+def _operand_shape(step: Step, key: str) -> str:
+    """An operand's shape; a row-indexed operand of a row-sampled step with all its rows counted."""
+    a = step.operands.get(key)
+    if a is None:
+        return "?"
+    shape = tuple(np.shape(a))
+    if held_rows(step) is not None and key in step.params.get("row_operands", ()):
+        shape = shape[:-2] + (full_shape(step)[-2],) + shape[-1:]
+    return _dims(shape)
+
+
+def _true_row(step: Step, i: int) -> int:
+    rows = held_rows(step)
+    return int(i) if rows is None else int(rows[i])
+
+
+def _local_row(step: Step, row: int) -> int:
+    """Where true query row ``row`` is in the step's array (ValueError when a row-sampled step lacks it)."""
+    rows = held_rows(step)
+    if rows is None:
+        return int(row)
+    hit = np.flatnonzero(rows == row)
+    if not hit.size:
+        raise ValueError(f"row: the trace's {step.name} holds only rows {rows.tolist()} (a row-sampled trace of a "
+                         f"large input); expected one of them, got {row}")
+    return int(hit[0])
+
+
+def _edges(n: int) -> list[int]:
+    """The indices shown of n: all when n ≤ SMALL, else the first EDGE and the last EDGE."""
+    if n <= SMALL:
+        return list(range(n))
+    return list(range(EDGE)) + list(range(n - EDGE, n))
+
+
+def shown_rows(step: Step) -> list[int]:
+    """Local indices (into the step's array) of the rows a table shows, in order."""
+    rows = held_rows(step)
+    n = full_shape(step)[-2]
+    if rows is None:
+        return _edges(n)
+    want = set(_edges(n))
+    return [k for k, i in enumerate(rows.tolist()) if i in want]
+
+
+def stats(mat: np.ndarray) -> tuple[int, float, float, float] | None:
+    """(count, min, max, mean of the finite values) of an array, None when none is finite."""
+    a = np.asarray(mat, dtype=np.float64)
+    finite = a[np.isfinite(a)]
+    if not finite.size:
+        return None
+    return a.size, float(finite.min()), float(finite.max()), float(finite.sum() / finite.size)
+
+
 def _table(name: str, mat: np.ndarray, rows: list[str], cols: list[str], lang: str, precision: int,
-           kind: str = "num") -> Table:
-    R, C = mat.shape
-    if R <= SMALL and C <= SMALL:
+           kind: str = "num", *, row_ids=None, n_rows: int | None = None, summary=None) -> Table:
+    """A table of ``mat``; beyond SMALL rows or columns, the first EDGE and last EDGE of them with "…" between.
+
+    ``mat`` holds every row, or (a row-sampled step) the rows ``row_ids`` of ``n_rows``; ``rows`` labels the
+    rows held. ``summary``: (count, min, max, mean) of the whole array (default: computed from ``mat``).
+    """
+    mat = np.asarray(mat)
+    R_held, C = mat.shape
+    ids = list(range(R_held)) if row_ids is None else [int(i) for i in row_ids]
+    R = R_held if n_rows is None else int(n_rows)
+    if R <= SMALL and C <= SMALL and R_held == R:
         return Table(name, rows, cols, mat.tolist(), kind)
-    r, c = min(R, SHOW), min(C, SHOW)
-    vals = [list(mat[i, :c]) + ([None] if C > c else []) for i in range(r)]
-    rl = rows[:r]
-    if R > r:
-        vals.append([None] * (c + (1 if C > c else 0)))
-        rl = rl + ["…"]
-    note = t("explain.first_rows", lang, k=r, n=R, c=c, m=C)
+    want = set(_edges(R))
+    show_r = [k for k, i in enumerate(ids) if i in want]
+    show_c = _edges(C)
+    vals, rl = [], []
+    prev = None
+    for k in show_r:
+        if prev is not None and ids[k] != ids[prev] + 1:
+            vals.append([None] * (len(show_c) + (1 if C > SMALL else 0)))
+            rl.append("…")
+        row = [mat[k, j].item() for j in show_c]
+        if C > SMALL:
+            row.insert(EDGE, None)
+        vals.append(row)
+        rl.append(rows[k])
+        prev = k
+    cl = [cols[j] for j in show_c]
+    if C > SMALL:
+        cl.insert(EDGE, "…")
+    parts = []
+    if R > SMALL:
+        parts.append(t("explain.elided_rows", lang, k=EDGE, n=R))
+    if C > SMALL:
+        parts.append(t("explain.elided_cols", lang, k=EDGE, m=C))
     if kind == "num":
-        finite = mat[np.isfinite(mat)]
-        if finite.size:
-            note += "; " + t("explain.summary", lang, n=mat.size, min=fmt(finite.min(), precision),
-                             max=fmt(finite.max(), precision), mean=fmt(finite.mean(), precision))
-    return Table(name, rl, cols[:c] + (["…"] if C > c else []), vals, kind, note)
+        st = summary if summary is not None else stats(mat)
+        if st is not None:
+            parts.append(t("explain.summary", lang, n=st[0], min=fmt(st[1], precision), max=fmt(st[2], precision),
+                           mean=fmt(st[3], precision)))
+    return Table(name, rl, cl, vals, kind, "; ".join(parts) if parts else None)
 
 
 def _dk(d_k) -> str:
@@ -184,16 +291,31 @@ class _Builder:
         self.n += 1
         return Section(step=step.name, title=f"{t('explain.step', self.lang, n=self.n)} · {title}",
                        formula=formula if formula is not None else step.formula,
-                       shape=shape if shape is not None else _shape(step.array))
+                       shape=shape if shape is not None else _step_shape(step))
+
+    def row_labels(self, step: Step, name: str | None = None) -> list[str]:
+        """Labels of the rows the step's array holds (all, or a row-sampled step's)."""
+        labels = self.lab.rows(name or step.name, full_shape(step)[-2])
+        ids = held_rows(step)
+        return labels if ids is None else [labels[i] for i in ids]
+
+    def table(self, step: Step, name: str, mat, idx, kind: str = "num", row_name: str | None = None,
+              col_name: str | None = None) -> Table:
+        """The table of one 2-D slice ``mat`` (= the step's array at ``idx``, or a same-shaped operand)."""
+        ids = held_rows(step)
+        summary = None
+        if ids is not None and kind == "num" and step.params.get("stats") is not None:
+            summary = step.params["stats"].get(tuple(int(i) for i in idx))
+        return _table(name, mat, self.row_labels(step, row_name), self.lab.cols(col_name or step.name, mat.shape[1]),
+                      self.lang, self.p, kind, row_ids=ids, n_rows=full_shape(step)[-2], summary=summary)
 
     def result_tables(self, sec: Section, step: Step, name: str | None = None, kind: str = "num"):
         slices, more = _limited_slices(step, self.trace, self.lang)
         for label, idx in slices:
             mat = np.asarray(step.array[idx])
             tb_name = (name or step.name) + (f" [{label}]" if label else "")
-            sec.table(_table(tb_name, mat.astype(bool) if kind == "bool" else mat.astype(np.float64),
-                             self.lab.rows(step.name, mat.shape[0]), self.lab.cols(step.name, mat.shape[1]),
-                             self.lang, self.p, kind))
+            sec.table(self.table(step, tb_name, mat.astype(bool) if kind == "bool" else mat.astype(np.float64), idx,
+                                 kind))
         if more:
             sec.text(more)
 
@@ -214,15 +336,15 @@ class _Builder:
         bias = step.operands.get("bias")
         if name == "scores":
             title = t("explain.t_scores", self.lang)
-            shape = f"{_shape(a)} · {_shape(b)}ᵀ → {_shape(step.array)}"
+            shape = f"{_operand_shape(step, 'a')} · {_operand_shape(step, 'b')}ᵀ → {_step_shape(step)}"
         elif name == "output":
             title = t("explain.t_output", self.lang)
-            shape = f"{_shape(a)} · {_shape(b)} → {_shape(step.array)}"
+            shape = f"{_operand_shape(step, 'a')} · {_operand_shape(step, 'b')} → {_step_shape(step)}"
         else:
             key = {"Q": "explain.t_Q", "K": "explain.t_K", "V": "explain.t_V",
                    "final_output": "explain.t_final_output"}.get(name, "explain.t_matmul")
             title = t(key, self.lang, formula=step.formula)
-            shape = f"{_shape(a)} · {_shape(b)} → {_shape(step.array)}"
+            shape = f"{_operand_shape(step, 'a')} · {_operand_shape(step, 'b')} → {_step_shape(step)}"
         sec = self.section(step, title, shape=shape)
         a_name = step.params.get("a_name", "A")
         b_name = step.params.get("b_name", "B")
@@ -242,12 +364,7 @@ class _Builder:
         slices, more = _limited_slices(step, self.trace, self.lang)
         for label, idx in slices:
             mat = np.asarray(step.array[idx])
-            R, C = mat.shape
-            lines = []
-            cells = [(i, j) for i in range(R) for j in range(C)]
-            if R * C > MAX_CALC:
-                lines.append(t("explain.one_element", self.lang, n=R * C))
-                cells = cells[:1]
+            lines, cells = self._cells(step, mat)
             for i, j in cells:
                 terms = step.terms((*idx, i, j))
                 lhs = self._element_name(step, i, j)
@@ -260,7 +377,17 @@ class _Builder:
         self.result_tables(sec, step)
         return sec
 
+    def _cells(self, step: Step, mat) -> tuple[list[str], list[tuple[int, int]]]:
+        """The (local row, column) cells whose arithmetic is written out: every one of a small slice, else the
+        first (with a line saying so). Never a list of all cells of a large one."""
+        R, C = full_shape(step)[-2], mat.shape[-1]
+        if R * C > MAX_CALC or mat.shape[0] != R:
+            return [t("explain.one_element", self.lang, n=R * C)], [(0, 0)]
+        return [], [(i, j) for i in range(R) for j in range(C)]
+
     def _element_name(self, step: Step, i: int, j: int) -> str:
+        """The name of element (i, j) of the step's array (i a local row: a row-sampled step's true row is used)."""
+        i = _true_row(step, i)
         if step.name in KEYS_AS_COLS:
             return f"{step.name}[{self.lab.query(i)}, {self.lab.key(j)}]"
         return f"{step.name}[{self.lab.rows(step.name, i + 1)[i]}, {j}]"
@@ -282,12 +409,7 @@ class _Builder:
         slices, more = _limited_slices(step, self.trace, self.lang)
         for label, idx in slices:
             mat = np.asarray(step.array[idx])
-            R, C = mat.shape
-            cells = [(i, j) for i in range(R) for j in range(C)]
-            lines = []
-            if R * C > MAX_CALC:
-                lines.append(t("explain.one_element", self.lang, n=R * C))
-                cells = cells[:1]
+            lines, cells = self._cells(step, mat)
             for i, j in cells:
                 s = float(np.asarray(src[idx])[i, j]) if src is not None else float("nan")
                 op = f"/ {fmt(sqrt, self.p)}" if sqrt is not None else f"× {fmt(sc, self.p)}"
@@ -313,17 +435,21 @@ class _Builder:
             if source is not None:                       # which keys each query may see, and why
                 sec.text(t("explain.n_mask_why", self.lang))
                 lines = var.mask_rules(source, self.lang, self.p)
-                rows = range(first.shape[0]) if first.shape[0] <= SMALL else range(SHOW)
                 if same:
-                    lines += [var.mask_row_line(source, first[i], i, self.lab.query(i), self.lab.key, self.lang,
-                                                self.lab.k is not None) for i in rows]
-                    if len(rows) < first.shape[0]:
+                    prev = None
+                    for i in shown_rows(step):
+                        qi = _true_row(step, i)
+                        if prev is not None and qi != prev + 1:
+                            lines.append("…")
+                        lines.append(var.mask_row_line(source, first[i], qi, self.lab.query(qi), self.lab.key,
+                                                       self.lang, self.lab.k is not None))
+                        prev = qi
+                    if prev is not None and prev < full_shape(step)[-2] - 1:
                         lines.append("…")
                 sec.calc(lines)
             for label, idx in (slices[:1] if same else slices):
-                sec.table(_table("mask" + (f" [{label}]" if label and not same else ""), full[idx],
-                                 self.lab.rows("scores", first.shape[0]), self.lab.cols("scores", first.shape[1]),
-                                 self.lang, self.p, kind="bool"))
+                sec.table(self.table(step, "mask" + (f" [{label}]" if label and not same else ""), full[idx], idx,
+                                     "bool", row_name="scores", col_name="scores"))
         else:
             sec.text(t("explain.n_mask_float", self.lang))
         self.result_tables(sec, step)
@@ -339,8 +465,8 @@ class _Builder:
         slices, more = _limited_slices(step, self.trace, self.lang)
         for label, idx in slices:
             w = np.asarray(step.array[idx])
-            R, C = w.shape
-            rows = range(R) if (R <= SMALL and C <= SMALL) else range(1)
+            R, C = full_shape(step)[-2], w.shape[-1]
+            rows = range(R) if (R <= SMALL and C <= SMALL and w.shape[0] == R) else range(1)
             lines = []
             if e is not None and total is not None and mx is not None and logits is not None:
                 for i in rows:
@@ -361,7 +487,8 @@ class _Builder:
         m = float(np.asarray(mx[idx])[i, 0])
         C = len(x)
         pre = (label + ": ") if label else ""
-        lines = [f"{pre}{t('explain.row', self.lang, label=self.lab.query(i))}: {t('explain.max', self.lang)} = {fmt(m, p)}"]
+        qlabel = self.lab.query(i if step is None else _true_row(step, i))
+        lines = [f"{pre}{t('explain.row', self.lang, label=qlabel)}: {t('explain.max', self.lang)} = {fmt(m, p)}"]
         show = range(C) if C <= SMALL else range(SHOW)
         parts = []
         for j in show:
@@ -451,12 +578,7 @@ class _Builder:
     def _elementwise(self, sec: Section, step: Step, line) -> None:
         slices, more = _limited_slices(step, self.trace, self.lang)
         for label, idx in slices:
-            R, C = step.array.shape[-2:]
-            cells = [(i, j) for i in range(R) for j in range(C)]
-            lines = []
-            if R * C > MAX_CALC:
-                lines.append(t("explain.one_element", self.lang, n=R * C))
-                cells = cells[:1]
+            lines, cells = self._cells(step, np.asarray(step.array[idx]))
             for i, j in cells:
                 lines.append(((label + ": ") if label else "") + line(idx, i, j, self._element_name(step, i, j)))
             sec.calc(lines)
@@ -472,7 +594,8 @@ class _Builder:
             sec = self.section(step, t("explain.t_bias", self.lang))
             sec.text(t("explain.n_bias", self.lang))
         if step.operands.get("scaled") is not None:
-            self._elementwise(sec, step, lambda idx, i, j, lhs: var.bias_line(step, idx, i, j, lhs, self.p))
+            self._elementwise(sec, step, lambda idx, i, j, lhs: var.bias_line(step, idx, i, j, lhs, self.p,
+                                                                              qi=_true_row(step, i)))
         self.result_tables(sec, step)
         return sec
 
@@ -519,6 +642,13 @@ class _Builder:
         return sec
 
 
+def _token_list(tokens: list[str], most: int = 24) -> str:
+    """The tokens, space-separated; a long list as its first 16 … last 4 and the count."""
+    if len(tokens) <= most:
+        return " ".join(tokens)
+    return " ".join(tokens[:16]) + " … " + " ".join(tokens[-4:]) + f" ({len(tokens)})"
+
+
 def build_doc(trace: Trace, *, lang: str = "en", precision: int = 4, tokens=None, kv_tokens=None,
               title: str | None = None) -> Doc:
     """The document of a whole trace (see :func:`render`)."""
@@ -527,9 +657,9 @@ def build_doc(trace: Trace, *, lang: str = "en", precision: int = 4, tokens=None
     doc = Doc(title=title or t("explain.doc_title", lang), lang=lang)
     doc.intro.append(t("explain.overview_mha" if "Q_heads" in trace else "explain.overview", lang))
     if tokens is not None:
-        doc.intro.append(f"{t('explain.tokens', lang)}: {' '.join(tokens)}")
+        doc.intro.append(f"{t('explain.tokens', lang)}: {_token_list(tokens)}")
     if kv_tokens is not None:
-        doc.intro.append(f"{t('explain.kv_tokens', lang)}: {' '.join(kv_tokens)}")
+        doc.intro.append(f"{t('explain.kv_tokens', lang)}: {_token_list(kv_tokens)}")
     b = _Builder(trace, lang, precision, labels)
     for step in trace:
         sec = b.step(step)
@@ -594,12 +724,16 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     w_step = trace["weights"]
     W = w_step.array
     idx = _lead_index(W, head, batch, "weights")
-    L, S = W.shape[-2:]
+    L, S = full_shape(w_step)[-2:]
     if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
         raise TypeError(f"row: expected an int (the query's 0-based row), got {type(row).__name__}")
     if not 0 <= row < L:
         raise ValueError(f"row: expected 0..{L - 1} (the query rows), got {row}")
     row = int(row)
+
+    def loc(step: Step) -> int:
+        """Where the query's row is in this step's array (a row-sampled step holds only some rows)."""
+        return _local_row(step, row)
     lab = _Labels(trace, tokens, kv_tokens)
     p = precision
     qlabel = lab.query(row)
@@ -611,7 +745,7 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     doc = Doc(title=t("explain.q_title", lang, label=qlabel, where=(" (" + ", ".join(where) + ")") if where else ""),
               lang=lang)
     doc.intro.append(t("explain.overview", lang))
-    w = np.asarray(W[idx])[row].astype(np.float64)                   # (S,)
+    w = np.asarray(W[idx])[loc(w_step)].astype(np.float64)           # (S,)
     # which keys to write out: all when few, else the largest weights
     if S <= 16:
         keys = list(range(S))
@@ -637,7 +771,7 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         for line in var.rope_note(rot, lang, p):
             s.text(line)
         half = E // 2
-        lines = var.rope_lines(rot, idx, row, qlabel, p, None if half <= SMALL else range(SHOW // 2))
+        lines = var.rope_lines(rot, idx, loc(rot), qlabel, p, None if half <= SMALL else range(SHOW // 2))
         if half > SMALL:
             lines.append(t("explain.pairs_more", lang, n=half))
         s.calc(lines)
@@ -647,17 +781,17 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         qa, kb = scores_step.operands["a"], scores_step.operands["b"]
         lead_shape = scores_step.array.shape[:-2]
         qa = _bcast(qa, lead_shape + qa.shape[-2:])
-        q = np.asarray(qa[idx])[row]
+        q = np.asarray(qa[idx])[loc(scores_step)]
         E = q.shape[-1]
         qname = "Q_rot" if rot is not None else "Q_heads" if "Q_heads" in trace else "Q"
         s = sec("Q", t("explain.q_vec", lang, name=qname, label=qlabel), shape=f"({E},)")
         s.table(_table("q", q[None, :].astype(np.float64), [qlabel], [str(k) for k in range(E)], lang, p))
         s = sec("scores", t("explain.q_scores", lang), formula="scores[q, j] = q · k_j",
                 shape=f"({S},)")
-        arr = np.asarray(scores_step.array[idx])[row]
+        arr = np.asarray(scores_step.array[idx])[loc(scores_step)]
         lines = []
         for j in keys:
-            terms = scores_step.terms((*idx, row, j))
+            terms = scores_step.terms((*idx, loc(scores_step), j))
             lines.append(_product_line(f"q · k_{lab.key(j)}", terms, arr[j], p, lang=lang))
         s.calc(lines)
         if keys_note:
@@ -665,7 +799,7 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     elif scores_step is not None:
         s = sec("scores", t("explain.t_in_scores", lang), shape=f"({S},)")
         s.text(t("explain.q_given", lang))
-        arr = np.asarray(_bcast(scores_step.array, W.shape)[idx])[row]
+        arr = np.asarray(_bcast(scores_step.array, full_shape(w_step))[idx])[loc(scores_step)]
         s.table(_table("scores", arr[None, :].astype(np.float64), [qlabel], [lab.key(j) for j in range(S)], lang, p))
     if "scaled" in trace:
         st = trace["scaled"]
@@ -680,8 +814,8 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
             s.text(t("explain.n_scaled_custom", lang, scale=fmt(sc, p)))
             op = f"× {fmt(sc, p)}"
         src = st.operands.get("scores")
-        vals = np.asarray(st.array[idx])[row]
-        srow = None if src is None else np.asarray(_bcast(src, st.array.shape)[idx])[row]
+        vals = np.asarray(st.array[idx])[loc(st)]
+        srow = None if src is None else np.asarray(_bcast(src, st.array.shape)[idx])[loc(st)]
         s.calc([f"{lab.key(j)}: {fmt(srow[j], p) if srow is not None else '?'} {op} = {fmt(vals[j], p)}"
                 for j in keys])
     for name in ("biased", "capped", "modified"):
@@ -693,24 +827,24 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
             s = sec(name, t("explain.t_alibi" if slopes else "explain.t_bias", lang), formula=st.formula)
             s.text(t("explain.n_alibi", lang, slopes=slopes) if slopes else t("explain.n_bias", lang))
             if st.operands.get("scaled") is not None:
-                s.calc([var.bias_line(st, idx, row, j, lab.key(j), p) for j in keys])
+                s.calc([var.bias_line(st, idx, loc(st), j, lab.key(j), p, qi=row) for j in keys])
         elif st.op == "softcap":
             cap = fmt(st.params.get("cap", float("nan")), p)
             s = sec(name, t("explain.t_softcap", lang, cap=cap), formula=st.formula)
             s.text(t("explain.n_softcap", lang, cap=cap))
             if st.operands.get("scores") is not None:
-                s.calc([var.softcap_line(st, idx, row, j, lab.key(j), p) for j in keys])
+                s.calc([var.softcap_line(st, idx, loc(st), j, lab.key(j), p) for j in keys])
         else:
             s = sec(name, t("explain.t_modified", lang, fn=st.params.get("fn", "score_mod")), formula=st.formula)
-        vals = np.asarray(st.array[idx])[row]
+        vals = np.asarray(st.array[idx])[loc(st)]
         s.table(_table(name, vals[keys][None, :].astype(np.float64), [qlabel], [lab.key(j) for j in keys], lang, p))
     if "masked" in trace:
         mk = trace["masked"]
         s = sec("masked", t("explain.q_mask", lang), formula=mk.formula)
         m = mk.operands.get("mask")
-        vals = np.asarray(mk.array[idx])[row]
+        vals = np.asarray(mk.array[idx])[loc(mk)]
         if m is not None and np.asarray(m).dtype == np.bool_:
-            mrow = np.asarray(_bcast(m, mk.array.shape)[idx])[row]
+            mrow = np.asarray(_bcast(m, mk.array.shape)[idx])[loc(mk)]
             s.text(t("explain.n_mask", lang))
             source = mk.params.get("source")
             if source is not None:
@@ -725,15 +859,16 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
     # softmax
     s = sec("weights", t("explain.q_softmax", lang), formula=w_step.formula)
     s.text(t("explain.n_softmax", lang))
-    sink = var.sink_values(w_step, idx, row)
+    sink = var.sink_values(w_step, idx, loc(w_step))
     if sink is not None:
         s.text(t("explain.n_sinks", lang))
     e, total, mx, logits = (w_step.operands.get(k) for k in ("exp", "sum", "max", "logits"))
     if all(v is not None for v in (e, total, mx, logits)):
-        x = np.asarray(logits[idx])[row]
-        ex = np.asarray(e[idx])[row]
-        tot = float(np.asarray(total[idx])[row, 0])
-        m = float(np.asarray(mx[idx])[row, 0])
+        r = loc(w_step)
+        x = np.asarray(logits[idx])[r]
+        ex = np.asarray(e[idx])[r]
+        tot = float(np.asarray(total[idx])[r, 0])
+        m = float(np.asarray(mx[idx])[r, 0])
         lines = [f"{t('explain.max', lang)} = {fmt(m, p)}"]
         for j in keys:
             if np.isneginf(x[j]):
@@ -759,20 +894,20 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         d = trace["dropout"]
         s = sec("dropout", t("explain.t_dropout", lang), formula=d.formula)
         s.text(t("explain.n_dropout", lang, keep=fmt(1 - float(d.params.get("p", 0.0)), p)))
-        dv = np.asarray(d.array[idx])[row]
+        dv = np.asarray(d.array[idx])[loc(d)]
         s.table(_table("dropout", dv[keys][None, :].astype(np.float64), [qlabel], [lab.key(j) for j in keys],
                        lang, p))
     # weighted sum
     if "output" in trace and trace["output"].op == "matmul":
         o = trace["output"]
-        out = np.asarray(_bcast(o.array, o.array.shape)[idx])[row]
+        out = np.asarray(o.array[idx])[loc(o)]
         Ev = out.shape[-1]
         s = sec("output", t("explain.q_out", lang), formula=o.formula, shape=f"({Ev},)")
         s.text(t("explain.n_output", lang))
         lines = []
         cols = range(Ev) if Ev <= SMALL else range(SHOW)
         for c in cols:
-            terms = o.terms((*idx, row, c))
+            terms = o.terms((*idx, loc(o), c))
             if S > 16:
                 terms_shown = [terms[j] for j in keys]
                 expr = " + ".join(f"{fmt_factor(a, p)}×{fmt_factor(b, p)}" for a, b in terms_shown)
