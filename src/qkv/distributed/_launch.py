@@ -1,0 +1,271 @@
+"""Start P local processes with torch's own machinery and run a function on each (gloo on 127.0.0.1).
+
+:func:`launch` is what ``qkv ring`` and the tests use: ``torch.multiprocessing.start_processes`` (spawn), one
+``init_process_group("gloo", "tcp://127.0.0.1:<free port>")`` per process with a timeout, the function's
+return value sent back through a queue, and every process joined — or killed when the run passes its
+deadline or a process dies without a word. Nothing waits forever.
+
+:func:`run_ring` is ``qkv ring``'s run: each rank builds only its own shard (the sequence is defined chunk by
+chunk from ``SeedSequence([seed, chunk])``, so no rank ever holds all of it), runs :func:`ring_attention`
+(and its backward), and reports times, messages, bytes and peak memory; with ``check`` the parent computes the
+single-process result of the whole sequence and compares.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+
+from . import _layout
+
+#: Seconds a launched run may take in all, by default, before its processes are killed.
+DEFAULT_DEADLINE = 600.0
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, fn, nproc, port, queue, args, timeout, backend):
+    """A launched process: join the group, run ``fn(rank, nproc, *args)``, report, leave."""
+    import datetime
+
+    import torch.distributed as dist
+    ok, res = False, None
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc,
+                                timeout=datetime.timedelta(seconds=timeout))
+        res = fn(rank, nproc, *args)
+        ok = True
+    except BaseException as exc:                              # reported to the parent, one line
+        res = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    try:
+        queue.put((rank, ok, res))
+    finally:
+        try:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:                                     # a broken group: nothing left to release
+            pass
+
+
+def launch(fn, nproc, args=(), *, timeout=None, deadline=None, backend="gloo"):
+    """Run ``fn(rank, nproc, *args)`` in ``nproc`` fresh local processes joined in one process group.
+
+    Args:
+        fn: a module-level function (it is pickled to the spawned processes); its return value comes back.
+        nproc: P ≥ 1.
+        args: more arguments for ``fn`` (picklable).
+        timeout: the process group's timeout in seconds (default :data:`qkv.distributed.DEFAULT_TIMEOUT`).
+        deadline: seconds the whole run may take before every process is killed (default 600).
+        backend: ``"gloo"`` (CPU; the default) — ``"nccl"`` needs a CUDA device per process.
+
+    Returns:
+        ``[fn's result on rank 0, …, on rank P−1]``.
+
+    Raises:
+        RuntimeError naming each failed rank and its error (one line each); TimeoutError past the deadline.
+    """
+    import multiprocessing
+
+    import torch.multiprocessing as tmp
+
+    from ._ring import DEFAULT_TIMEOUT
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc: expected an integer >= 1, got {nproc!r}")
+    timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
+    deadline = DEFAULT_DEADLINE if deadline is None else float(deadline)
+    if not (timeout > 0 and deadline > 0):
+        raise ValueError(f"timeout, deadline: expected positive seconds, got {timeout!r}, {deadline!r}")
+    queue = multiprocessing.get_context("spawn").Queue()
+    ctx = tmp.start_processes(_entry, args=(fn, nproc, _free_port(), queue, tuple(args), timeout, backend),
+                              nprocs=nproc, join=False, start_method="spawn")
+    procs = ctx.processes
+    end = time.monotonic() + deadline
+    got: dict = {}
+    dead_since: dict = {}
+    try:
+        while len(got) < nproc:
+            try:
+                rank, ok, res = queue.get(timeout=0.1)
+                got[rank] = (ok, res)
+                continue
+            except Exception:                                  # queue.Empty: look at the processes
+                pass
+            now = time.monotonic()
+            for r, p in enumerate(procs):
+                if r not in got and not p.is_alive():
+                    first = dead_since.setdefault(r, now)
+                    if now - first > 2.0:                      # gone without a report (killed, crashed)
+                        got[r] = (False, f"the process exited with code {p.exitcode} without a result")
+            if now > end:
+                raise TimeoutError(f"launch: the {nproc} processes did not finish within {deadline:g} s; "
+                                   "they were stopped")
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.1, min(10.0, end - time.monotonic() + 5.0)))
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5.0)
+        queue.close()
+    failed = [(r, got[r][1]) for r in sorted(got) if not got[r][0]]
+    if failed:
+        raise RuntimeError("; ".join(f"rank {r}: {msg}" for r, msg in failed))
+    return [got[r][1] for r in range(nproc)]
+
+
+# ---------------------------------------------------------------------------------------------- qkv ring
+def chunk_arrays(cfg: dict, u: int, grad: bool = False):
+    """Chunk ``u`` of the sequence (``cfg['N'] / units`` positions): q, k, v (or dO with ``grad``)."""
+    P, N = cfg["P"], cfg["N"]
+    c = N // _layout.units(P, cfg["layout"])
+    dt = np.dtype(cfg["dtype"])
+    B, H, Hk, E = cfg["B"], cfg["H"], cfg["Hk"], cfg["E"]
+    rng = np.random.default_rng(np.random.SeedSequence([cfg["seed"], 1 + int(grad), u]))
+    if grad:
+        return (rng.standard_normal((B, H, c, E)).astype(dt),)
+    return (rng.standard_normal((B, H, c, E)).astype(dt), rng.standard_normal((B, Hk, c, E)).astype(dt),
+            rng.standard_normal((B, Hk, c, E)).astype(dt))
+
+
+def full_arrays(cfg: dict, grad: bool = False):
+    """The whole sequence, chunk by chunk in order (for the single-process check)."""
+    k = _layout.units(cfg["P"], cfg["layout"])
+    chunks = [chunk_arrays(cfg, u, grad) for u in range(k)]
+    return tuple(np.concatenate([ch[i] for ch in chunks], axis=-2) for i in range(len(chunks[0])))
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")
+
+
+def _peak_mb() -> float:
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def ring_worker(rank: int, P: int, cfg: dict) -> dict:
+    """One rank of ``qkv ring``: its shard, the ring (forward, and backward when asked), the measurements."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from .. import mods
+    from ._ring import ring_attention, ring_attention_backward
+    base = _rss_mb()
+    parts = [chunk_arrays(cfg, u) for u in _layout.chunk_of(rank, P, cfg["layout"])]
+    q, k, v = (np.concatenate([p[i] for p in parts], axis=-2) for i in range(3))
+    del parts
+    kw = dict(is_causal=cfg["causal"], enable_gqa=cfg["Hk"] != cfg["H"], layout=cfg["layout"],
+              timeout=cfg["timeout"], threads=cfg["threads"],
+              mask_mod=None if not cfg.get("window") else mods.sliding_window(cfg["window"]))
+    td = datetime.timedelta(seconds=cfg["timeout"])
+    dist.barrier(async_op=True).wait(td)
+    st: dict = {}
+    t0 = time.perf_counter()
+    out, lse = ring_attention(q, k, v, return_lse=True, stats=st, **kw)
+    fwd_s = time.perf_counter() - t0
+    res = {"rank": rank, "forward_s": fwd_s, "forward": st, "base_mb": base}
+    if cfg["backward"]:
+        (do,) = (np.concatenate([chunk_arrays(cfg, u, grad=True)[0] for u in _layout.chunk_of(rank, P, cfg["layout"])],
+                                axis=-2),)
+        dist.barrier(async_op=True).wait(td)
+        sb: dict = {}
+        t0 = time.perf_counter()
+        grads = ring_attention_backward(do, q, k, v, out, lse, stats=sb, **kw)
+        res.update(backward_s=time.perf_counter() - t0, backward=sb)
+        if cfg["check"]:
+            res["grads"] = grads
+    res["peak_mb"] = _peak_mb()
+    res["shard_mb"] = (q.nbytes + k.nbytes + v.nbytes) / 2**20
+    if cfg["check"]:
+        res["out"], res["lse"] = out, lse
+    return res
+
+
+def run_ring(*, nproc: int, length: int, heads: int = 8, kv_heads: int | None = None, dim: int = 64, batch: int = 1,
+             causal: bool = False, layout: str = "zigzag", window: int | None = None, dtype: str = "float32",
+             backward: bool = False, check: bool = False, seed: int = 0, timeout: float | None = None,
+             threads: int | None = None, deadline: float | None = None) -> dict:
+    """``qkv ring``: run the ring on ``nproc`` local processes and (``check``) against one process.
+
+    Returns a dict: the configuration, per-rank results (times, stats, peak RSS), and with ``check`` the
+    single-process times and the largest differences (output, lse, and gradients with ``backward``)."""
+    from .. import _checks
+    from ._ring import DEFAULT_TIMEOUT
+    P = _checks.positive_int(nproc, "nproc")
+    N = _checks.positive_int(length, "length")
+    layout = _layout.check_layout(layout)
+    err = _layout.length_error(N, P, layout)
+    if err:
+        raise ValueError(f"--length: {err}")
+    Hk = heads if kv_heads is None else kv_heads
+    if heads % Hk:
+        raise ValueError(f"--kv-heads: must divide --heads ({heads}), got {Hk}")
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // P)
+    cfg = dict(P=P, N=N, H=heads, Hk=Hk, E=dim, B=batch, causal=bool(causal), layout=layout, window=window,
+               dtype=dtype, backward=bool(backward), check=bool(check), seed=seed, threads=threads,
+               timeout=DEFAULT_TIMEOUT if timeout is None else float(timeout))
+    t0 = time.perf_counter()
+    ranks = launch(ring_worker, P, (cfg,), timeout=cfg["timeout"], deadline=deadline)
+    result = {"config": cfg, "ranks": ranks, "launch_s": time.perf_counter() - t0}
+    if check:
+        result["check"] = _check_single(cfg, ranks)
+    return result
+
+
+def _check_single(cfg: dict, ranks: list) -> dict:
+    """The single-process forward (and backward) of the whole sequence, timed, and the ring's differences."""
+    from .. import mods
+    from ..backends import tiled
+    from ..engine import get_num_threads
+    from ._layout import unshard
+    q, k, v = full_arrays(cfg)
+    scale = 1.0 / math.sqrt(cfg["E"])
+    gqa = cfg["Hk"] != cfg["H"]
+    bm = None
+    if cfg.get("window"):
+        from ..blockmask import create_block_mask
+        bm = create_block_mask(mods.sliding_window(cfg["window"]), None, None, cfg["N"], cfg["N"])
+    kw = dict(is_causal=cfg["causal"], scale=scale, enable_gqa=gqa, block_mask=bm)
+    t0 = time.perf_counter()
+    out, _, lse = tiled.forward(q, k, v, return_lse=True, **kw)
+    single_fwd = time.perf_counter() - t0
+    lay = cfg["layout"]
+    ring_out = unshard([r["out"] for r in ranks], layout=lay)
+    ring_lse = unshard([r["lse"] for r in ranks], layout=lay, seq_dim=-1)
+    res = {"threads": get_num_threads(), "forward_s": single_fwd, "out": _diff(ring_out, out),
+           "lse": _diff(ring_lse, lse)}
+    if cfg["backward"]:
+        (do,) = full_arrays(cfg, grad=True)
+        t0 = time.perf_counter()
+        g = tiled.backward(do, q, k, v, **kw)
+        res["backward_s"] = time.perf_counter() - t0
+        for i, name in enumerate(("dq", "dk", "dv")):
+            ring_g = unshard([r["grads"][i] for r in ranks], layout=lay)
+            res[name] = _diff(ring_g, g[i])
+    tol = 1e-12 if cfg["dtype"] == "float64" else 1e-5
+    res["tolerance"] = tol
+    res["ok"] = all(res[n]["relative"] <= tol for n in ("out", "lse", "dq", "dk", "dv") if n in res)
+    return res
+
+
+def _diff(got, want) -> dict:
+    """The largest absolute difference, and relative to max(1, the largest |want|) (−inf equal to −inf)."""
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    same = (g == w)                                          # −inf rows of the lse
+    d = np.where(same, 0.0, np.abs(g - w))
+    big = float(np.max(np.abs(np.where(np.isfinite(w), w, 0.0)), initial=0.0))
+    worst = float(np.max(d, initial=0.0))
+    return {"max_abs": worst, "relative": worst / max(1.0, big)}
