@@ -81,8 +81,16 @@ def _fmt_tok(tokens: list[str], j: int) -> str:
               help="Show this query's calculation (q, q·k, scaling, softmax, weighted sum) from the trace.")
 @click.option("--model", "model_name", type=click.Choice(["minilm", "smollm2"]), default="minilm",
               show_default=True, help="all-MiniLM-L6-v2 (encoder) or SmolLM2-135M-Instruct (decoder).")
+@click.option("--heads-summary", is_flag=True,
+              help="Every layer × head at a glance: what each head attends to (previous token, next, same token, "
+                   "[CLS]/[SEP] sink, long-range, broad), as a chart (qkv.viz.head_kinds).")
+@click.option("--rollout", is_flag=True,
+              help="Attention rollout and flow through all layers (Abnar & Zuidema 2020): the input tokens that "
+                   "reach each position (or --token's) after the last layer.")
+@click.option("--fusion", type=click.Choice(["mean", "max", "min"]), default="mean", show_default=True,
+              help="With --rollout: how the heads of a layer are fused.")
 @lang_option("Language of the output (qkv.locales).")
-def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, lang):
+def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, heads_summary, rollout, fusion, lang):
     """What one token attends to in all-MiniLM-L6-v2 (6 layers × 12 heads), computed by qkv's attention.
 
     Example: qkv model "The animal didn't cross the street because it was too tired." --layer 2 --token it
@@ -124,6 +132,30 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, lan
     for w in caught:
         click.echo(f"qkv: {m('model.warning')}: {w.message}", err=True)
     shown = " ".join(f"{t}" for t in tokens)
+    if heads_summary or rollout:
+        q = None
+        if token is not None:
+            normalize = None if decoder else getattr(model.tokenizer.normalizer, "normalize_str", None)
+            try:
+                q, _ = find_token(tokens, token, normalize)
+            except IndexError:
+                raise UserError(m("model.bad_index", tok=token, last=len(tokens) - 1)) from None
+            except LookupError:
+                raise UserError(m("model.no_token", tok=token, tokens=shown, last=len(tokens) - 1)) from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")                  # the truncation warning was shown above
+            out = model.run([text])
+        attentions = [np.asarray(a)[0, :, :len(tokens), :len(tokens)] for a in out.attentions]
+        del out
+        from qkv.viz import heads as viz_heads
+        name = viz_heads.model_name(model)
+        if heads_summary:
+            _heads_summary(m, viz_heads, attentions, tokens, name, decoder)
+        if rollout:
+            if heads_summary:
+                click.echo("")
+            _rollout(m, viz_heads, attentions, tokens, name, q, top, fusion)
+        return 0
     if token is None:
         click.echo(m("model.tokens", n=len(tokens), tokens=shown))
         click.echo(m("model.pick"))
@@ -230,3 +262,49 @@ def _table(m, tokens, weights, i, k, layer, decoder=False):
     for r in rows:
         click.echo("  ".join(_ljust(cell, w) if n == 1 else " " * (w - _cells(cell)) + cell
                              for n, (cell, w) in enumerate(zip(r, widths))).rstrip())
+
+
+def _heads_summary(m, viz_heads, attentions, tokens, name, decoder):
+    """``--heads-summary``: the layer × head chart of :func:`qkv.viz.head_kinds`, its legend and the strongest
+    head of each kind."""
+    hk = viz_heads.head_kinds(attentions, tokens)
+    L, H = hk.shape
+    names = {k: m(f"model.kind_{k}") for k in viz_heads.KINDS}
+    names["mixed"] = m("model.kind_mixed")
+    click.echo(m("model.hs_title", name=name, layers=L, heads=H, n=len(tokens)))
+    click.echo(hk.chart(names))
+    parts = []
+    for k in viz_heads.KINDS:
+        layer, head, score = hk.strongest(k)
+        parts.append(m("model.hs_best", kind=names[k], layer=layer, head=head, score=f"{score:.2f}"))
+    click.echo(m("model.hs_strongest", items="; ".join(parts)))
+    click.echo(m("model.hs_how", near=hk.near))
+
+
+def _rollout(m, viz_heads, attentions, tokens, name, q, top, fusion):
+    """``--rollout``: attention rollout for every position (or the --token one), and attention flow where the
+    graph is small enough for max-flow."""
+    R = viz_heads.rollout(attentions, head_fusion=fusion)
+    L, T = len(attentions), len(tokens)
+    queries = list(range(T)) if q is None else [q]
+    F, flow_note = None, None
+    if viz_heads.flow_work(L, T, len(queries)) <= viz_heads.MAX_FLOW_WORK:
+        try:
+            F = viz_heads.attention_flow(attentions, head_fusion=fusion, queries=queries)
+        except ImportError:
+            flow_note = m("model.flow_missing")
+    else:
+        flow_note = m("model.flow_too_big", n=T)
+    click.echo(m("model.rollout_title", name=name, layers=L, fusion=fusion))
+    k = min(top, T)
+    for r, i in enumerate(queries):
+        order = np.argsort(-R[i], kind="stable")[:k]
+        items = "  ".join(f"{_fmt_tok(tokens, j)} {R[i, j]:.3f}" for j in order)
+        click.echo(f"  {_fmt_tok(tokens, i)} (#{i})  {m('model.rollout')}: {items}")
+        if F is not None:
+            order = np.argsort(-F[r], kind="stable")[:k]
+            items = "  ".join(f"{_fmt_tok(tokens, j)} {F[r, j]:.3f}" for j in order)
+            pad = " " * (_cells(f"  {_fmt_tok(tokens, i)} (#{i})  ") - 2)
+            click.echo(f"  {pad}{m('model.flow')}: {items}")
+    if flow_note:
+        click.echo(flow_note)

@@ -2,9 +2,9 @@
 
 matplotlib is imported only when a heatmap is drawn; the page needs nothing beyond NumPy.
 """
-from .heads import model_name
+from .heads import HeadKinds, attention_flow, head_kinds, model_name, rollout
 from .heatmap import cjk_font, heatmap, heads_grid, layout, save
 from .page import from_worked, model_data, playground_data, render_page, write_page
 
-__all__ = ["cjk_font", "from_worked", "heads_grid", "heatmap", "layout", "model_data", "model_name",
-           "playground_data", "render_page", "save", "write_page"]
+__all__ = ["HeadKinds", "attention_flow", "cjk_font", "from_worked", "head_kinds", "heads_grid", "heatmap", "layout",
+           "model_data", "model_name", "playground_data", "render_page", "rollout", "save", "write_page"]
