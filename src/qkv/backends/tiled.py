@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 
 import numpy as np
 
@@ -217,8 +218,7 @@ class _Problem:
         self._kv: dict = {}
         self._kv_lock = threading.Lock()
         self._kv_locks: dict = {}
-        self._grids: dict = {}
-        self._plans: dict = {}
+        self._bm_cache = _block_mask_cache(block_mask) if block_mask is not None else None
         self.fwd_budget = None                               # forward: scores per block (see grid_blocks)
 
     # leading index of the key/value head serving query lead index ``idx``
@@ -380,15 +380,20 @@ class _Problem:
             out.append((i0, i1, j0, j1, kind))
         return out
 
-    def grid(self, idx: tuple) -> np.ndarray:
-        """The cells of the block mask for head ``idx``, (⌈L/bs⌉, ⌈S/bs⌉) int8: −1 empty (skipped), 0 full
-        (never masked), else a bit set of what masks the cell: 1 the mask mod, 2 ``is_causal``, 4 ``attn_mask``.
-        Built once per (b, h) of the block mask — a few hundred KB even at L = S = 65536."""
+    def grid(self, idx: tuple):
+        """The cells of the block mask for head ``idx``: ``(G, nonempty_runs, masked_runs)``.
+
+        ``G`` (⌈L/bs⌉, ⌈S/bs⌉) int8: −1 empty (skipped), 0 full (never masked), else a bit set of what masks
+        the cell: 1 the mask mod, 2 ``is_causal``, 4 ``attn_mask``. Per cell row, the runs of non-empty cells
+        ``(c0, c1)`` and of equal non-zero values ``(c0, c1, value)``, which the planner works from. Built once
+        per block mask, (b, h) of it, ``is_causal`` and whether there is an ``attn_mask`` — kept with the
+        block mask across calls (a few hundred KB even at L = S = 65536).
+        """
         b, h = self.bh(idx)
-        key = self.bm._bh(b, h)
-        g = self._grids.get(key)
-        if g is None:
-            k = self.bm.kinds[key]                                           # (nq, nk) EMPTY/PARTIAL/FULL
+        key = ("grid", self.is_causal, self.mask is not None, self.bm._bh(b, h))
+        got = self._bm_cache.get(key)
+        if got is None:
+            k = self.bm.kinds[self.bm._bh(b, h)]                             # (nq, nk) EMPTY/PARTIAL/FULL
             g = np.where(k == _EMPTY, -1, np.where(k == _PARTIAL, 1, 0)).astype(np.int8)
             if self.is_causal:
                 bs = self.bs
@@ -401,13 +406,14 @@ class _Problem:
                 g = np.where((g >= 0) & ~all_, g | 2, g).astype(np.int8)
             if self.mask is not None:
                 g = np.where(g >= 0, g | 4, g).astype(np.int8)
-            self._grids[key] = g
-        return g
+            got = (g,) + _row_runs(g)
+            self._bm_cache[key] = got
+        return got
 
     def grid_blocks(self, idx: tuple, g0: int, g1: int, c0: int, c1: int, max_width: int, budget=None,
                     backward: bool = False):
-        """Rectangles covering the non-empty cells of rows g0..g1 × columns c0..c1 of :meth:`grid`, each
-        ``(a0, a1, j0, j1, kind)`` in rows and keys, ``kind`` "full" or ``("grid", ops)`` with ops
+        """Rectangles covering the non-empty cells of cell rows g0..g1 × cell columns c0..c1 of :meth:`grid`,
+        each ``(a0, a1, j0, j1, kind)`` in rows and keys, ``kind`` "full" or ``("grid", ops)`` with ops
         ``(a0, a1, j0, j1, value)`` for the runs of masked (value > 0) or empty (−1) cells inside it.
 
         Each non-empty cell is computed once; empty cells only where a rectangle spans rows of different
@@ -416,72 +422,110 @@ class _Problem:
         whole 1024-row squares, a sliding window goes by cell rows (BLOCK_SIZE queries against the window's
         run of keys), a causal mask halves towards the diagonal as ``is_causal``'s quadrants do. Runs wider
         than ``max_width`` keys, or than ``budget`` scores per block (at least one cell), are cut. Plans are
-        kept per cell range (a block mask built for every batch row and head alike plans once).
+        kept with the block mask (a training loop plans once).
         """
-        gkey = self.bm._bh(*self.bh(idx))
-        key = (gkey, g0, g1, c0, c1, max_width, budget, backward)
-        got = self._plans.get(key)
+        call_cost = GRID_CALL_COST_BACKWARD if backward else GRID_CALL_COST
+        key = ("plan", self.is_causal, self.mask is not None, self.bm._bh(*self.bh(idx)), g0, g1, c0, c1,
+               max_width, budget, call_cost)
+        got = self._bm_cache.get(key)
         if got is None:
-            got = self._grid_blocks(self.grid(idx)[g0:g1, c0:c1], g0, c0, max_width, budget,
-                                    GRID_CALL_COST_BACKWARD if backward else GRID_CALL_COST)
-            self._plans[key] = got
+            got = self._grid_blocks(self.grid(idx), g0, g1, c0, c1, max_width, budget, call_cost)
+            self._bm_cache[key] = got
         return got
 
-    def _grid_blocks(self, G, g0, c0, max_width, budget, call_cost):
+    def _grid_blocks(self, grid, g0, g1, c0, c1, max_width, budget, call_cost):
+        _, ne_runs, nz_runs = grid
         bs, L, S = self.bs, self.L, self.S
         out = []
-        if not (G >= 0).any():
-            return out
-        for ra, rb, ca, cb in _plan_rects(G >= 0, call_cost):
-            sub = G[ra:rb, ca:cb]
-            a0, a1 = (g0 + ra) * bs, min((g0 + rb) * bs, L)
+        for ra, rb, ca, cb in _plan_rects(ne_runs, g0, g1, c0, c1, call_cost):
+            a0, a1 = ra * bs, min(rb * bs, L)
             width = max_width if budget is None else min(max_width, budget // (a1 - a0))
             step = max(1, width // bs)
             for cs in range(ca, cb, step):
                 ce = min(cs + step, cb)
-                j0, j1 = (c0 + cs) * bs, min((c0 + ce) * bs, S)
-                part = sub[:, cs - ca:ce - ca]
-                if not part.any():
-                    out.append((a0, a1, j0, j1, "full"))
-                    continue
+                j0, j1 = cs * bs, min(ce * bs, S)
                 ops = []
-                for r in np.flatnonzero(part.any(axis=1)):
-                    row = part[r]
-                    r0, r1 = (g0 + ra + r) * bs, min((g0 + ra + r + 1) * bs, L)
-                    c = 0
-                    while c < row.size:                       # runs of equal non-zero values
-                        v = row[c]
-                        e = c + 1
-                        while e < row.size and row[e] == v:
-                            e += 1
-                        if v != 0:
-                            ops.append((r0, r1, (c0 + cs + c) * bs, min((c0 + cs + e) * bs, S), int(v)))
-                        c = e
-                out.append((a0, a1, j0, j1, ("grid", ops)))
+                for r in range(ra, rb):
+                    for s0, s1, v in nz_runs[r]:
+                        if s1 > cs and s0 < ce:
+                            ops.append((r * bs, min((r + 1) * bs, L), max(s0, cs) * bs, min(min(s1, ce) * bs, S), v))
+                out.append((a0, a1, j0, j1, ("grid", ops) if ops else "full"))
         return out
 
 
-def _plan_rects(nonempty: np.ndarray, call_cost: float) -> list:
-    """Rectangles ``(ra, rb, ca, cb)`` of cells covering every True of ``nonempty`` (rows × columns) once:
-    for a range of rows, one rectangle per run of columns non-empty in any of them; halved along the rows
-    while the halves cost less (cells + call_cost per rectangle)."""
+def _row_runs(G: np.ndarray) -> tuple:
+    """Per row of the cell grid: the runs of non-empty cells ``[(c0, c1), …]`` and of equal non-zero values
+    ``[(c0, c1, value), …]`` (from the points where a row changes value; a window's row is 4 runs)."""
+    nq, nk = G.shape
+    change = np.ones((nq, nk), bool)
+    change[:, 1:] = G[:, 1:] != G[:, :-1]
+    rows, cols = np.nonzero(change)
+    vals = G[rows, cols].tolist()
+    split = np.searchsorted(rows, np.arange(nq + 1)).tolist()
+    cols = cols.tolist()
+    ne_runs, nz_runs = [], []
+    for r in range(nq):
+        a, b = split[r], split[r + 1]
+        ends = cols[a + 1:b] + [nk]
+        ne, nz = [], []
+        for s0, s1, v in zip(cols[a:b], ends, vals[a:b]):
+            if v != 0:
+                nz.append((s0, s1, v))
+            if v >= 0:
+                if ne and ne[-1][1] == s0:
+                    ne[-1] = (ne[-1][0], s1)
+                else:
+                    ne.append((s0, s1))
+        ne_runs.append(ne)
+        nz_runs.append(nz)
+    return ne_runs, nz_runs
+
+
+def _plan_rects(ne_runs: list, g0: int, g1: int, c0: int, c1: int, call_cost: float) -> list:
+    """Rectangles ``(ra, rb, ca, cb)`` of cells covering every non-empty cell of rows g0..g1 × columns
+    c0..c1 once (``ne_runs``: each row's runs of non-empty cells): for a range of rows, one rectangle per
+    run of columns non-empty in any of them; halved along the rows while the halves cost less (cells +
+    call_cost per rectangle)."""
+    def union(ra, rb):
+        iv = sorted((max(s, c0), min(e, c1)) for r in range(ra, rb) for s, e in ne_runs[r] if e > c0 and s < c1)
+        runs = []
+        for s, e in iv:
+            if runs and s <= runs[-1][1]:
+                if e > runs[-1][1]:
+                    runs[-1] = (runs[-1][0], e)
+            else:
+                runs.append((s, e))
+        return runs
+
     def rec(ra, rb):
-        ne = nonempty[ra:rb].any(axis=0)
-        d = np.diff(np.concatenate(([0], ne.view(np.int8), [0])))
-        runs = list(zip(np.flatnonzero(d == 1).tolist(), np.flatnonzero(d == -1).tolist()))
+        runs = union(ra, rb)
         cost = sum((rb - ra) * (e - s) for s, e in runs) + call_cost * len(runs)
         here = [(ra, rb, s, e) for s, e in runs]
         if rb - ra == 1 or not runs:
             return here, cost
         mid = (ra + rb) // 2
-        p1, c1 = rec(ra, mid)
-        p2, c2 = rec(mid, rb)
-        if c1 + c2 < cost:
-            return p1 + p2, c1 + c2
+        p1, k1 = rec(ra, mid)
+        p2, k2 = rec(mid, rb)
+        if k1 + k2 < cost:
+            return p1 + p2, k1 + k2
         return here, cost
-    if nonempty.size == 0:
+    if g1 <= g0 or c1 <= c0:
         return []
-    return rec(0, nonempty.shape[0])[0]
+    return rec(g0, g1)[0]
+
+
+_bm_caches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_bm_caches_lock = threading.Lock()
+
+
+def _block_mask_cache(block_mask) -> dict:
+    """The cell grids and plans the engine derived from ``block_mask``, kept as long as it lives (a block
+    mask is built once and reused call after call; so are its plans)."""
+    with _bm_caches_lock:
+        got = _bm_caches.get(block_mask)
+        if got is None:
+            got = _bm_caches[block_mask] = {}
+        return got
 
 
 def _block_kind(mask2d, float_mask: bool, i0: int, i1: int, j0: int, j1: int):
@@ -952,7 +996,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     if block_mask is not None:                               # the most cells first: better balance
         work = {}
         for idx in np.ndindex(*P.lead):
-            g = P.grid(idx) >= 0
+            g = P.grid(idx)[0] >= 0
             work[idx] = [int(g[i0 // P.bs:-(-min(i0 + bq, P.L) // P.bs)].sum()) for i0 in range(0, P.L, bq)]
         tasks.sort(key=lambda t: -work[t[1]][t[2] // bq])
     if 2 * bq * P.S * (P.E + P.Ev) < SERIAL_BELOW_FLOPS:
