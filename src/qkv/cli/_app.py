@@ -16,7 +16,7 @@ def cli():
 
 
 # One module per group of commands; a module that is not there yet is simply not offered.
-COMMAND_MODULES = ("explain_cmd", "bench_cmd", "model_cmd", "viz_cmd", "generate_cmd", "lab_cmd")
+COMMAND_MODULES = ("explain_cmd", "bench_cmd", "model_cmd", "viz_cmd", "generate_cmd", "lab_cmd", "ring_cmd")
 for _name in COMMAND_MODULES:
     if importlib.util.find_spec(f"qkv.cli.{_name}") is not None:
         importlib.import_module(f"qkv.cli.{_name}")

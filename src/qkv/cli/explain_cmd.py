@@ -103,7 +103,12 @@ def _emit(text: str) -> None:
               help="Explain only this query (its 0-based row or its token): q, q·k for every key, scaling, "
                    "softmax, weighted sum.")
 @click.option("--head", type=click.IntRange(min=0), default=0, show_default=True, help="With --query: the head.")
-def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, head):
+@click.option("--ring", "ring_p", type=click.IntRange(min=1), default=None, metavar="P",
+              help="Instead: ring attention over P ranks, step by step — who holds which K/V block, the partial "
+                   "outputs and log-sum-exps, the merge (qkv.distributed; default example: 8 positions, causal).")
+@click.option("--layout", "ring_layout", type=click.Choice(["zigzag", "contiguous"]), default=None,
+              help="With --ring: how the sequence is shared (default: zigzag where the length allows).")
+def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, head, ring_p, ring_layout):
     """Explain attention step by step, as a textbook: every element's arithmetic for small inputs.
 
     With no argument: seed 003's example (我 爱 吃; X 3×4; W_Q, W_K, W_V 4×3). FILE is a worked-example
@@ -114,6 +119,21 @@ def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, he
 
     from qkv.explain.render import EDGE, SMALL
 
+    if ring_layout is not None and ring_p is None:
+        raise UserError(t("ring.layout_alone", lang))
+    if ring_p is not None:                                   # qkv.distributed's ring, simulated and written out
+        from qkv.distributed import _trace
+        for opt, given in (("--query", query is not None), ("--heads", heads is not None)):
+            if given:
+                raise UserError(t("ring.not_with", lang, opt=opt))
+        worked = _trace.default_worked() if example is None and file is None else _load(example, file, lang)
+        doc = _trace.explain(worked, ring_p, layout=ring_layout, mask=_mask(mask_spec, worked, lang), lang=lang,
+                             precision=precision)
+        if fmt == "text" and sys.stdout.isatty():
+            _doc.print_rich(doc, precision)
+            return 0
+        _emit(_doc.emit(doc, fmt, precision))
+        return 0
     worked = _load(example, file, lang)
     mask = _mask(mask_spec, worked, lang)
     # A large input (issue 11): the attention part is computed in blocks of query rows and only the rows the
