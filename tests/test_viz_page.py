@@ -1,5 +1,6 @@
 """The page's HTML, without a browser: self-contained, no network address, data that cannot break out."""
 import base64
+import os
 import hashlib
 import json
 import re
@@ -146,3 +147,169 @@ def test_from_worked_every_builtin_example():
         assert d["tokens"] == list(w.tokens)
         html = viz.render_page({"playground": d})
         assert embedded(html)["playground"] == json.loads(json.dumps(d))
+
+
+# ------------------------------------------------------------------------------------------ the page at any size
+from qkv.viz import page as vpage   # noqa: E402
+
+
+def _softmax(x, causal=False):
+    if causal:
+        x = np.where(np.tri(*x.shape[-2:], dtype=bool), x, -np.inf)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_quantize_is_pythons_rounding_to_the_digits_shown():
+    rng = np.random.default_rng(0)
+    for dtype in (np.float32, np.float64):
+        w = rng.random(20_000).astype(dtype) ** 3
+        k = vpage.quantize(w)
+        assert [f"{x / 1000:.3f}" for x in k] == [format(float(x), ".3f") for x in w]
+    # float64 values whose ×1000 lands on a tie: the exact binary value decides, as format() does
+    near = np.array([0.0005, 0.0015, 0.0025, 0.1235, 0.9995, 0.4445, 1.0, 0.0], np.float64)
+    assert [f"{x / 1000:.3f}" for x in vpage.quantize(near)] == [format(float(x), ".3f") for x in near]
+    with pytest.raises(ValueError, match="finite"):
+        vpage.quantize(np.array([np.nan]))
+    with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+        vpage.quantize(np.array([1.5]))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_map_code_round_trips_exactly(causal):
+    rng = np.random.default_rng(1 + causal)
+    shapes = [(1, 1), (1, 7), (9, 9), (40, 40), (13, 30)] if not causal else [(1, 1), (9, 9), (40, 40), (64, 64)]
+    maps = [_softmax(rng.standard_normal(s) * rng.uniform(0.5, 6), causal=causal) for s in shapes]
+    maps.append(np.eye(shapes[-1][0], shapes[-1][1]))               # weights of exactly 1 and 0
+    ms = vpage.MapSet()
+    ms.add_group(maps[:2], causal=causal)
+    ms.add_group(maps[2:], causal=causal)
+    data = ms.to_json()
+    assert data["table_of"] == [0, 0] + [1] * (len(maps) - 2) and len(data["tables"]) == 2
+    for got, w in zip(vpage.decode_maps(data), maps):
+        np.testing.assert_array_equal(got, vpage.quantize(w))
+    assert len(data["thumb_shapes"]) == len(maps) and max(max(s) for s in data["thumb_shapes"]) <= vpage.THUMB
+
+
+def test_map_code_is_compact_and_bounded():
+    rng = np.random.default_rng(3)
+    T = 256
+    logits = rng.standard_normal((4, T, T)) * 1.5
+    logits[0, np.arange(1, T), np.arange(T - 1)] += 8                  # a previous-token head
+    w = _softmax(logits, causal=True).astype(np.float32)
+    ms = vpage.MapSet()
+    ms.add_group(list(w), causal=True)
+    cells = 4 * T * (T + 1) // 2
+    assert ms.size < cells * 0.8          # under a byte per weight, base64 included (noisy heads: the worst case)
+    small = vpage.MapSet(budget=10_000, what="a test")
+    with pytest.raises(vpage.PageTooLarge, match=r"a test: the page would pass its limit of 30 MB"):
+        small.add_group(list(w), causal=True)
+    with pytest.raises(vpage.PageTooLarge, match="holds at most 150,000,000"):
+        vpage._check_cells(30 * 9, 2048, 2048, True, "a text of 2,048 tokens")
+    assert vpage._check_cells(30 * 9, 1024, 1024, True, "x") == 30 * 9 * 1024 * 1025 // 2
+
+
+def test_worked_data_small_large_and_over_the_limit():
+    examples = pytest.importorskip("qkv.explain.examples")
+    small = viz.worked_data(examples.load_example("seed003"))
+    assert small["playground"]["tokens"] == ["我", "爱", "吃"] and small["example"] is None and not small["notices"]
+    rng = np.random.default_rng(4)
+    T = 150
+    doc = {"title": "long", "tokens": [f"t{i}" for i in range(T)], "X": rng.standard_normal((T, 4)).tolist(),
+           "W_Q": rng.standard_normal((4, 4)).tolist(), "W_K": rng.standard_normal((4, 4)).tolist(),
+           "W_V": rng.standard_normal((4, 4)).tolist()}
+    large = viz.worked_data(examples.from_dict(doc))
+    assert large["playground"] is None and large["notices"][0]["key"] == "page.playground_too_big"
+    got = vpage.decode_maps(large["example"]["maps"])[0]
+    want = examples.run(examples.from_dict(doc))["weights"].array
+    np.testing.assert_array_equal(got, vpage.quantize(want))
+    n = vpage.EXAMPLE_MAX_TOKENS + 1
+    huge = viz.worked_data(examples.from_dict({"tokens": [f"t{i}" for i in range(n)], "Q": [[1.0]] * n,
+                                               "K": [[1.0]] * n}))
+    assert huge["playground"] is None and huge["example"] is None
+    assert huge["notices"] == [{"key": "page.example_too_big",
+                                "args": {"title": huge["notices"][0]["args"]["title"], "L": n, "S": n,
+                                         "limit": vpage.EXAMPLE_MAX_TOKENS}}]
+    html = viz.render_page(huge)                                        # the page says so (in page.js's words)
+    assert '"page.example_too_big"' in html
+
+
+def test_a_playground_too_large_is_left_out_with_a_notice(monkeypatch):
+    rng = np.random.default_rng(5)
+    big = viz.playground_data(rng.standard_normal((60, 8)), *(rng.standard_normal((8, 8)) for _ in range(3)))
+    data = embedded(viz.render_page({"playground": big}))
+    assert data["playground"] is None and data["notices"][0]["key"] == "page.playground_too_big"
+    monkeypatch.setattr(vpage, "MAX_PAGE_BYTES", 20_000)
+    with pytest.raises(vpage.PageTooLarge, match="over its limit of 0.02 MB"):
+        viz.render_page({"playground": viz.playground_data(X, W_Q, W_Q, W_Q)})
+
+
+def test_write_page_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "a.html"
+    viz.write_page(path, {"playground": viz.playground_data(X, W_Q, W_Q, W_Q)})
+    before = path.read_bytes()
+    real_fdopen = os.fdopen
+
+    class HalfWritten:                                                  # the disk fills up mid-write
+        def __init__(self, fh):
+            self.fh = fh
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.fh.close()
+
+        def write(self, text):
+            self.fh.write(text[:100])
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fdopen", lambda fd, *a, **k: HalfWritten(real_fdopen(fd, *a, **k)))
+    with pytest.raises(OSError, match="No space"):
+        viz.write_page(path, {"playground": viz.playground_data(X, W_Q + 1, W_Q, W_Q)})
+    monkeypatch.undo()
+    assert path.read_bytes() == before                                  # the old page, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.html"]     # no temporary file left behind
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~_umask())   # the permissions a plain open() gives
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_view_cli_limits_are_one_line(tmp_path, capsys):
+    from qkv.cli import main
+
+    out = tmp_path / "v.html"
+    assert main(["view", "--text", "hi", "--model", "gpt2", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "expected a model name (minilm or smollm2), got 'gpt2'" in err and err.count("\n") == 1
+    assert main(["view", "--generate", "hi", "--model", "minilm", "-o", str(out)]) == 2
+    assert "needs a decoder" in capsys.readouterr().err
+    assert main(["view", "--generate", "hi", "--text", "x", "-o", str(out)]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.model
+def test_model_data_is_exact_for_minilm_and_the_decoder():
+    models = pytest.importorskip("qkv.models")
+    try:
+        bert = models.load_bert()
+        llama = models.load_llama()
+    except ImportError as exc:
+        pytest.skip(f"no model: {exc}")
+    text = "The bank by the river has a tall tree; it is very old."
+    for model in (bert, llama):
+        d = viz.model_data(text, model=model)
+        out = model.run([text])
+        T = d["T"]
+        got = vpage.decode_maps(d["maps"])
+        assert len(got) == d["layers"] * d["heads"] and d["tokens"] == list(out.tokens[0][:T])
+        for li, a in enumerate(out.attentions):
+            for h in range(d["heads"]):
+                np.testing.assert_array_equal(got[li * d["heads"] + h], vpage.quantize(np.asarray(a)[0, h, :T, :T]))
+        np.testing.assert_allclose(d["attentions"][2][1], np.asarray(out.attentions[2])[0, 1, :T, :T], atol=1e-6)
+    assert viz.model_data(text, model=bert)["name"] == "all-MiniLM-L6-v2"

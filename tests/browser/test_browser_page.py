@@ -13,7 +13,6 @@ import re
 
 import numpy as np
 import pytest
-from playwright.sync_api import sync_playwright
 
 import qkv
 from qkv import viz
@@ -35,15 +34,7 @@ W_V = np.array([[0.3, 0.4, 0.5], [0.6, 0.7, 0.8], [0.9, 1.0, 1.1], [1.2, 1.3, 1.
 
 
 # ------------------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="session")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"Chromium is missing at {CHROMIUM}: install Debian's chromium (apt-get install chromium); "
-                    "the browser tests do not skip")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
+# browser: the session's Chromium, in conftest.py (shared with test_browser_scale.py).
 
 
 def test_chromium_is_there():

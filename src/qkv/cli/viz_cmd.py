@@ -180,25 +180,99 @@ def heatmap_cmd(file, example, model_text, layer, head, all_heads, tokens, title
 
 
 # ---------------------------------------------------------------------------------------------- view
+def _note(key: str, lang: str, args: dict) -> None:
+    from qkv.locales import t
+
+    click.echo(f"qkv: note: {' '.join(t(key, lang, **args).split())}", err=True)
+
+
+def _model_view_data(viz, name: str, text: str, lang: str):
+    """The model view of ``text`` for ``name`` (minilm, smollm2); one-line errors for the page's limits."""
+    import warnings
+
+    if not text.strip():
+        raise UserError("--text/--model: expected a non-empty sentence")
+    if name == "smollm2":
+        from .generate_cmd import load_smollm2
+        model = load_smollm2(lang)
+    else:
+        model = _load_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            data = viz.model_data(text, model=model)
+        except ValueError as exc:                                  # PageTooLarge, a text over the context
+            raise UserError(str(exc)) from None
+    for w in caught:                                               # e.g. MiniLM: truncated to 512 tokens
+        click.echo(f"qkv: warning: {' '.join(str(w.message).split())}", err=True)
+    return data
+
+
 @cli.command("view", cls=_TokensCommand)
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
 @click.option("--example", "-e", metavar="NAME", help="Start the playground from a built-in worked example.")
 @click.option("--tokens", multiple=True, metavar="A B C", help="Token labels of the playground (one per row of X).")
-@click.option("--model", "-m", "model_text", metavar="TEXT", help="Add the model view for this sentence (model extra).")
+@click.option("--model", "-m", "model_opt", metavar="TEXT|NAME",
+              help="A sentence: add the MiniLM model view for it. With --text or --generate: the model "
+                   "(minilm or smollm2).")
+@click.option("--text", "text", metavar="TEXT", help="The model view of TEXT: every layer and head of --model "
+                                                      "(minilm, the default, or smollm2).")
+@click.option("--generate", "prompt", metavar="PROMPT",
+              help="The generation view: --model smollm2 continues PROMPT; step through the new tokens.")
+@click.option("--max-new-tokens", "-n", type=int, default=32, show_default=True, help="With --generate.")
+@click.option("--temperature", "-T", type=float, default=0.0, show_default=True,
+              help="With --generate: 0 greedy, > 0 sampling.")
+@click.option("--seed", type=int, default=None, help="With --generate: the sampling's seed.")
+@click.option("--chat", is_flag=True, help="With --generate: wrap the prompt in the chat template.")
 @click.option("-o", "--output", default="attention.html", show_default=True, metavar="FILE", help="The HTML file.")
 @lang_option("Language of the page (qkv.locales).")
-def view_cmd(file, example, tokens, model_text, output, lang):
+def view_cmd(file, example, tokens, model_opt, text, prompt, max_new_tokens, temperature, seed, chat, output, lang):
     """Write one self-contained HTML page (no network access; open it from disk, offline).
 
     The playground starts from seed 003's example, --example NAME or FILE: edit tokens, X, W_Q, W_K and W_V
     and everything is recomputed; hover a cell for its arithmetic; toggle the causal mask, the √d_k scaling,
-    the number of heads. With --model TEXT the page also shows every layer and head of the MiniLM model.
+    the number of heads. An example too large to edit shows its weights as a zoomable picture instead.
+
+    --model "A sentence." adds every layer and head of the MiniLM model; --model smollm2 --text "..." those of
+    the decoder (up to 1,024 tokens); --model smollm2 --generate "PROMPT" the generation view: step through the
+    generated tokens and see which earlier tokens each attended to, in every layer and head.
     """
     from qkv import viz
 
     _check_output(output, (".html", ".htm"))
-    worked = _load_worked(example, file)
-    playground = viz.from_worked(worked, tokens=_tokens(tokens, len(worked.tokens), "one per row of X"))
-    model = viz.model_data(model_text, model=_load_model()) if model_text is not None else None
-    _write(lambda p: viz.write_page(p, {"playground": playground, "model": model}, lang=lang), output)
+    if prompt is not None and text is not None:
+        raise UserError("give either --text TEXT or --generate PROMPT, not both")
+    name = None
+    if prompt is not None or text is not None:
+        name = (model_opt or ("smollm2" if prompt is not None else "minilm")).strip().lower()
+        if name not in ("minilm", "smollm2"):
+            raise UserError(f"--model: with --text or --generate, expected a model name (minilm or smollm2), "
+                            f"got {model_opt!r}")
+        if prompt is not None and name != "smollm2":
+            raise UserError("--generate: needs a decoder, --model smollm2 (MiniLM is an encoder: it does not "
+                            "generate)")
+    elif model_opt is not None:
+        name, text = "minilm", model_opt
+    data = {"playground": None, "notices": []}
+    if prompt is None or file is not None or example is not None:
+        worked = _load_worked(example, file)
+        data.update(viz.worked_data(worked, tokens=_tokens(tokens, len(worked.tokens), "one per row of X")))
+    if prompt is not None:
+        if not prompt.strip():
+            raise UserError("--generate: expected a non-empty prompt")
+        from .generate_cmd import load_smollm2
+        model = load_smollm2(lang)
+        try:
+            data.update(viz.generation_data(model, prompt, max_new_tokens=max_new_tokens, chat=chat,
+                                            temperature=temperature, seed=seed))
+        except (ValueError, TypeError) as exc:                     # bad sampling settings, the page's limits
+            raise UserError(str(exc)) from None
+    elif text is not None:
+        data["model"] = _model_view_data(viz, name, text, lang)
+    for n in data.get("notices") or []:
+        _note(n["key"], lang, n["args"])
+    try:
+        _write(lambda p: viz.write_page(p, data, lang=lang), output)
+    except viz.PageTooLarge as exc:
+        raise UserError(str(exc)) from None
     click.echo(f"wrote {output}")

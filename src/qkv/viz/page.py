@@ -218,8 +218,307 @@ def from_worked(worked, *, tokens=None) -> dict:
                            sink_logits=getattr(worked, "sink_logits", None))
 
 
-def model_data(text: str, *, model=None, digits: int = 6) -> dict:
-    """Attention weights of every layer and head of ``qkv.models.load_bert()`` (or ``model``) for one text."""
+# ---------------------------------------------------------------------------------------------- maps
+# Attention weights at any size: the canvas views (model, worked examples beyond the playground, generation)
+# read "map sets" — every head's weights rounded to MAP_DIGITS decimals and stored exactly as those integers
+# (k = round(w·10^d), 0 … 10^d), entropy-coded so that 1,024 tokens × 30 layers × 9 heads fit the page budget.
+#
+# The code (one "table" per group of maps, one "blob" per map; both base64):
+#   symbol   b = bit length of k (0 … NS−1), coded with rANS (12-bit frequencies, 32-bit state, 16-bit words)
+#            in the context (b of the cell above, b of the cell to the left); the group's table holds the
+#            frequencies of every context, uint16 little-endian, NCTX × NS.
+#   raw bits k − 2^(b−1) in b − 1 bits (b ≥ 2), most significant first, packed after the words.
+#   blob     uint32 n | n uint16 words | raw bits. Every row of a map is its own rANS stream (its final state,
+#            two words, then its renormalisation words in decoding order), so the encoder runs on all rows of a
+#            group at once in NumPy; the page decodes one map when it is shown (page.js: decodeMap).
+#   rows     a causal map stores cells j ≤ i of row i (the rest are masked: weight 0); others every cell.
+
+#: Decimals of a weight in the canvas views: the hover shows exactly these digits of the weight qkv computed.
+MAP_DIGITS = 3
+#: The most weights the canvas views of one page hold (layers × heads × stored cells): SmolLM2's 30 × 9 heads at
+#: 1,024 tokens (causal: 141.7M) fit.
+MAX_CELLS = 150_000_000
+#: The largest page :func:`render_page` writes (bytes of UTF-8).
+MAX_PAGE_BYTES = 30_000_000
+#: The editable playground up to this many displayed cells (inputs and results); beyond, a worked example's
+#: weights are shown in the canvas view instead (the playground computes and lays out every cell in the page).
+PLAYGROUND_MAX_CELLS = 20_000
+#: A worked example's weights in the canvas view up to this many queries or keys.
+EXAMPLE_MAX_TOKENS = 2048
+#: Up to this many tokens the model view also draws lines between the tokens and a table of the numbers.
+SMALL_TOKENS = 32
+#: The largest side of a thumbnail (max-pooled), in cells.
+THUMB = 40
+
+_PROB_BITS = 12
+_PROB_SCALE = 1 << _PROB_BITS
+_RANS_LOW = 1 << 16
+
+
+class PageTooLarge(ValueError):
+    """What was asked for is over one of the page's limits; the message names the size and the limit."""
+
+
+def _symbols(digits: int) -> int:
+    return int(10 ** digits).bit_length() + 1
+
+
+def quantize(weights, digits: int = MAP_DIGITS) -> np.ndarray:
+    """The integers ``k`` with ``k / 10**digits`` = each weight rounded to ``digits`` decimals exactly as Python's
+    ``format(w, f".{digits}f")`` rounds it (the exact binary value, ties to even); uint16."""
+    w = np.asarray(weights)
+    if not np.all(np.isfinite(w)):
+        raise ValueError("weights: expected finite numbers")
+    scale = 10 ** digits
+    x = w.astype(np.float64) * scale                     # exact for float32 weights (24 + 14 bits < 53)
+    k = np.rint(x)
+    if w.dtype != np.float32 and w.dtype != np.float16:  # float64: the product may round onto a tie
+        frac = np.abs(x - np.floor(x) - 0.5)
+        for idx in zip(*np.nonzero(frac < 1e-6)):
+            k[idx] = round(float(format(float(w[idx]), f".{digits}f")) * scale)
+    if k.min(initial=0) < 0 or k.max(initial=0) > scale:
+        raise ValueError(f"weights: expected attention weights in [0, 1], got {w.min()} … {w.max()}")
+    return k.astype(np.uint16)
+
+
+def _bits(k: np.ndarray) -> np.ndarray:
+    """The bit length of each non-negative integer (0 → 0), as int64."""
+    return np.frexp(k.astype(np.float64))[1].astype(np.int64)
+
+
+def _lengths(rows: int, cols: int, causal: bool) -> np.ndarray:
+    """Stored cells per row: j ≤ i (top-left causal, as torch's is_causal) or every column."""
+    if causal:
+        return np.minimum(np.arange(1, rows + 1), cols)
+    return np.full(rows, cols)
+
+
+def _frequencies(counts: np.ndarray) -> np.ndarray:
+    """Counts (NCTX, NS) → frequencies summing to 2^12 per context, every symbol at least 1."""
+    nctx, ns = counts.shape
+    total = counts.sum(axis=1, keepdims=True)
+    f = 1 + (counts * (_PROB_SCALE - ns)) // np.maximum(total, 1)
+    f[np.arange(nctx), counts.argmax(axis=1)] += _PROB_SCALE - f.sum(axis=1)
+    return f.astype(np.int64)
+
+
+def _encode_group(ks: list[np.ndarray], causal: list[bool], digits: int) -> tuple[bytes, list[bytes]]:
+    """One group of maps (quantized, 2-D) → (the group's frequency table, one blob per map). See the code above."""
+    ns = _symbols(digits)
+    rows = [k.shape[0] for k in ks]
+    R, C = sum(rows), max(k.shape[1] for k in ks)
+    sym = np.zeros((R, C), np.int16)
+    ctx = np.zeros((R, C), np.int16)
+    n = np.zeros(R, np.int64)
+    raws = []
+    r0 = 0
+    for k, c in zip(ks, causal):
+        r, s = k.shape
+        lens = _lengths(r, s, c)
+        stored = np.arange(s)[None, :] < lens[:, None]
+        b = np.where(stored, _bits(k), 0)
+        up = np.zeros_like(b)
+        up[1:] = b[:-1]
+        left = np.zeros_like(b)
+        left[:, 1:] = b[:, :-1]
+        sym[r0:r0 + r, :s] = b
+        ctx[r0:r0 + r, :s] = up * ns + left
+        n[r0:r0 + r] = lens
+        sel = stored & (b >= 2)
+        nb = b[sel] - 1                                           # raw bits, row-major = decoding order
+        off = k[sel].astype(np.int64) - (1 << nb)
+        total = int(nb.sum())
+        if total:
+            cell = np.repeat(np.arange(nb.size), nb)
+            pos = np.arange(total) - np.repeat(np.cumsum(nb) - nb, nb)
+            bits = (off[cell] >> (nb[cell] - 1 - pos)) & 1
+            raws.append(np.packbits(bits.astype(np.uint8)).tobytes())
+        else:
+            raws.append(b"")
+        r0 += r
+    valid = np.arange(C)[None, :] < n[:, None]
+    counts = np.bincount((ctx.astype(np.int64) * ns + sym)[valid], minlength=ns * ns * ns).reshape(ns * ns, ns)
+    freq = _frequencies(counts)
+    F = freq.ravel().astype(np.uint64)
+    CUM = (np.cumsum(freq, axis=1) - freq).ravel().astype(np.uint64)
+    # rANS, all rows at once, symbols last to first; rows sorted by length so the active ones are a prefix.
+    order = np.argsort(-n, kind="stable")
+    symP, ctxP, nP = sym[order], ctx[order], n[order]
+    active = np.searchsorted(-nP, -np.arange(C), side="left")     # rows with n > j
+    x = np.full(R, _RANS_LOW, np.uint64)
+    e_rows, e_cols, e_words = [], [], []
+    for j in range(C - 1, -1, -1):
+        a = int(active[j])
+        if a == 0:
+            continue
+        idx = ctxP[:a, j].astype(np.int64) * ns + symP[:a, j]
+        f, cf = F[idx], CUM[idx]
+        xa = x[:a]
+        over = np.nonzero(xa >= (f << np.uint64(20)))[0]          # ((L >> 12) << 16) · f
+        if over.size:
+            e_rows.append(order[over])
+            e_cols.append(np.full(over.size, j, np.int64))
+            e_words.append(xa[over] & np.uint64(0xFFFF))
+            xa[over] >>= np.uint64(16)
+        x[:a] = ((xa // f) << np.uint64(_PROB_BITS)) + xa % f + cf
+    state = np.empty(R, np.uint64)
+    state[order] = x
+    allr = np.concatenate([np.arange(R), np.arange(R)] + e_rows)
+    allc = np.concatenate([np.full(R, -2), np.full(R, -1)] + e_cols)
+    allw = np.concatenate([state >> np.uint64(16), state & np.uint64(0xFFFF)] + e_words)
+    srt = np.lexsort((allc, allr))
+    allr, allw = allr[srt], allw[srt].astype("<u2")
+    bounds = np.searchsorted(allr, np.cumsum([0] + rows))
+    blobs = []
+    for m in range(len(ks)):
+        words = allw[bounds[m]:bounds[m + 1]]
+        blobs.append(np.uint32(words.size).astype("<u4").tobytes() + words.tobytes() + raws[m])
+    return freq.astype("<u2").tobytes(), blobs
+
+
+def _thumb(k: np.ndarray, digits: int) -> np.ndarray:
+    """A max-pooled picture of a map, at most THUMB cells a side, uint8 (255 = weight 1)."""
+    r, c = k.shape
+    f = max(1, -(-max(r, c) // THUMB))
+    t = np.maximum.reduceat(np.maximum.reduceat(k, np.arange(0, r, f), axis=0), np.arange(0, c, f), axis=1)
+    return np.rint(t.astype(np.float64) * (255 / 10 ** digits)).astype(np.uint8)
+
+
+class MapSet:
+    """Maps (2-D attention weights) added a group at a time (each group shares a frequency table), coded for the
+    page as they come, within a byte budget. ``to_json()`` is what page.js reads."""
+
+    def __init__(self, *, digits: int = MAP_DIGITS, thumbs: bool = True, budget: int | None = None,
+                 what: str = "the page"):
+        self.digits, self.want_thumbs, self.budget, self.what = digits, thumbs, budget, what
+        self.tables: list[str] = []
+        self.table_of: list[int] = []
+        self.blobs: list[str] = []
+        self.shapes: list[list[int]] = []
+        self.causal: list[bool] = []
+        self.thumbs: list[bytes] = []
+        self.thumb_shapes: list[list[int]] = []
+        self.size = 0
+
+    def add_group(self, weights, *, causal: bool = False, label: str = "") -> None:
+        """``weights``: 2-D arrays (or one 3-D array) of attention weights in [0, 1]. ``causal``: only
+        j ≤ i is stored (the rest must be 0, as a causal softmax leaves it)."""
+        ks = [quantize(w, self.digits) for w in weights]
+        if any(k.ndim != 2 or 0 in k.shape for k in ks):
+            raise ValueError("weights: expected non-empty 2-D maps")
+        table, blobs = _encode_group(ks, [causal] * len(ks), self.digits)
+        g = len(self.tables)
+        self.tables.append(base64.b64encode(table).decode("ascii"))
+        self.size += len(self.tables[-1])
+        for k, blob in zip(ks, blobs):
+            self.blobs.append(base64.b64encode(blob).decode("ascii"))
+            self.size += len(self.blobs[-1]) + 16
+            self.table_of.append(g)
+            self.shapes.append([int(k.shape[0]), int(k.shape[1])])
+            self.causal.append(bool(causal))
+            if self.want_thumbs:
+                t = _thumb(k, self.digits)
+                self.thumbs.append(t.tobytes())
+                self.thumb_shapes.append([int(t.shape[0]), int(t.shape[1])])
+                self.size += t.size * 4 // 3
+        if self.budget is not None and self.size > self.budget:
+            raise PageTooLarge(f"{self.what}: the page would pass its limit of {MAX_PAGE_BYTES / 1e6:g} MB "
+                               f"({self.size / 1e6:.1f} MB of weights after {label or f'{len(self.blobs)} maps'})")
+
+    def to_json(self) -> dict:
+        return {"digits": self.digits, "ns": _symbols(self.digits), "tables": self.tables,
+                "table_of": self.table_of, "blobs": self.blobs, "shapes": self.shapes, "causal": self.causal,
+                "thumbs": base64.b64encode(b"".join(self.thumbs)).decode("ascii") if self.thumbs else None,
+                "thumb_shapes": self.thumb_shapes or None}
+
+
+def decode_maps(maps: dict) -> list[np.ndarray]:
+    """The quantized weights (uint16, ``k / 10**digits``) of every map of ``MapSet.to_json()``: the page's
+    decoder written again in Python (slow: for tests and small sets)."""
+    ns = maps["ns"]
+    out = []
+    tables = []
+    for t in maps["tables"]:
+        f = np.frombuffer(base64.b64decode(t), "<u2").astype(np.int64).reshape(ns * ns, ns)
+        tables.append((f, np.cumsum(f, axis=1) - f))
+    for blob, g, (r, c), causal in zip(maps["blobs"], maps["table_of"], maps["shapes"], maps["causal"]):
+        f, cum = tables[g]
+        data = base64.b64decode(blob)
+        nw = int(np.frombuffer(data[:4], "<u4")[0])
+        words = np.frombuffer(data[4:4 + 2 * nw], "<u2").astype(np.int64)
+        raw = np.unpackbits(np.frombuffer(data[4 + 2 * nw:], np.uint8))
+        k = np.zeros((r, c), np.int64)
+        b = np.zeros((r, c), np.int64)
+        p = bp = 0
+        for i, n in enumerate(_lengths(r, c, causal)):
+            x = int(words[p]) << 16 | int(words[p + 1])
+            p += 2
+            for j in range(n):
+                cx = (b[i - 1, j] if i else 0) * ns + (b[i, j - 1] if j else 0)
+                slot = x & (_PROB_SCALE - 1)
+                s = int(np.searchsorted(cum[cx], slot, side="right") - 1)
+                x = int(f[cx, s]) * (x >> _PROB_BITS) + slot - int(cum[cx, s])
+                if x < _RANS_LOW:
+                    x = x << 16 | int(words[p])
+                    p += 1
+                b[i, j] = s
+                if s < 2:
+                    k[i, j] = s
+                else:
+                    v = 0
+                    for _ in range(s - 1):
+                        v = v << 1 | int(raw[bp])
+                        bp += 1
+                    k[i, j] = (1 << (s - 1)) + v
+        out.append(k.astype(np.uint16))
+    return out
+
+
+def _model_name(model) -> str:
+    try:
+        from .heads import model_name
+    except ImportError:                                          # pragma: no cover - heads.py not there yet
+        return str(getattr(getattr(model, "config", None), "name", "") or type(model).__name__)
+    return model_name(model)
+
+
+def _is_decoder(model) -> bool:
+    return hasattr(model, "generate") and hasattr(model, "embed")
+
+
+def _check_cells(maps: int, rows: int, cols: int, causal: bool, what: str) -> int:
+    """The stored weights of ``maps`` maps of rows × cols; PageTooLarge beyond :data:`MAX_CELLS`."""
+    cells = maps * int(_lengths(rows, cols, causal).sum())
+    if cells > MAX_CELLS:
+        raise PageTooLarge(f"{what}: {maps} maps of {rows} × {cols} tokens are {cells:,} weights; the page holds "
+                           f"at most {MAX_CELLS:,} (e.g. 1,024 tokens × 30 layers × 9 heads of a decoder)")
+    return cells
+
+
+def decoder_attentions(model, ids):
+    """Per layer, the attention weights (H, T, T) float32 of a decoder (:func:`qkv.models.load_llama`) on one
+    sequence of token ids: the layers exactly as :meth:`LlamaModel.run` runs them (each layer's attention through
+    its traced :class:`qkv.MultiHeadAttention`, causal), one layer at a time so that memory holds one layer's
+    weights, on ids rather than a text (a continuation is not always its text's tokenization)."""
+    from qkv.tracing import Trace
+
+    x = model.embed(np.asarray([list(ids)], dtype=np.int64))
+    for layer in model._layers:
+        t = Trace()
+        x = model._layer(x, layer, trace=t)
+        w = t["weights"].array[0]
+        del t
+        yield w
+
+
+def model_data(text: str, *, model=None, digits: int = 6, name: str | None = None) -> dict:
+    """Attention weights of every layer and head of ``qkv.models.load_bert()`` (or ``model``: a BERT model or a
+    decoder from :func:`qkv.models.load_llama`) for one text, for the page's model view.
+
+    The weights are coded compactly (:class:`MapSet`: each to :data:`MAP_DIGITS` decimals, exactly); texts of up
+    to :data:`SMALL_TOKENS` tokens also carry them as numbers (``attentions``, ``digits`` decimals) for the
+    lines and the table. PageTooLarge (a ValueError naming the limit) when the text is over the page's limits.
+    """
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text: expected a non-empty sentence, got {text!r}")
     if model is None:
@@ -229,14 +528,120 @@ def model_data(text: str, *, model=None, digits: int = 6) -> dict:
             raise ImportError(f"the model view needs qkv.models and the model extra: pip install 'qkv[model]' "
                               f"({exc})") from None
         model = load_bert()
-    out = model.run([text])
-    T = int(np.asarray(out.attention_mask)[0].sum())
-    att = [np.asarray(a)[0, :, :T, :T] for a in out.attentions]                 # per layer (H, T, T)
-    name = getattr(getattr(model, "config", None), "name", "") or type(model).__name__
-    return {"name": name, "text": text,
-            "tokens": [str(t) for t in out.tokens[0][:T]], "layers": len(att), "heads": int(att[0].shape[0]),
-            "attentions": [np.round(a.astype(np.float64), digits).tolist() for a in att],
-            "digits": MODEL_DIGITS}
+    c = model.config
+    L, H = int(c.num_layers), int(c.num_heads)
+    if _is_decoder(model):
+        ids = model.encode(text)
+        if len(ids) > c.context_length:
+            raise ValueError(f"text: {len(ids)} tokens, longer than the model's context of {c.context_length}")
+        tokens = [str(t) for t in model.token_texts(ids)]
+        T, causal = len(ids), True
+        _check_cells(L * H, T, T, causal, f"text of {T:,} tokens")
+        layers = decoder_attentions(model, ids)
+    else:
+        out = model.run([text])
+        T, causal = int(np.asarray(out.attention_mask)[0].sum()), False
+        tokens = [str(t) for t in out.tokens[0][:T]]
+        _check_cells(L * H, T, T, causal, f"text of {T:,} tokens")
+        layers = (np.asarray(a)[0, :, :T, :T] for a in out.attentions)
+    data = _layers_data(layers, L, H, T, causal, what=f"a text of {T:,} tokens", small_digits=digits)
+    data.update({"kind": "model", "name": name or _model_name(model), "text": text, "tokens": tokens,
+                 "decoder": causal, "kv_heads": int(getattr(c, "num_kv_heads", H) or H)})
+    return data
+
+
+def _layers_data(layers, L: int, H: int, T: int, causal: bool, *, what: str, small_digits: int = 6,
+                 cols: int | None = None) -> dict:
+    """The map set of ``L`` layers of ``H`` heads (each (H, T, S)), with the numbers when small."""
+    ms = MapSet(budget=MAX_PAGE_BYTES - 1_000_000, what=what)
+    small = T <= SMALL_TOKENS and (cols or T) <= SMALL_TOKENS
+    exact = []
+    for li, a in enumerate(layers):
+        a = np.asarray(a)
+        ms.add_group(list(a), causal=causal, label=f"layer {li + 1} of {L}")
+        if small:
+            exact.append(np.round(a.astype(np.float64), small_digits).tolist())
+    if len(ms.blobs) != L * H:
+        raise ValueError(f"layers: expected {L} layers of {H} heads, got {len(ms.blobs)} maps")
+    return {"layers": L, "heads": H, "T": T, "causal": causal, "digits": MAP_DIGITS, "maps": ms.to_json(),
+            "attentions": exact if small else None}
+
+
+def _playground_cells(pg: dict) -> int:
+    """About how many cells the playground lays out for ``pg`` (inputs and results)."""
+    L = len(pg["tokens"])
+    S = len(pg["kv_tokens"]) if pg.get("kv_tokens") else L
+    size = lambda m: len(m) * len(m[0]) if m else 0           # noqa: E731
+    inputs = sum(size(pg.get(n)) for n in ("X", "X_kv", "W_Q", "W_K", "W_V", "Q", "K", "V", "scores", "W_O"))
+    wq = len(pg["W_Q"][0]) if pg.get("W_Q") else (len(pg["Q"][0]) if pg.get("Q") else 0)
+    wv = len(pg["W_V"][0]) if pg.get("W_V") else (len(pg["V"][0]) if pg.get("V") else 0)
+    return inputs + L * wq + S * wq + S * wv + 7 * L * S + L * wv
+
+
+def _notice(key: str, **args) -> dict:
+    return {"key": key, "args": args}
+
+
+def worked_data(worked, *, tokens=None) -> dict:
+    """Page data for a worked example at any size: the editable playground (:func:`from_worked`) when it is
+    small enough (:data:`PLAYGROUND_MAX_CELLS`); otherwise its weights, computed by qkv
+    (:func:`qkv.explain.examples.run`), in the canvas view, with a notice saying why; beyond
+    :data:`EXAMPLE_MAX_TOKENS` queries or keys, only the notice. Returns ``{"playground": …, "example": …,
+    "notices": […]}`` for :func:`render_page`."""
+    pg = from_worked(worked, tokens=tokens)
+    cells = _playground_cells(pg)
+    if cells <= PLAYGROUND_MAX_CELLS:
+        return {"playground": pg, "example": None, "notices": []}
+    L = len(pg["tokens"])
+    S = len(pg["kv_tokens"]) if pg.get("kv_tokens") else L
+    if max(L, S) > EXAMPLE_MAX_TOKENS:
+        return {"playground": None, "example": None, "notices": [
+            _notice("page.example_too_big", title=pg["title"], L=L, S=S, limit=EXAMPLE_MAX_TOKENS)]}
+    from qkv.explain import examples
+
+    w = np.asarray(examples.run(worked)["weights"].array)
+    w = w.reshape(-1, w.shape[-2], w.shape[-1])                    # (heads, L, S)
+    data = _layers_data([w], 1, w.shape[0], L, False, what=f"{pg['title']}", cols=S)
+    data.update({"kind": "example", "name": pg["title"], "text": None, "tokens": pg["tokens"],
+                 "kv_tokens": pg["kv_tokens"], "decoder": False})
+    return {"playground": None, "example": data, "notices": [
+        _notice("page.playground_too_big", cells=cells, limit=PLAYGROUND_MAX_CELLS)]}
+
+
+def generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bool = False, **sampling) -> dict:
+    """Generate with a decoder (:func:`qkv.models.load_llama`) and keep, for every generated token, its attention
+    row over the earlier tokens in every layer and head (the page's generation view).
+
+    ``model.generate`` writes the continuation (``sampling``: temperature, top_k, top_p, seed). The rows then
+    come from one pass of the decoder's layers over prompt + continuation (:func:`decoder_attentions`):
+    generate's cached steps keep no weights, and with a causal mask the row of a token in the full pass is the
+    row that token's step computed (each query sees the same keys). The row of generated token s is that of
+    the token itself as the query (position P + s). Returns ``{"generation": …, "model": …}`` (the model view of
+    the whole sequence) for :func:`render_page`.
+    """
+    g = model.generate(prompt, max_new_tokens=max_new_tokens, chat=chat, **sampling)
+    ids = list(g.prompt_ids) + list(g.ids)
+    P, G, T = len(g.prompt_ids), len(g.ids), len(g.prompt_ids) + len(g.ids)
+    c = model.config
+    L, H = int(c.num_layers), int(c.num_heads)
+    _check_cells(L * H, T, T, True, f"prompt and continuation of {T:,} tokens")
+    tokens = [str(t) for t in model.token_texts(ids)]
+    what = f"prompt and continuation of {T:,} tokens"
+    full = MapSet(budget=MAX_PAGE_BYTES - 2_000_000, what=what)
+    rows = [np.zeros((L * H, P + s + 1), np.float32) for s in range(G)]
+    for li, a in enumerate(decoder_attentions(model, ids)):
+        full.add_group(list(a), causal=True, label=f"layer {li + 1} of {L}")
+        for s in range(G):
+            rows[s][li * H:(li + 1) * H] = a[:, P + s, :P + s + 1]
+    steps = MapSet(thumbs=False, budget=MAX_PAGE_BYTES - 1_000_000 - full.size, what=what)
+    steps.add_group(rows, label="the generated tokens' rows")
+    name = _model_name(model)
+    view = {"kind": "model", "name": name, "text": g.prompt, "tokens": tokens, "decoder": True,
+            "kv_heads": int(getattr(c, "num_kv_heads", H) or H), "layers": L, "heads": H, "T": T, "causal": True,
+            "digits": MAP_DIGITS, "maps": full.to_json(), "attentions": None}
+    gen = {"name": name, "prompt": prompt, "chat": bool(chat), "text": g.text, "finish": g.finish_reason,
+           "tokens": tokens, "prompt_len": P, "layers": L, "heads": H, "digits": MAP_DIGITS, "steps": steps.to_json()}
+    return {"generation": gen, "model": view}
 
 
 def _json_for_script(data) -> str:
@@ -250,36 +655,70 @@ def _json_for_script(data) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
+_PARTS = ("playground", "model", "example", "generation")
+
+
 def render_page(data: dict, *, lang: str | None = None) -> str:
-    """The page's HTML for ``{"playground": playground_data(...) or None, "model": model_data(...) or None}``.
+    """The page's HTML for ``{"playground": playground_data(...), "model": model_data(...), "example": …,
+    "generation": …, "notices": […]}`` (any of them; :func:`worked_data` and :func:`generation_data` return such
+    dicts).
 
     ``lang``: the language of the page's words (a :mod:`qkv.locales` language; default ``data["lang"]`` or
-    English). Its ``page.*`` strings are embedded with the data; the page stays one offline file.
+    English). Its ``page.*`` strings are embedded with the data; the page stays one offline file. A playground
+    over :data:`PLAYGROUND_MAX_CELLS` cells is left out with a notice on the page (the tab would crawl);
+    PageTooLarge when the page would pass :data:`MAX_PAGE_BYTES`.
     """
     import qkv
     from qkv import locales
 
-    if not isinstance(data, dict) or not (data.get("playground") or data.get("model")):
-        raise ValueError("data: expected a dict with 'playground' and/or 'model'")
+    if not isinstance(data, dict) or not any(data.get(k) for k in _PARTS + ("notices",)):
+        raise ValueError("data: expected a dict with 'playground', 'model', 'example', 'generation' or 'notices'")
     lang = locales.check_lang(lang if lang is not None else data.get("lang", locales.DEFAULT))
-    payload = {"digits": DIGITS, "playground": data.get("playground"), "model": data.get("model"), "lang": lang,
-               "strings": locales.strings(lang, "page.")}
+    notices = list(data.get("notices") or [])
+    playground = data.get("playground")
+    if playground and _playground_cells(playground) > PLAYGROUND_MAX_CELLS:
+        notices.append(_notice("page.playground_too_big", cells=_playground_cells(playground),
+                               limit=PLAYGROUND_MAX_CELLS))
+        playground = None
+    payload = {"digits": DIGITS, "lang": lang, "strings": locales.strings(lang, "page."), "notices": notices,
+               **{k: data.get(k) for k in _PARTS}, "playground": playground}
     css, js = _asset("page.css"), _asset("page.js")
     for name, text in (("page.css", css), ("page.js", js)):
         if re.search(r"</(script|style)", text, re.IGNORECASE):
             raise RuntimeError(f"{name} must not contain a closing </script> or </style> tag")
-    title = (data.get("playground") or {}).get("title") or "qkv attention"
+    title = ((data.get("playground") or {}).get("title") or (data.get("example") or {}).get("name")
+             or "qkv attention")
     values = {"CSS": css, "JS": js, "DATA": _json_for_script(payload), "TITLE": html.escape(title),
               "VERSION": html.escape(qkv.__version__),
               "SCRIPT_HASH": "sha256-" + base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode()}
-    return _PLACEHOLDER.sub(lambda m: values[m.group(1)], _asset("template.html"))
+    page = _PLACEHOLDER.sub(lambda m: values[m.group(1)], _asset("template.html"))
+    size = len(page.encode("utf-8"))
+    if size > MAX_PAGE_BYTES:
+        raise PageTooLarge(f"the page would be {size / 1e6:.1f} MB, over its limit of {MAX_PAGE_BYTES / 1e6:g} MB")
+    return page
 
 
 def write_page(path, data: dict, *, lang: str | None = None) -> str:
     """Write the page to ``path`` (UTF-8) in ``lang`` (see :func:`render_page`); returns the path. OSError when
-    it cannot be written."""
+    it cannot be written. The write is atomic (a temporary file in the same folder, then renamed): a failure
+    leaves no half-written page behind."""
+    import tempfile
+
     path = os.fspath(path)
     text = render_page(data, lang=lang)
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".qkv-", suffix=".html.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)                          # as open() would have made it (mkstemp: 0600)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path

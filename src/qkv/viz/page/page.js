@@ -29,6 +29,26 @@
     if (text !== undefined) e.textContent = String(text);
     return e;
   }
+  // Token text is isolated wherever it sits inside a line of other text (a <bdi>), so that a token holding a
+  // right-to-left override (U+202E) or other bidi controls cannot reorder the arithmetic around it. Lines are
+  // built as strings with each token between the markers U+E000 and U+E001 (tk); rich() turns them into <bdi>
+  // elements, plain() drops them (titles, comparisons).
+  var TK_OPEN = "\ue000", TK_CLOSE = "\ue001", TK_STRIP = /[\ue000\ue001]/g;
+  function tk(s) { return TK_OPEN + String(s).replace(TK_STRIP, "") + TK_CLOSE; }
+  function plain(s) { return String(s).replace(TK_STRIP, ""); }
+  function rich(node, text) {
+    node.textContent = "";
+    String(text).split(TK_OPEN).forEach(function (part, n) {
+      if (n === 0) { if (part) node.appendChild(document.createTextNode(part)); return; }
+      var close = part.indexOf(TK_CLOSE);
+      var token = close < 0 ? part : part.slice(0, close), rest = close < 0 ? "" : part.slice(close + 1);
+      node.appendChild(el("bdi", null, token));
+      if (rest) node.appendChild(document.createTextNode(rest));
+    });
+    return node;
+  }
+  // A localized message whose {token-like} arguments are isolated: msgRich(node, key, {q: tk(token), i: 3}).
+  function msgRich(node, key, args) { return rich(node, msg(key, args)); }
   function clone(m) { return m.map(function (r) { return r.slice(); }); }
   function zeros(n, m) { var out = []; for (var i = 0; i < n; i++) { out.push(new Array(m).fill(0)); } return out; }
 
@@ -251,9 +271,9 @@
   // ------------------------------------------------------------------ rendering
   var arith = document.getElementById("arith");
   function explainOn(node, text) {
-    node.title = text;
-    node.addEventListener("mouseenter", function () { arith.textContent = text; });
-    node.addEventListener("focus", function () { arith.textContent = text; });
+    node.title = plain(text);
+    node.addEventListener("mouseenter", function () { rich(arith, text); });
+    node.addEventListener("focus", function () { rich(arith, text); });
   }
 
   // A table: caption, column header, one row per token. cell(i, j, td) fills each data cell.
@@ -265,13 +285,13 @@
     t.appendChild(cap);
     var thead = el("thead"), hr = el("tr");
     hr.appendChild(el("th"));
-    colLabels.forEach(function (c, j) { hr.appendChild(el("th", { "data-testid": name + "-col-" + j }, c)); });
+    colLabels.forEach(function (c, j) { hr.appendChild(el("th", { "data-testid": name + "-col-" + j }, plain(c))); });
     thead.appendChild(hr);
     t.appendChild(thead);
     var tbody = el("tbody");
     rowLabels.forEach(function (r, i) {
       var tr = el("tr");
-      tr.appendChild(el("th", { "scope": "row", "data-testid": name + "-row-" + i }, r));
+      tr.appendChild(el("th", { "scope": "row", "data-testid": name + "-row-" + i }, plain(r)));
       colLabels.forEach(function (_, j) {
         var td = el("td");
         cell(i, j, td);
@@ -398,7 +418,7 @@
   function renderResults() {
     var r = compute(state), box = document.getElementById("results");
     box.textContent = "";
-    var toks = state.tokens, ktoks = keyTokens(), H = state.heads, E = r.E, Ev = r.Ev;
+    var toks = state.tokens.map(tk), ktoks = keyTokens().map(tk), H = state.heads, E = r.E, Ev = r.Ev;
     var xkv = state.X_kv ? "X_kv" : "X";
     function projection(name, src, W, M, width) {
       return table(name, name, name + " = " + (name === "Q" ? "X" : xkv) + " · W_" + name,
@@ -529,36 +549,383 @@
   }
   function renderAll() { renderControls(); renderInputs(); update(); }
 
-  // ------------------------------------------------------------------ model view
-  function renderModel(M) {
-    var sec = document.getElementById("model");
+  // ------------------------------------------------------------------ maps: attention weights at any size
+  // page.py's MapSet: one base64 blob per map (rANS-coded bit lengths in the context (cell above, cell to the
+  // left), then the raw bits), one frequency table per group of maps. decodeMap gives the exact integers k of
+  // a map (weight = k / 10^digits, the weight qkv computed rounded to those digits); nothing is approximated.
+  function b64bytes(s) {
+    var bin = atob(s), n = bin.length, out = new Uint8Array(n);
+    for (var i = 0; i < n; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+  function decodeMap(blob, t, rows, cols, causal, ns) {
+    var u8 = b64bytes(blob);
+    var nw = (u8[0] | (u8[1] << 8) | (u8[2] << 16)) + u8[3] * 16777216;
+    var w = 4, rawAt = 4 + 2 * nw, bit = 0, f = t.f, cum = t.cum, lut = t.lut;
+    var K = new Uint16Array(rows * cols), B = new Uint8Array(rows * cols);
+    for (var i = 0; i < rows; i++) {
+      var n = causal ? Math.min(cols, i + 1) : cols, base = i * cols;
+      var x = (u8[w] | (u8[w + 1] << 8)) * 65536 + (u8[w + 2] | (u8[w + 3] << 8));
+      w += 4;
+      for (var j = 0; j < n; j++) {
+        var c = (i > 0 ? B[base - cols + j] : 0) * ns + (j > 0 ? B[base + j - 1] : 0);
+        var slot = x & 4095, s = lut[c * 4096 + slot], fi = c * ns + s;
+        x = f[fi] * (x >>> 12) + slot - cum[fi];
+        if (x < 65536) { x = x * 65536 + (u8[w] | (u8[w + 1] << 8)); w += 2; }
+        var k = s;
+        if (s >= 2) {
+          var v = 0;
+          for (var b = 1; b < s; b++) { v = (v << 1) | ((u8[rawAt + (bit >> 3)] >> (7 - (bit & 7))) & 1); bit++; }
+          k = (1 << (s - 1)) + v;
+        }
+        K[base + j] = k;
+        B[base + j] = s;
+      }
+    }
+    return K;
+  }
+  // The maps of one MapSet, decoded when first shown (the last few kept).
+  function MapStore(set) { this.set = set; this.tables = []; this.cache = {}; this.recent = []; }
+  MapStore.prototype.count = function () { return this.set.blobs.length; };
+  MapStore.prototype.shape = function (m) { return this.set.shapes[m]; };
+  MapStore.prototype.causal = function (m) { return !!this.set.causal[m]; };
+  MapStore.prototype.table = function (g) {
+    if (this.tables[g]) return this.tables[g];
+    var ns = this.set.ns, u8 = b64bytes(this.set.tables[g]), n = u8.length >> 1, nctx = n / ns;
+    var f = new Uint16Array(n), cum = new Uint16Array(n), lut = new Uint8Array(nctx * 4096);
+    for (var i = 0; i < n; i++) f[i] = u8[2 * i] | (u8[2 * i + 1] << 8);
+    for (var c = 0; c < nctx; c++) {
+      var acc = 0;
+      for (var s = 0; s < ns; s++) {
+        cum[c * ns + s] = acc;
+        lut.fill(s, c * 4096 + acc, c * 4096 + acc + f[c * ns + s]);
+        acc += f[c * ns + s];
+      }
+    }
+    return (this.tables[g] = { f: f, cum: cum, lut: lut });
+  };
+  MapStore.prototype.get = function (m) {
+    if (!this.cache[m]) {
+      var sh = this.set.shapes[m];
+      this.cache[m] = decodeMap(this.set.blobs[m], this.table(this.set.table_of[m]), sh[0], sh[1],
+                                !!this.set.causal[m], this.set.ns);
+      this.recent.push(m);
+      if (this.recent.length > 12) delete this.cache[this.recent.shift()];
+    }
+    return this.cache[m];
+  };
+  // k / 10^digits with exactly `digits` decimals ("0.005", "1.000"): the stored integer, written out.
+  function kText(k, digits) {
+    var s = String(k);
+    while (s.length <= digits) s = "0" + s;
+    return s.slice(0, s.length - digits) + "." + s.slice(s.length - digits);
+  }
+  var ACCENT = [37, 99, 235], MASKED = [226, 230, 235];
+  function colourTable(top, gamma) {            // 0 … top → white … accent, linear or √ (faint weights)
+    var out = new Uint8Array(3 * (top + 1));
+    for (var k = 0; k <= top; k++) {
+      var t = gamma ? Math.sqrt(k / top) : k / top;
+      for (var c = 0; c < 3; c++) out[3 * k + c] = Math.round(255 + t * (ACCENT[c] - 255));
+    }
+    return out;
+  }
+  // A label for the canvas: line breaks and tabs drawn as ↵ and ⇥, a blank token as ␣, long ones cut.
+  function shortLabel(s) {
+    s = String(s).replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u21e5");
+    if (!s.trim()) s = s.length > 1 ? "\u2423\u00d7" + s.length : "\u2423";
+    s = s.replace(/\s+/g, " ");
+    return s.length > 12 ? s.slice(0, 11) + "\u2026" : s;
+  }
+
+  // A heatmap on <canvas> for one map of any size: hover (or the arrow keys) shows the exact weight of the cell
+  // under the pointer; drag a rectangle to zoom into a region, the wheel zooms around the pointer, double-click
+  // (or "whole map") shows it all again. Cells smaller than a pixel are max-pooled (said in the hover line).
+  function MapView(opts) {
+    var self = this, id = opts.testid;
+    this.opts = opts;
+    this.box = el("div", { "class": "mapview", "data-testid": id });
+    var bar = el("div", { "class": "tabs mapbar" });
+    function button(key, testid, fn) {
+      var b = el("button", { "type": "button", "data-testid": id + "-" + testid }, msg(key));
+      b.addEventListener("click", fn);
+      bar.appendChild(b);
+    }
+    button("page.zoom_in", "zoom-in", function () { self.zoom(0.5); });
+    button("page.zoom_out", "zoom-out", function () { self.zoom(2); });
+    button("page.zoom_reset", "reset", function () { self.reset(); });
+    var scale = el("select", { "data-testid": id + "-scale", "aria-label": msg("page.scale_label") });
+    scale.appendChild(el("option", { "value": "linear" }, msg("page.scale_linear")));
+    scale.appendChild(el("option", { "value": "sqrt" }, msg("page.scale_sqrt")));
+    scale.addEventListener("change", function () { self.gamma = scale.value === "sqrt"; self.lut = null; self.draw(); });
+    var lab = el("label", null, msg("page.scale_label"));
+    lab.appendChild(scale);
+    bar.appendChild(lab);
+    this.region = el("span", { "class": "note", "data-testid": id + "-region" });
+    bar.appendChild(this.region);
+    this.box.appendChild(bar);
+    var wrap = el("div", { "class": "mapwrap" });
+    this.canvas = el("canvas", { "data-testid": id + "-canvas", "tabindex": "0", "role": "img" });
+    this.overlay = el("canvas", { "class": "overlay", "aria-hidden": "true" });
+    wrap.appendChild(this.canvas);
+    wrap.appendChild(this.overlay);
+    this.box.appendChild(wrap);
+    this.hover = el("p", { "class": "maphover", "data-testid": id + "-hover", "aria-live": "polite" });
+    this.box.appendChild(this.hover);
+    this.box.appendChild(el("p", { "class": "note" }, msg("page.map_help", { digits: opts.digits })));
+    this.off = document.createElement("canvas");
+    this.gamma = false;
+    this.cursor = null;
+    this.drag = null;
+    var c = this.canvas;
+    c.addEventListener("mousemove", function (e) {
+      var cell = self.cellAt(e);
+      if (self.drag) { self.drag.to = [e.offsetX, e.offsetY]; self.drawOverlay(); }
+      if (cell) { self.cursor = cell; self.showCell(cell[0], cell[1]); if (!self.drag) self.drawOverlay(); }
+    });
+    c.addEventListener("mousedown", function (e) {
+      if (e.button !== 0) return;
+      var cell = self.cellAt(e);
+      if (cell) self.drag = { from: [e.offsetX, e.offsetY], to: [e.offsetX, e.offsetY], cell: cell };
+    });
+    c.addEventListener("mouseup", function (e) {
+      var d = self.drag;
+      self.drag = null;
+      if (!d) return;
+      var end = self.cellAt(e, true);
+      if (Math.abs(e.offsetX - d.from[0]) + Math.abs(e.offsetY - d.from[1]) > 6 && end) {
+        self.setView(Math.min(d.cell[0], end[0]), Math.max(d.cell[0], end[0]) + 1,
+                     Math.min(d.cell[1], end[1]), Math.max(d.cell[1], end[1]) + 1);
+      } else if (end && self.opts.onPick) {
+        self.opts.onPick(end[0], end[1]);
+      }
+      self.drawOverlay();
+    });
+    c.addEventListener("mouseleave", function () { self.drag = null; self.drawOverlay(); });
+    c.addEventListener("dblclick", function () { self.reset(); });
+    c.addEventListener("wheel", function (e) {
+      var cell = self.cellAt(e);
+      if (!cell) return;
+      e.preventDefault();
+      self.zoom(e.deltaY < 0 ? 0.8 : 1.25, cell);
+    }, { passive: false });
+    c.addEventListener("keydown", function (e) {
+      var cur = self.cursor || [self.view.r0, self.view.c0], i = cur[0], j = cur[1];
+      if (e.key === "ArrowUp") i--; else if (e.key === "ArrowDown") i++;
+      else if (e.key === "ArrowLeft") j--; else if (e.key === "ArrowRight") j++;
+      else if (e.key === "+" || e.key === "=") { self.zoom(0.5, cur); e.preventDefault(); return; }
+      else if (e.key === "-") { self.zoom(2, cur); e.preventDefault(); return; }
+      else if (e.key === "0") { self.reset(); e.preventDefault(); return; }
+      else if ((e.key === "Enter" || e.key === " ") && self.opts.onPick) { self.opts.onPick(i, j); e.preventDefault(); return; }
+      else return;
+      e.preventDefault();
+      i = Math.max(0, Math.min(self.rows - 1, i));
+      j = Math.max(0, Math.min(self.cols - 1, j));
+      var v = self.view;                      // keep the cursor in view
+      if (i < v.r0 || i >= v.r1 || j < v.c0 || j >= v.c1) {
+        var R = v.r1 - v.r0, C = v.c1 - v.c0;
+        var r0 = i < v.r0 ? i : (i >= v.r1 ? i - R + 1 : v.r0), c0 = j < v.c0 ? j : (j >= v.c1 ? j - C + 1 : v.c0);
+        self.setView(r0, r0 + R, c0, c0 + C);
+      }
+      self.cursor = [i, j];
+      self.showCell(i, j);
+      self.drawOverlay();
+    });
+  }
+  // K: the decoded map (rows × cols, row-major); rowLabel(i), colLabel(j): the labels; where: e.g. "layer 2, head 5".
+  MapView.prototype.show = function (K, rows, cols, causal, rowLabel, colLabel, where) {
+    var sameShape = this.K && this.rows === rows && this.cols === cols;
+    this.K = K; this.rows = rows; this.cols = cols; this.causal = causal;
+    this.rowLabel = rowLabel; this.colLabel = colLabel; this.where = where;
+    this.canvas.setAttribute("aria-label", msg("page.heatmap_label", { where: where, rows: rows, cols: cols }));
+    if (!sameShape) {
+      var W = this.opts.width || 780, PW = W - 110, PH = Math.round(Math.max(140, Math.min(620, PW * rows / cols)));
+      if (rows <= 40 && cols <= 40) PH = Math.round(Math.max(60, Math.min(PH, rows * 28)));
+      this.PW = PW; this.PH = PH; this.ML = 96; this.MT = 70;
+      var cw = this.ML + PW + 10, ch = this.MT + PH + 10, dpr = window.devicePixelRatio || 1;
+      [this.canvas, this.overlay].forEach(function (cv) {
+        cv.width = Math.round(cw * dpr); cv.height = Math.round(ch * dpr);
+        cv.style.width = cw + "px"; cv.style.height = ch + "px";
+      });
+      this.dpr = dpr;
+      this.view = { r0: 0, r1: rows, c0: 0, c1: cols };
+      this.cursor = null;
+    }
+    this.draw();
+    var cur = this.cursor || [Math.min(rows - 1, this.opts.startRow || 0), 0];
+    this.showCell(cur[0], cur[1]);
+  };
+  MapView.prototype.stored = function (i) { return this.causal ? Math.min(this.cols, i + 1) : this.cols; };
+  MapView.prototype.cellAt = function (e, clamp) {
+    var x = e.offsetX - this.ML, y = e.offsetY - this.MT, v = this.view;
+    if (!clamp && (x < 0 || y < 0 || x > this.PW || y > this.PH)) return null;   // the edges' pixels count
+    x = Math.max(0, Math.min(this.PW - 0.001, x)); y = Math.max(0, Math.min(this.PH - 0.001, y));
+    return [v.r0 + Math.floor(y / this.PH * (v.r1 - v.r0)), v.c0 + Math.floor(x / this.PW * (v.c1 - v.c0))];
+  };
+  MapView.prototype.setView = function (r0, r1, c0, c1) {
+    var R = Math.max(1, Math.min(this.rows, r1 - r0)), C = Math.max(1, Math.min(this.cols, c1 - c0));
+    r0 = Math.max(0, Math.min(this.rows - R, r0)); c0 = Math.max(0, Math.min(this.cols - C, c0));
+    this.view = { r0: r0, r1: r0 + R, c0: c0, c1: c0 + C };
+    this.draw();
+  };
+  MapView.prototype.zoom = function (factor, at) {
+    var v = this.view, R = v.r1 - v.r0, C = v.c1 - v.c0;
+    var i = at ? at[0] : v.r0 + R / 2, j = at ? at[1] : v.c0 + C / 2;
+    var R2 = Math.max(1, Math.round(R * factor)), C2 = Math.max(1, Math.round(C * factor));
+    var r0 = Math.round(i - (i - v.r0) * R2 / R), c0 = Math.round(j - (j - v.c0) * C2 / C);
+    this.setView(r0, r0 + R2, c0, c0 + C2);
+  };
+  MapView.prototype.reset = function () { this.setView(0, this.rows, 0, this.cols); };
+  MapView.prototype.pooling = function () {
+    var v = this.view, d = this.dpr;
+    return [Math.max(1, Math.ceil((v.r1 - v.r0) / Math.round(this.PH * d))),
+            Math.max(1, Math.ceil((v.c1 - v.c0) / Math.round(this.PW * d)))];
+  };
+  MapView.prototype.draw = function () {
+    var v = this.view, R = v.r1 - v.r0, C = v.c1 - v.c0, K = this.K, cols = this.cols, digits = this.opts.digits;
+    var top = Math.pow(10, digits);
+    if (!this.lut) this.lut = colourTable(top, this.gamma);
+    var lut = this.lut, pool = this.pooling(), fr = pool[0], fc = pool[1];
+    var ih = Math.ceil(R / fr), iw = Math.ceil(C / fc), img = new ImageData(iw, ih), px = img.data;
+    for (var y = 0; y < ih; y++) {
+      var ia = v.r0 + y * fr, ib = Math.min(v.r1, ia + fr);
+      for (var x = 0; x < iw; x++) {
+        var ja = v.c0 + x * fc, jb = Math.min(v.c1, ja + fc), best = -1;
+        for (var i = ia; i < ib; i++) {
+          var n = Math.min(jb, this.stored(i)), base = i * cols;
+          for (var j = ja; j < n; j++) { var kk = K[base + j]; if (kk > best) best = kk; }
+        }
+        var p = (y * iw + x) * 4;
+        if (best < 0) { px[p] = MASKED[0]; px[p + 1] = MASKED[1]; px[p + 2] = MASKED[2]; }
+        else { px[p] = lut[3 * best]; px[p + 1] = lut[3 * best + 1]; px[p + 2] = lut[3 * best + 2]; }
+        px[p + 3] = 255;
+      }
+    }
+    this.off.width = iw; this.off.height = ih;
+    this.off.getContext("2d").putImageData(img, 0, 0);
+    var ctx = this.canvas.getContext("2d"), ML = this.ML, MT = this.MT, PW = this.PW, PH = this.PH;
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.clearRect(0, 0, this.canvas.width, this.canvas.height);
+    ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+    ctx.save();
+    ctx.beginPath(); ctx.rect(ML, MT, PW, PH); ctx.clip();
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(this.off, 0, 0, iw, ih, ML, MT, PW * iw * fc / C, PH * ih * fr / R);
+    var cw = PW / C, chh = PH / R;
+    if (cw >= 10 && chh >= 10) {                  // cell borders, and the numbers where they fit
+      ctx.strokeStyle = "rgba(255, 255, 255, 0.9)"; ctx.lineWidth = 1;
+      for (var a = 0; a <= R; a++) { ctx.beginPath(); ctx.moveTo(ML, MT + a * chh); ctx.lineTo(ML + PW, MT + a * chh); ctx.stroke(); }
+      for (a = 0; a <= C; a++) { ctx.beginPath(); ctx.moveTo(ML + a * cw, MT); ctx.lineTo(ML + a * cw, MT + PH); ctx.stroke(); }
+      if (cw >= 36 && chh >= 14) {
+        ctx.font = Math.min(13, Math.floor(chh * 0.6)) + "px sans-serif";
+        ctx.textAlign = "center"; ctx.textBaseline = "middle";
+        for (i = v.r0; i < v.r1; i++) {
+          for (j = v.c0; j < Math.min(v.c1, this.stored(i)); j++) {
+            var kv = K[i * cols + j];
+            ctx.fillStyle = kv > top * 0.55 ? "#ffffff" : "#1f2933";
+            ctx.fillText(kText(kv, digits), ML + (j - v.c0 + 0.5) * cw, MT + (i - v.r0 + 0.5) * chh);
+          }
+        }
+      }
+    }
+    ctx.restore();
+    // Labels, thinned to what fits; each drawn by itself (a bidi control in one cannot move another).
+    ctx.fillStyle = "#616e7c"; ctx.font = "11px sans-serif";
+    ctx.textAlign = "right"; ctx.textBaseline = "middle";
+    var step = Math.max(1, Math.ceil(13 / chh));
+    for (i = Math.ceil(v.r0 / step) * step; i < v.r1; i += step) {
+      ctx.fillText(shortLabel(this.rowLabel(i)), ML - 4, MT + (i - v.r0 + 0.5) * chh, ML - 8);
+    }
+    step = Math.max(1, Math.ceil(13 / cw));
+    ctx.textAlign = "left";
+    for (j = Math.ceil(v.c0 / step) * step; j < v.c1; j += step) {
+      ctx.save();
+      ctx.translate(ML + (j - v.c0 + 0.5) * cw, MT - 4);
+      ctx.rotate(-Math.PI / 3);
+      ctx.fillText(shortLabel(this.colLabel(j)), 0, 0, 80);
+      ctx.restore();
+    }
+    ctx.strokeStyle = "#cbd2d9"; ctx.strokeRect(ML - 0.5, MT - 0.5, PW + 1, PH + 1);
+    this.canvas.setAttribute("data-view", [v.r0, v.r1, v.c0, v.c1].join(" "));
+    this.canvas.setAttribute("data-plot", [ML, MT, PW, PH].join(" "));   // where the cells are (CSS px)
+    this.canvas.setAttribute("data-pool", fr + " " + fc);
+    this.region.textContent = msg("page.map_region", { r0: v.r0, r1: v.r1 - 1, c0: v.c0, c1: v.c1 - 1,
+                                                        rows: this.rows, cols: this.cols });
+    this.drawOverlay();
+  };
+  MapView.prototype.drawOverlay = function () {
+    var ctx = this.overlay.getContext("2d"), v = this.view;
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.clearRect(0, 0, this.overlay.width, this.overlay.height);
+    ctx.setTransform(this.dpr, 0, 0, this.dpr, 0, 0);
+    var cw = this.PW / (v.c1 - v.c0), chh = this.PH / (v.r1 - v.r0);
+    if (this.drag) {
+      var a = this.drag.from, b = this.drag.to;
+      ctx.strokeStyle = "#c81e1e"; ctx.lineWidth = 1.5; ctx.setLineDash([4, 3]);
+      ctx.strokeRect(Math.min(a[0], b[0]), Math.min(a[1], b[1]), Math.abs(b[0] - a[0]), Math.abs(b[1] - a[1]));
+    } else if (this.cursor && this.cursor[0] >= v.r0 && this.cursor[0] < v.r1 && this.cursor[1] >= v.c0 && this.cursor[1] < v.c1) {
+      ctx.strokeStyle = "#c81e1e"; ctx.lineWidth = 1.5; ctx.setLineDash([]);
+      ctx.strokeRect(this.ML + (this.cursor[1] - v.c0) * cw - 1, this.MT + (this.cursor[0] - v.r0) * chh - 1,
+                     Math.max(2, cw) + 2, Math.max(2, chh) + 2);
+    }
+  };
+  // The hover line: which cell, and its weight exactly to the digits shown.
+  MapView.prototype.showCell = function (i, j) {
+    var stored = j < this.stored(i), k = stored ? this.K[i * this.cols + j] : null, pool = this.pooling();
+    var args = { where: this.where, i: i, j: j, q: tk(this.rowLabel(i)), k: tk(this.colLabel(j)),
+                 w: stored ? kText(k, this.opts.digits) : "" };
+    var text = msg(stored ? "page.map_hover" : "page.map_hover_masked", args);
+    if (pool[0] * pool[1] > 1) text += msg("page.map_pooled", { n: pool[0] * pool[1] });
+    rich(this.hover, text);
+    this.hover.setAttribute("data-i", String(i));
+    this.hover.setAttribute("data-j", String(j));
+    this.hover.setAttribute("data-w", stored ? kText(k, this.opts.digits) : "");
+  };
+
+  // Thumbnails: the max-pooled pictures page.py stored with the maps (uint8, 255 = weight 1).
+  function drawThumb(canvas, bytes, offset, shape, lut, top) {
+    var tr = shape[0], tc = shape[1];
+    canvas.width = tc; canvas.height = tr;
+    var img = new ImageData(tc, tr), px = img.data;
+    for (var p = 0; p < tr * tc; p++) {
+      var k = Math.round(bytes[offset + p] * top / 255);
+      px[4 * p] = lut[3 * k]; px[4 * p + 1] = lut[3 * k + 1]; px[4 * p + 2] = lut[3 * k + 2]; px[4 * p + 3] = 255;
+    }
+    canvas.getContext("2d").putImageData(img, 0, 0);
+  }
+
+  // ------------------------------------------------------------------ model view (and a large worked example)
+  function renderAtlas(M, sec, kind) {
     sec.hidden = false;
-    sec.appendChild(el("h2", null, msg("page.model_title", { name: M.name })));
-    var p = el("p", { "class": "note", "data-testid": "model-text" });
-    p.textContent = msg("page.sentence", { text: M.text });
-    sec.appendChild(p);
-    sec.appendChild(el("p", { "class": "note" }, msg("page.model_note")));
-    var T = M.tokens.length, sel = { layer: 0, head: 0 };
-    var grid = el("table", { "class": "grid", "data-testid": "model-grid" });
+    var store = new MapStore(M.maps), L = M.layers, H = M.heads, T = M.T, digits = M.maps.digits;
+    var rowToks = M.tokens, colToks = M.kv_tokens || M.tokens, small = !!M.attentions;
+    sec.appendChild(el("h2", null, kind === "example" ? msg("page.example_title", { title: M.name })
+                                                      : msg("page.model_title", { name: M.name })));
+    if (M.text) {
+      sec.appendChild(msgRich(el("p", { "class": "note", "data-testid": "model-text" }), "page.sentence", { text: tk(M.text) }));
+    }
+    sec.appendChild(el("p", { "class": "note" }, msg(kind === "example" ? "page.example_note"
+                                                     : (small ? "page.model_note" : "page.model_note_canvas"))));
+    sec.appendChild(el("p", { "class": "note", "data-testid": kind + "-size" },
+                       msg("page.model_size", { tokens: T, layers: L, heads: H, maps: store.count() })));
+    if (M.decoder) sec.appendChild(el("p", { "class": "note" }, msg("page.decoder_note", { heads: H, kv: M.kv_heads })));
+    var sel = { layer: 0, head: 0 }, thumbs = [], top = Math.pow(10, digits), lut = colourTable(top, false);
+    var grid = el("table", { "class": "grid", "data-testid": kind === "example" ? "example-grid" : "model-grid" });
     var hr = el("tr"); hr.appendChild(el("th"));
-    for (var h = 0; h < M.heads; h++) hr.appendChild(el("th", null, msg("page.head", { h: h })));
+    for (var h = 0; h < H; h++) hr.appendChild(el("th", null, msg("page.head", { h: h })));
     grid.appendChild(hr);
-    var thumbs = [];
-    for (var l = 0; l < M.layers; l++) {
-      var tr = el("tr"); tr.appendChild(el("th", null, msg("page.layer", { l: l })));
-      for (h = 0; h < M.heads; h++) {
+    var tbytes = M.maps.thumbs ? b64bytes(M.maps.thumbs) : null, toff = 0;
+    for (var l = 0; l < L; l++) {
+      var tr = el("tr");
+      tr.appendChild(el("th", null, kind === "example" ? "" : msg("page.layer", { l: l })));
+      for (h = 0; h < H; h++) {
         (function (l, h) {
-          var b = el("button", { "type": "button", "class": "thumb", "data-testid": "thumb-" + l + "-" + h,
+          var prefix = kind === "example" ? "example-thumb-" : "thumb-";
+          var b = el("button", { "type": "button", "class": "thumb", "data-testid": prefix + l + "-" + h,
                                  "aria-label": msg("page.layer_head", { layer: l, head: h }),
                                  "title": msg("page.layer_head", { layer: l, head: h }) });
-          var cv = el("canvas", { "width": String(T), "height": String(T) });
-          var ctx = cv.getContext("2d"), A = M.attentions[l][h];
-          for (var i = 0; i < T; i++) {
-            for (var j = 0; j < T; j++) {
-              ctx.fillStyle = "rgba(37, 99, 235, " + Math.max(0, Math.min(1, A[i][j])) + ")";
-              ctx.fillRect(j, i, 1, 1);
-            }
-          }
+          var cv = el("canvas");
+          var m = l * H + h;
+          if (tbytes) { drawThumb(cv, tbytes, toff, M.maps.thumb_shapes[m], lut, top); toff += M.maps.thumb_shapes[m][0] * M.maps.thumb_shapes[m][1]; }
           b.appendChild(cv);
           b.addEventListener("click", function () { sel.layer = l; sel.head = h; show(); });
           thumbs.push(b);
@@ -568,45 +935,133 @@
       grid.appendChild(tr);
     }
     sec.appendChild(grid);
-    var heading = el("h3", { "data-testid": "model-selected" });
+    var heading = el("h3", { "data-testid": kind === "example" ? "example-selected" : "model-selected" });
     sec.appendChild(heading);
+    var view = new MapView({ testid: kind === "example" ? "example-map" : "model-map", digits: digits });
+    sec.appendChild(view.box);
     var views = el("div", { "class": "model-views" });
     sec.appendChild(views);
 
     function show() {
-      thumbs.forEach(function (b) { b.setAttribute("aria-pressed", String(b.getAttribute("data-testid") === "thumb-" + sel.layer + "-" + sel.head)); });
-      heading.textContent = msg("page.layer_head", { layer: sel.layer, head: sel.head });
+      var m = sel.layer * H + sel.head, where = msg("page.layer_head", { layer: sel.layer, head: sel.head });
+      thumbs.forEach(function (b, n) { b.setAttribute("aria-pressed", String(n === m)); });
+      heading.textContent = where;
+      var K = store.get(m), sh = store.shape(m), causal = store.causal(m);
+      view.show(K, sh[0], sh[1], causal, function (i) { return rowToks[i]; }, function (j) { return colToks[j]; }, where);
       views.textContent = "";
-      var A = M.attentions[sel.layer][sel.head];
-      // Lines: query tokens on the left, key tokens on the right, opacity = weight.
-      var rowH = 22, width = 360, height = T * rowH + 10;
+      if (small) smallViews(K, sh[0], sh[1], causal, M.attentions[sel.layer][sel.head], where);
+    }
+    // Small texts: lines between the tokens (opacity and width = weight) and the table of numbers.
+    function smallViews(K, R, C, causal, A, where) {
+      var rowH = 22, width = 360, height = Math.max(R, C) * rowH + 10;
       var svg = svgEl("svg", { "class": "lines", "width": String(width), "height": String(height),
                                "viewBox": "0 0 " + width + " " + height, "data-testid": "model-lines",
                                "role": "img", "aria-label": msg("page.lines_label", { layer: sel.layer, head: sel.head }) });
-      for (var i = 0; i < T; i++) {
-        for (var j = 0; j < T; j++) {
+      for (var i = 0; i < R; i++) {
+        for (var j = 0; j < C; j++) {
           var w = A[i][j];
           var line = svgEl("line", { "x1": "110", "y1": String(12 + i * rowH), "x2": String(width - 110), "y2": String(12 + j * rowH),
                                      "stroke-opacity": String(Math.max(0, Math.min(1, w))), "stroke-width": String(0.5 + 3 * w),
                                      "data-testid": "line-" + i + "-" + j, "data-weight": String(w) });
-          line.appendChild(svgEl("title", {}, M.tokens[i] + " → " + M.tokens[j] + ": " + num(w)));
+          line.appendChild(svgEl("title", {}, rowToks[i] + " \u2192 " + colToks[j] + ": " +
+                                 (j < (causal ? Math.min(C, i + 1) : C) ? kText(K[i * C + j], digits) : "0")));
           svg.appendChild(line);
         }
       }
-      for (i = 0; i < T; i++) {
-        svg.appendChild(svgEl("text", { "x": "104", "y": String(16 + i * rowH), "text-anchor": "end", "data-testid": "line-query-" + i }, M.tokens[i]));
-        svg.appendChild(svgEl("text", { "x": String(width - 104), "y": String(16 + i * rowH), "data-testid": "line-key-" + i }, M.tokens[i]));
-      }
+      for (i = 0; i < R; i++) svg.appendChild(svgEl("text", { "x": "104", "y": String(16 + i * rowH), "text-anchor": "end", "data-testid": "line-query-" + i }, rowToks[i]));
+      for (j = 0; j < C; j++) svg.appendChild(svgEl("text", { "x": String(width - 104), "y": String(16 + j * rowH), "data-testid": "line-key-" + j }, colToks[j]));
       views.appendChild(svg);
-      var saved = DIGITS;
-      DIGITS = M.digits || 3;
-      views.appendChild(table("attn", msg("page.attn_caption"), msg("page.layer_head", { layer: sel.layer, head: sel.head }), M.tokens, M.tokens, function (i, j, td) {
-        numberCell(td, A[i][j], M.tokens[i] + " → " + M.tokens[j] + ": " + num(A[i][j]));
-        td.style.backgroundColor = "rgba(37, 99, 235, " + Math.max(0, Math.min(1, A[i][j])) * 0.55 + ")";
+      views.appendChild(table("attn", msg("page.attn_caption"), where, rowToks.map(tk), colToks.map(tk), function (i, j, td) {
+        var stored = j < (causal ? Math.min(C, i + 1) : C), k = stored ? K[i * C + j] : 0;
+        td.textContent = kText(k, digits);
+        td.tabIndex = 0;
+        explainOn(td, tk(rowToks[i]) + " \u2192 " + tk(colToks[j]) + ": " + kText(k, digits));
+        td.style.backgroundColor = "rgba(37, 99, 235, " + (k / top) * 0.55 + ")";
       }));
-      DIGITS = saved;
     }
     show();
+  }
+
+  // ------------------------------------------------------------------ generation view
+  // Step through the generated tokens; for each, its attention over the earlier tokens in every layer and head
+  // (the map's rows), exact on hover; pick a row to colour the tokens by that layer and head.
+  function renderGeneration(G) {
+    var sec = document.getElementById("generation");
+    sec.hidden = false;
+    var store = new MapStore(G.steps), L = G.layers, H = G.heads, P = G.prompt_len, N = store.count();
+    var toks = G.tokens, digits = G.steps.digits, top = Math.pow(10, digits);
+    sec.appendChild(el("h2", null, msg("page.gen_title", { name: G.name })));
+    sec.appendChild(msgRich(el("p", { "class": "note", "data-testid": "gen-prompt" }), "page.gen_prompt", { text: tk(G.prompt) }));
+    sec.appendChild(msgRich(el("p", { "class": "note", "data-testid": "gen-text" }),
+                            G.finish === "eos" ? "page.gen_text_eos" : "page.gen_text_length", { text: tk(G.text), n: N }));
+    sec.appendChild(el("p", { "class": "note" }, msg("page.gen_note", { n: N, p: P })));
+    var bar = el("div", { "class": "tabs" });
+    var prev = el("button", { "type": "button", "data-testid": "gen-prev" }, msg("page.gen_prev"));
+    var range = el("input", { "type": "range", "min": "0", "max": String(N - 1), "value": "0", "data-testid": "gen-step",
+                              "aria-label": msg("page.gen_step_label") });
+    var next = el("button", { "type": "button", "data-testid": "gen-next" }, msg("page.gen_next"));
+    var label = el("span", { "data-testid": "gen-label" });
+    [prev, range, next, label].forEach(function (n) { bar.appendChild(n); });
+    sec.appendChild(bar);
+    var line = el("p", { "class": "gen-tokens", "data-testid": "gen-tokens" });
+    var chips = toks.map(function (t, j) {
+      var c = el("bdi", { "class": "chip" + (j >= P ? " gen" : ""), "data-testid": "gen-tok-" + j }, t);
+      line.appendChild(c);
+      return c;
+    });
+    sec.appendChild(line);
+    var selected = el("p", { "class": "note", "data-testid": "gen-selected" });
+    sec.appendChild(selected);
+    var state = { step: 0, row: 0 };
+    var view = new MapView({ testid: "gen-map", digits: digits, onPick: function (i) { state.row = i; colour(); } });
+    sec.appendChild(view.box);
+    function rowLabel(i) { return msg("page.layer_head_short", { layer: Math.floor(i / H), head: i % H }); }
+    function colour() {
+      var K = store.get(state.step), C = P + state.step + 1, where = msg("page.layer_head", { layer: Math.floor(state.row / H), head: state.row % H });
+      selected.textContent = msg("page.gen_selected", { where: where });
+      chips.forEach(function (c, j) {
+        c.classList.toggle("current", j === C - 1);
+        c.classList.toggle("future", j >= C);
+        if (j < C) {
+          var k = K[state.row * C + j];
+          c.style.backgroundColor = "rgba(37, 99, 235, " + (0.08 + 0.8 * k / top) + ")";
+          c.title = msg("page.gen_chip", { where: where, w: kText(k, digits) });
+          c.setAttribute("data-w", kText(k, digits));
+        } else {
+          c.style.backgroundColor = "";
+          c.title = "";
+          c.removeAttribute("data-w");
+        }
+      });
+    }
+    function go(s) {
+      state.step = Math.max(0, Math.min(N - 1, s));
+      range.value = String(state.step);
+      var C = P + state.step + 1;
+      label.textContent = "";
+      msgRich(label, "page.gen_step", { s: state.step + 1, n: N, token: tk(toks[C - 1]) });
+      view.show(store.get(state.step), L * H, C, false, rowLabel, function (j) { return toks[j]; },
+                msg("page.gen_where", { s: state.step + 1 }));
+      colour();
+    }
+    prev.addEventListener("click", function () { go(state.step - 1); });
+    next.addEventListener("click", function () { go(state.step + 1); });
+    range.addEventListener("input", function () { go(Number(range.value)); });
+    go(0);
+  }
+
+  function renderNotices(list) {
+    var box = document.getElementById("notices");
+    (list || []).forEach(function (n, i) {
+      box.appendChild(el("p", { "class": "warn notice", "data-testid": "notice-" + i, "role": "status" }, msg(n.key, n.args)));
+    });
+  }
+  // One view failing (a browser out of memory, say) says so on the page; the others still work.
+  function guarded(fn, name) {
+    try { fn(); } catch (err) {
+      renderNotices([{ key: "page.view_failed", args: { view: name, error: String(err && err.message || err) } }]);
+      if (window.console) console.error(err);
+    }
   }
 
   // ------------------------------------------------------------------ start
@@ -618,8 +1073,19 @@
   setText("#arith", msg("page.hover"));
   var generator = document.querySelector('meta[name="generator"]');
   setText("footer", msg("page.footer", { version: generator ? generator.getAttribute("content").replace(/^qkv /, "") : "" }));
+  renderNotices(DATA.notices);
   if (initial) { resetState(); renderAll(); }
-  else { document.getElementById("playground").hidden = true; }
-  if (DATA.model) renderModel(DATA.model);
+  else {
+    document.getElementById("playground").hidden = true;
+    document.querySelector("header .lead").hidden = true;          // it describes the playground
+    document.getElementById("title").textContent =
+      DATA.example ? DATA.example.name : DATA.generation ? msg("page.gen_title", { name: DATA.generation.name })
+      : DATA.model ? msg("page.model_title", { name: DATA.model.name }) : "qkv";
+  }
+  if (DATA.example) guarded(function () { renderAtlas(DATA.example, document.getElementById("example"), "example"); }, "example");
+  if (DATA.generation) guarded(function () { renderGeneration(DATA.generation); }, "generation");
+  if (DATA.model) guarded(function () { renderAtlas(DATA.model, document.getElementById("model"), "model"); }, "model");
+  // First paint done: every view drawn. The browser tests read the time since navigation started.
+  document.body.setAttribute("data-ready-ms", String(Math.round(performance.now())));
   document.body.setAttribute("data-ready", "true");
 })();
