@@ -638,6 +638,7 @@ class _Scorer:
             self.mb, self.mh = P.bm.index_arrays(b, h)
         self.cap = P.cdt.type(P.mod.cap) if P.mod.cap is not None else None
         self.poly = None                                      # set by the forward when the bound allows
+        self.col_exp = None                                   # see __call__'s fold_col
 
     def use_poly(self, bound: float) -> float:
         """Softcap in float32 with every ``|y| = |s/cap| ≤ bound``: a polynomial instead of ``np.tanh`` when one
@@ -657,12 +658,16 @@ class _Scorer:
         self.poly = (-1 if b[-1] < 0 else 1, [np.float32(x) for x in b[:-1]])
         return k
 
-    def __call__(self, s, a0, a1, j0, j1, kind, m=None, grad=None, raw=None):
+    def __call__(self, s, a0, a1, j0, j1, kind, m=None, grad=None, raw=None, fold_col=False):
         """Fill ``s`` (a1−a0, j1−j0) with the block's modified, masked scores minus ``m`` (per row; None: 0).
 
         ``grad`` (a buffer like ``s``): also compute ∂score_mod/∂s there, returning it (or an array that
         broadcasts to it, or None when it is 1); ``raw`` a second buffer the generic mod's grad needs.
+        ``fold_col`` (the shift-free forward): ALiBi's column term of a block left of its rows is not added
+        but left in ``self.col_exp`` as ``exp(col_term)`` (≤ 1), for the caller to fold into V and the row
+        sums: ``exp(s + r + c_j) = exp(s + r)·e^{c_j}``, a (bk, Ev) pass instead of a (Bq, bk) one.
         """
+        self.col_exp = None
         P, E = self.P, self.P.E
         r0, r1 = a0 - self.row0, a1 - self.row0
         qs, dt = self.qs, s.dtype
@@ -696,7 +701,10 @@ class _Scorer:
             if row_term is not None:
                 np.add(s, row_term[:, None], out=s)
         if col_term is not None:
-            np.add(s, col_term, out=s)
+            if fold_col and self.kind == "alibi" and rho == j1 - 1:
+                self.col_exp = np.exp(col_term)                   # c_j = slope·(j − ρ) ≤ 0 (slope ≥ 0)
+            else:
+                np.add(s, col_term, out=s)
         if pattern is not None:
             np.add(s, pattern, out=s)
         g = None
@@ -856,11 +864,15 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         blocks = sorted(blocks, key=lambda b: -(sl * (b[3] - 1 - (i0 + b[0])) if sl >= 0
                                                 else sl * (b[2] - (i0 + b[1] - 1))))
     row_limit = math.exp(LAZY_BOUND)
+    # ALiBi's column term folded into V: only shift-free (m_i = 0 for good), where a factor e^{c_j} ≤ 1
+    # cannot hide a row's max from a running-max update
+    fold_col = shift_free and sc.kind == "alibi" and sc.slope is not None and sc.slope >= 0
     widest = max((b[3] - b[2] for b in blocks), default=1)
     tallest = max((b[1] - b[0] for b in blocks), default=1)
     s_flat = _scratch(1, tallest * widest, P.cdt).reshape(-1)  # a block's scores, then probabilities
     ones = np.ones(widest, P.cdt)
     tmp = np.empty((Bq, Ev), P.cdt)
+    v_buf = np.empty((widest, Ev), P.cdt) if fold_col else None
     l_blk = np.empty(Bq, P.cdt)
     acc = np.zeros((Bq, Ev), P.cdt)                          # Σ p·v per row
     l_i = np.zeros(Bq, P.cdt)                                # Σ p per row (before dropout)
@@ -875,8 +887,22 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         s = s_flat[:(r1 - r0) * w].reshape(r1 - r0, w)
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
         if shift_free:
-            sc(s, a0, a1, j0, j1, kind)                      # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked
+            sc(s, a0, a1, j0, j1, kind, fold_col=fold_col)   # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked
             np.exp(s, out=s)                                 # p = exp(s − 0)
+            if sc.col_exp is not None:                       # ALiBi's column factor e^{c_j}: into V, row sums
+                Vb = v_buf[:w]
+                np.multiply(V[j0:j1], sc.col_exp[:, None], out=Vb)
+                lb = l_blk[rs]
+                np.matmul(s, sc.col_exp, out=lb)
+                l_i[rs] += lb
+                if gen is not None:
+                    keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
+                    np.multiply(s, keep, out=s)
+                    s *= keep_scale
+                t = tmp[rs]
+                np.matmul(s, Vb, out=t)
+                acc[rs] += t
+                continue
         else:
             sc(s, a0, a1, j0, j1, kind, m=m_i[rs])           # s − m_i
             if lazy and all_seen:
