@@ -172,7 +172,8 @@ def test_seed003_text_has_the_textbook_arithmetic():
     assert "Q[我, 0] = 1.2×0.1 + 0.8×0.4 + (−0.5)×0.7 + 0.3×1.0 = 0.39" in s      # the issue's line
     assert "Q[爱, 0] = 0.5×0.1 + 1.3×0.4 + 0.2×0.7 + (−0.7)×1.0 = 0.01" in s      # the seed's slip, corrected
     assert "scores[吃, 我] = 1.5×0.57 + 1.71×0.75 + 1.92×0.93 = 3.9231" in s
-    assert "scaled[吃, 吃] = 9.9378 / 1.7321 = 5.7376" in s
+    # issue 11: 9.9378 / 1.7321 = 5.73743 would not round to 5.7376: one more decimal of √3 makes it add up
+    assert "scaled[吃, 吃] = 9.9378 / 1.73205 = 5.7376" in s
     assert "exp(2.265 − 5.7376) = 0.031" in s and "sum = 0.031 + 0.0074 + 1.0 = 1.0384" in s
     assert "吃: 1.0 / 1.0384 = 0.963" in s
     assert "output[吃, 0] = 0.0299×0.75 + 0.0071×0.27 + 0.963×1.92 = 1.8733" in s
@@ -253,10 +254,10 @@ def test_renderer_shows_the_recorded_values_not_a_recomputation():
     step.array = step.array.copy()
     step.array[2] = [0.111, 0.222, 0.667]
     s = render(t, tokens=["我", "爱", "吃"])
-    assert "吃: 1.0 / 1.0384 = 0.667" in s
+    assert "吃: 1.0 / 1.0384 ≈ 0.667" in s          # shown as recorded; it does not add up, so ≈
     assert "0.0299×0.75" in s                   # the output step recorded the real weights as its operand
     q = explain_query(t, 2)
-    assert "1.0 / 1.0384 = 0.667" in q
+    assert "1.0 / 1.0384 ≈ 0.667" in q
 
 
 def _check_products(text, precision):
@@ -331,8 +332,9 @@ def test_explain_query_small_lines():
     w = ex.load_example("seed003")
     q = explain_query(ex.run(w), 2, tokens=w.tokens)
     assert "q · k_我 = 1.5×0.57 + 1.71×0.75 + 1.92×0.93 = 3.9231" in q
-    assert "我: 3.9231 / 1.7321 = 2.265" in q
-    assert "output[吃, 2] = 0.0299×1.11 + 0.0071×0.53 + 0.963×2.34 = 2.2903" in q
+    assert "我: 3.9231 / 1.73205 = 2.265" in q             # / 1.7321 gives 2.26494: not 2.265
+    # 0.0299×1.11 + 0.0071×0.53 + 0.963×2.34 = 2.290372 would round to 2.2904: the weights get the digits it needs
+    assert "output[吃, 2] = 0.029888×1.11 + 0.007125×0.53 + 0.962987×2.34 = 2.2903" in q
 
 
 def test_explain_query_on_sdpa_heads_and_masks():

@@ -95,7 +95,8 @@ def _emit(text: str) -> None:
               help="Output format (rich tables on a terminal for text; plain text when piped).")
 @click.option("--precision", type=click.IntRange(0, 12), default=4, show_default=True, help="Decimals shown.")
 @click.option("--heads", type=click.IntRange(min=1), default=None,
-              help="Number of heads (split, per-head attention, concat, W_O); needs X and square W_Q.")
+              help="Number of heads (split, per-head attention, concat, W_O); needs an example that starts from X "
+                   "whose W_Q and W_V widths it divides (seed 003's 4×3 W_Q: --heads 3).")
 @click.option("--mask", "mask_spec", metavar="causal|none|padding:N|window:N", default=None,
               help="Override the example's mask (True = may attend): causal, none, padding:N (only the first N "
                    "keys are real), window:N (causal, the last N keys).")
@@ -152,7 +153,7 @@ def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, he
     kv_tokens = list(worked.kv_tokens) if worked.kv_tokens_given else None
     if query is None:
         doc = build_doc(trace, lang=lang, precision=precision, tokens=tokens, kv_tokens=kv_tokens,
-                        title=worked.title)
+                        title=_title(worked, heads, lang))
         if L > SMALL or worked.n_keys > SMALL:         # tables elided: say how to see one query whole
             how = f"qkv explain {file if file is not None else '--example ' + (worked.name or '')}".rstrip()
             doc.intro.append(t("explain.large_note", lang, L=L, S=worked.n_keys, how=how))
@@ -173,6 +174,18 @@ def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, he
         return 0
     _emit(_doc.emit(doc, fmt, precision))
     return 0
+
+
+def _title(worked, heads, lang: str) -> str | None:
+    """The example's title; with --heads N (other than the example's own) without what it said about its heads
+    ("(self-attention, one head)") and with the N heads it is explained with."""
+    import re
+
+    title = worked.title
+    if heads is None or heads == worked.heads:
+        return title
+    base = re.sub(r"\s*\([^()]*\bheads?\b[^()]*\)", "", title or "").strip() or (worked.name or "")
+    return t("explain.title_heads", lang, title=base, h=heads)
 
 
 def _query_row(query: str, worked, lang: str = "en") -> int:

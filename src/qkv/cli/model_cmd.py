@@ -264,13 +264,18 @@ def _table(m, tokens, weights, i, k, layer, decoder=False):
                              for n, (cell, w) in enumerate(zip(r, widths))).rstrip())
 
 
+#: The words of the --heads-summary legend (qkv.viz.heads.KINDS, and the mixed heads' note).
+KIND_KEYS = {"previous": "model.kind_previous", "next": "model.kind_next", "same": "model.kind_same",
+             "sink": "model.kind_sink", "long_range": "model.kind_long_range", "broad": "model.kind_broad",
+             "mixed": "model.kind_mixed"}
+
+
 def _heads_summary(m, viz_heads, attentions, tokens, name, decoder):
     """``--heads-summary``: the layer × head chart of :func:`qkv.viz.head_kinds`, its legend and the strongest
     head of each kind."""
     hk = viz_heads.head_kinds(attentions, tokens)
     L, H = hk.shape
-    names = {k: m(f"model.kind_{k}") for k in viz_heads.KINDS}
-    names["mixed"] = m("model.kind_mixed")
+    names = {k: m(key) for k, key in KIND_KEYS.items()}
     click.echo(m("model.hs_title", name=name, layers=L, heads=H, n=len(tokens)))
     click.echo(hk.chart(names))
     parts = []

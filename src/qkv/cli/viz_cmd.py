@@ -67,6 +67,11 @@ def _tokens(tokens, expected: int, what: str = "tokens"):
     if not tokens:
         return None
     tokens = list(tokens)
+    last = tokens[-1]
+    if len(tokens) > 1 and (os.path.isfile(last) or last.lower().endswith((".yaml", ".yml", ".json"))):
+        # --tokens takes every word up to the next option: `--tokens a b c FILE` made FILE a token
+        raise UserError(f"--tokens: its last word {last!r} looks like the example FILE (--tokens takes every word "
+                        f"up to the next option); put FILE before it: … {last} --tokens {' '.join(tokens[:-1])}")
     if len(tokens) == 1 and len(tokens[0].split()) == expected and expected > 1:
         tokens = tokens[0].split()                                   # --tokens "a b c" as one word
     if len(tokens) != expected:

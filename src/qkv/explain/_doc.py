@@ -48,9 +48,88 @@ def fmt_factor(x, precision: int = 4) -> str:
     return f"({s})" if s.startswith(MINUS) else s
 
 
-def json_number(x):
+def json_number(x, dtype=None):
+    """A finite number for JSON (None for ±∞/NaN), as the shortest text that reads back to the same value of the
+    array's ``dtype``: a float32 0.1 is written 0.1, not 0.10000000149011612 (JSON's own float repr already
+    gives the shortest float64 text)."""
     x = float(x)
-    return x if math.isfinite(x) else None
+    if not math.isfinite(x):
+        return None
+    if dtype is not None and str(dtype) in ("float32", "float16"):
+        import numpy as np
+
+        return float(str(getattr(np, str(dtype))(x)))          # numpy's shortest round-trip text for that type
+    return x
+
+
+# ----------------------------------------------------------------------------------------------- lines that add up
+#: The operands of a written-out line get up to this many decimals more than asked before the line is marked ≈.
+MAX_EXTRA_DECIMALS = 3
+
+
+def shown(text: str):
+    """The exact number a formatted number shows (``fmt``/``fmt_factor`` output: "(−0.5)", "4.39e−5"), as a
+    Decimal; None for ∞ or NaN."""
+    from decimal import Decimal, InvalidOperation
+
+    s = text.strip()
+    if s.startswith("(") and s.endswith(")"):
+        s = s[1:-1]
+    s = s.replace(MINUS, "-")
+    try:
+        d = Decimal(s)
+    except InvalidOperation:
+        return None
+    return d if d.is_finite() else None
+
+
+class Line:
+    """One written-out line: its operands shown with ``q`` decimals (``n``; ``f`` as a factor, negative numbers in
+    parentheses), its results with ``p`` (the precision asked). ``rel(exact, value)`` writes ``= value`` and
+    records whether the line adds up there: ``exact`` (the result of the operands as shown, computed exactly)
+    lies within half a unit of the last shown decimal of ``value`` — the shown value is its only correct
+    rounding (an exact half, 1 / 2 shown as 0 or 1, is not). ``at=q`` for an intermediate result that the next
+    relation uses as an operand. With ``approx`` a relation that does not add up is written ``≈``."""
+
+    def __init__(self, q: int, p: int | None = None, approx: bool = False):
+        self.q, self.p, self.approx, self.ok = q, q if p is None else p, approx, True
+
+    def n(self, x) -> str:
+        return fmt(x, self.q)
+
+    def f(self, x) -> str:
+        return fmt_factor(x, self.q)
+
+    def rel(self, exact, value, at: int | None = None) -> str:
+        from decimal import Decimal
+
+        digits = self.p if at is None else at
+        shown_value = fmt(value, digits)
+        sv = shown(shown_value)
+        good = False
+        if exact is not None and sv is not None:
+            try:
+                exact = exact if isinstance(exact, Decimal) else Decimal(repr(float(exact)))
+                unit = Decimal(1).scaleb(min(-digits, sv.as_tuple().exponent))
+                good = abs(exact - sv) < unit / 2          # the shown value is the only correct rounding
+            except (ArithmeticError, ValueError, OverflowError):
+                good = False
+        self.ok = self.ok and good
+        return ("≈ " if (self.approx and not good) else "= ") + shown_value
+
+
+def fit(precision: int, build) -> str:
+    """``build(Line)`` → text, with the operands at the fewest decimals (``precision`` … ``precision`` +
+    MAX_EXTRA_DECIMALS, at most 12) at which every relation adds up, the results at ``precision``; else all at
+    ``precision`` with the relations that do not add up marked ≈. So ``--precision 0`` writes
+    ``Q[我, 1] = 1.2×0.2 + 0.8×0.5 + (−0.5)×0.8 + 0.3×1.1 = 1`` (0.57, rounded), never
+    ``1×0 + 1×0 + 0×1 + 0×1 = 1``."""
+    for q in range(precision, min(12, precision + MAX_EXTRA_DECIMALS) + 1):
+        ln = Line(q, precision)
+        text = build(ln)
+        if ln.ok:
+            return text
+    return build(Line(precision, precision, approx=True))
 
 
 # ----------------------------------------------------------------------------------------------- model
@@ -62,6 +141,7 @@ class Table:
     values: list[list]                  # floats (−inf allowed), or bools when kind == "bool"
     kind: str = "num"
     note: str | None = None
+    dtype: str | None = None            # the array's dtype (JSON writes a float32's shortest float32 text)
 
 
 @dataclass
@@ -190,7 +270,7 @@ def to_markdown(doc: Doc, precision: int = 4) -> str:
 # ----------------------------------------------------------------------------------------------- JSON
 def _table_json(tb: Table) -> dict:
     vals = [[(bool(v) if tb.kind == "bool" else (None if v is None else
-              (v if isinstance(v, str) else json_number(v)))) for v in row] for row in tb.values]
+              (v if isinstance(v, str) else json_number(v, tb.dtype)))) for v in row] for row in tb.values]
     return {"type": "table", "name": tb.name, "rows": list(tb.rows), "cols": list(tb.cols), "kind": tb.kind,
             "values": vals, "note": tb.note}
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..locales import t
-from ._doc import MINUS, fmt, fmt_factor
+import math
+
+from ._doc import MINUS, fit, fmt, fmt_factor, shown
 
 
 # ----------------------------------------------------------------------------------------------- RoPE
@@ -72,12 +74,30 @@ def rope_lines(step, idx: tuple, i: int, lhs_row: str, p: int, pairs=None) -> li
         c, s = float(cos[k]), float(sin[k])
         head = f"{step.name}[{lhs_row}, ({a_i}, {b_i})]: "
         if pos is not None and th is not None:
-            head += f"φ = {pos} × {fmt(th[k], p)} = {fmt(pos * th[k], p)} rad, "
-        lines.append(head + f"cos φ = {fmt(c, p)}, sin φ = {fmt(s, p)}")
+            phi = pos * th[k]
+
+            def angle(ln, k=k, phi=phi, c=c, s=s) -> str:
+                tt = ln.n(th[k])
+                ft = ln.n(phi)
+                exact = None if shown(tt) is None else pos * shown(tt)
+                f = shown(ft)
+                out = f"φ = {pos} × {tt} {ln.rel(exact, phi, at=ln.q)} rad, "
+                return (out + f"cos φ {ln.rel(None if f is None else math.cos(f), c)}, "
+                        f"sin φ {ln.rel(None if f is None else math.sin(f), s)}")
+            lines.append(head + fit(p, angle))
+        else:
+            lines.append(head + f"cos φ = {fmt(c, p)}, sin φ = {fmt(s, p)}")
         a, b = float(x[a_i]), float(x[b_i])
-        lines.append(f"  = ({fmt_factor(a, p)}×{fmt_factor(c, p)} − {fmt_factor(b, p)}×{fmt_factor(s, p)}, "
-                     f"{fmt_factor(b, p)}×{fmt_factor(c, p)} + {fmt_factor(a, p)}×{fmt_factor(s, p)}) = "
-                     f"({fmt(y[a_i], p)}, {fmt(y[b_i], p)})")
+
+        def turn(ln, a=a, b=b, c=c, s=s, a_i=a_i, b_i=b_i) -> str:
+            at, bt, ct, st = ln.f(a), ln.f(b), ln.f(c), ln.f(s)
+            A, B, Cc, Ss = (shown(v) for v in (at, bt, ct, st))
+            ok = None not in (A, B, Cc, Ss)
+            r1 = ln.rel(A * Cc - B * Ss if ok else None, y[a_i])
+            r2 = ln.rel(B * Cc + A * Ss if ok else None, y[b_i])
+            sym = "≈" if "≈" in (r1[0], r2[0]) else "="
+            return f"  = ({at}×{ct} − {bt}×{st}, {bt}×{ct} + {at}×{st}) {sym} ({r1[2:]}, {r2[2:]})"
+        lines.append(fit(p, turn))
     return lines
 
 
@@ -105,9 +125,19 @@ def bias_line(step, idx: tuple, i: int, j: int, lhs: str, p: int, qi: int | None
         m = float(np.asarray(slopes).ravel()[head_of(idx)])
         d = j - (i if qi is None else qi)
         dist = f"({MINUS}{-d})" if d < 0 else str(d)
-        return f"{lhs} = {fmt(s, p)} + {fmt_factor(m, p)}×{dist} = {fmt(v, p)}"
+
+        def build(ln) -> str:
+            st, mt = ln.n(s), ln.f(m)
+            exact = None if shown(st) is None or shown(mt) is None else shown(st) + shown(mt) * d
+            return f"{lhs} = {st} + {mt}×{dist} {ln.rel(exact, v)}"
+        return fit(p, build)
     b = float(np.broadcast_to(np.asarray(step.operands["bias"]), shape)[idx][i, j])
-    return f"{lhs} = {fmt(s, p)} + {fmt_factor(b, p)} = {fmt(v, p)}"
+
+    def build_b(ln) -> str:
+        st, bt = ln.n(s), ln.f(b)
+        exact = None if shown(st) is None or shown(bt) is None else shown(st) + shown(bt)
+        return f"{lhs} = {st} + {bt} {ln.rel(exact, v)}"
+    return fit(p, build_b)
 
 
 def softcap_line(step, idx: tuple, i: int, j: int, lhs: str, p: int) -> str:
@@ -115,9 +145,14 @@ def softcap_line(step, idx: tuple, i: int, j: int, lhs: str, p: int) -> str:
     c = float(step.params.get("cap"))
     s = float(np.broadcast_to(np.asarray(step.operands["scores"]), step.array.shape)[idx][i, j])
     v = float(np.asarray(step.array)[idx][i, j])
-    cc = fmt(c, p)
-    return (f"{lhs} = {cc}·tanh({fmt(s, p)} / {cc}) = {cc}·tanh({fmt(s / c, p)}) = {cc}×{fmt_factor(v / c, p)} = "
-            f"{fmt(v, p)}")
+    def build(ln) -> str:
+        cc, st, rt, tt = ln.n(c), ln.n(s), ln.n(s / c), ln.f(v / c)
+        C, S_, R, T_ = (shown(x) for x in (cc, st, rt, tt))
+        r1 = ln.rel(None if S_ is None or not C else S_ / C, s / c, at=ln.q)     # intermediate: at q decimals
+        r2 = ln.rel(None if R is None else math.tanh(R), v / c, at=ln.q)
+        r3 = ln.rel(None if C is None or T_ is None else C * T_, v)
+        return (f"{lhs} = {cc}·tanh({st} / {cc}) {r1[0]} {cc}·tanh({rt}) {r2[0]} {cc}×{tt} {r3}")
+    return fit(p, build)
 
 
 # ----------------------------------------------------------------------------------------------- masks

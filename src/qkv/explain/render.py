@@ -21,7 +21,7 @@ import numpy as np
 from ..tracing import Step, Trace
 from . import _doc
 from . import _variants as var
-from ._doc import Doc, Section, Table, fmt, fmt_factor
+from ._doc import Doc, Section, Table, fit, fmt, fmt_factor, shown
 from ..locales import check_lang, t
 
 __all__ = ["render", "explain_query", "build_doc", "build_query_doc"]
@@ -214,7 +214,7 @@ def stats(mat: np.ndarray) -> tuple[int, float, float, float] | None:
 
 
 def _table(name: str, mat: np.ndarray, rows: list[str], cols: list[str], lang: str, precision: int,
-           kind: str = "num", *, row_ids=None, n_rows: int | None = None, summary=None) -> Table:
+           kind: str = "num", *, row_ids=None, n_rows: int | None = None, summary=None, dtype=None) -> Table:
     """A table of ``mat``; beyond SMALL rows or columns, the first EDGE and last EDGE of them with "…" between.
 
     ``mat`` holds every row, or (a row-sampled step) the rows ``row_ids`` of ``n_rows``; ``rows`` labels the
@@ -224,8 +224,9 @@ def _table(name: str, mat: np.ndarray, rows: list[str], cols: list[str], lang: s
     R_held, C = mat.shape
     ids = list(range(R_held)) if row_ids is None else [int(i) for i in row_ids]
     R = R_held if n_rows is None else int(n_rows)
+    dtype = None if dtype is None else str(dtype)
     if R <= SMALL and C <= SMALL and R_held == R:
-        return Table(name, rows, cols, mat.tolist(), kind)
+        return Table(name, rows, cols, mat.tolist(), kind, dtype=dtype)
     want = set(_edges(R))
     show_r = [k for k, i in enumerate(ids) if i in want]
     show_c = _edges(C)
@@ -254,7 +255,23 @@ def _table(name: str, mat: np.ndarray, rows: list[str], cols: list[str], lang: s
         if st is not None:
             parts.append(t("explain.summary", lang, n=st[0], min=fmt(st[1], precision), max=fmt(st[2], precision),
                            mean=fmt(st[3], precision)))
-    return Table(name, rl, cl, vals, kind, "; ".join(parts) if parts else None)
+    return Table(name, rl, cl, vals, kind, "; ".join(parts) if parts else None, dtype=dtype)
+
+
+#: The steps that may come between the scaling and the softmax, last first: the softmax reads the last present.
+_BEFORE_SOFTMAX = ("masked", "modified", "capped", "biased", "scaled")
+
+
+def softmax_formula(step: Step, trace: Trace) -> str:
+    """The softmax step's formula naming what it was applied to: ``softmax(masked)`` after a mask (the stage
+    records ``softmax(scaled)`` whatever came before it)."""
+    formula = step.formula or ""
+    names = trace.names()
+    before = names[:names.index(step.name)] if step.name in names else names
+    src = next((n for n in _BEFORE_SOFTMAX if n in before), None)
+    if src is not None and "softmax(scaled)" in formula:
+        formula = formula.replace("softmax(scaled)", f"softmax({src})")
+    return formula
 
 
 def _dk(d_k) -> str:
@@ -263,14 +280,86 @@ def _dk(d_k) -> str:
 
 
 def _product_line(lhs: str, terms, value, precision: int, bias=None, lang: str = "en") -> str:
-    if len(terms) <= MAX_TERMS:
-        expr = " + ".join(f"{fmt_factor(a, precision)}×{fmt_factor(b, precision)}" for a, b in terms)
-    else:
+    """``lhs = a×b + c×d + … = value``: written with enough decimals that it adds up (else ``≈``; see
+    :func:`qkv.explain._doc.fit`). Beyond MAX_TERMS terms the first three and a count (not a sum to check)."""
+    if len(terms) > MAX_TERMS:
         head = " + ".join(f"{fmt_factor(a, precision)}×{fmt_factor(b, precision)}" for a, b in terms[:3])
         expr = f"{head} + {t('explain.terms_more', lang, n=len(terms))}"
-    if bias is not None:
-        expr += f" + {fmt_factor(bias, precision)}"
-    return f"{lhs} = {expr} = {fmt(value, precision)}"
+        if bias is not None:
+            expr += f" + {fmt_factor(bias, precision)}"
+        return f"{lhs} = {expr} = {fmt(value, precision)}"
+
+    def build(ln) -> str:
+        pairs = [(ln.f(a), ln.f(b)) for a, b in terms]
+        expr = " + ".join(f"{x}×{y}" for x, y in pairs)
+        vals = [(shown(x), shown(y)) for x, y in pairs]
+        exact = None if any(x is None or y is None for x, y in vals) else sum((x * y for x, y in vals), 0)
+        if bias is not None:
+            bt = ln.f(bias)
+            expr += f" + {bt}"
+            exact = None if exact is None or shown(bt) is None else exact + shown(bt)
+        return f"{lhs} = {expr} {ln.rel(exact, value)}"
+    return fit(precision, build)
+
+
+def _div(a, b):
+    """a / b of two shown numbers (Decimals), None when either is missing or b is 0."""
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _exp_of(x_text: str, m_text: str):
+    """exp(x − m) of two shown numbers."""
+    x, m = shown(x_text), shown(m_text)
+    if x is None or m is None:
+        return None
+    try:
+        return math.exp(float(x - m))
+    except OverflowError:
+        return None
+
+
+def _scale_line(lhs: str | None, s, sqrt, sc, value, p: int) -> str:
+    """``lhs = s / √d = value`` (or ``s × scale = value``; without ``lhs`` from ``s``), adding up."""
+    pre = "" if lhs is None else f"{lhs} = "
+
+    def build(ln) -> str:
+        st = ln.n(s)
+        if sqrt is not None:
+            dt = ln.n(sqrt)
+            return f"{pre}{st} / {dt} {ln.rel(_div(shown(st), shown(dt)), value)}"
+        ft = ln.n(sc)
+        exact = None if shown(st) is None or shown(ft) is None else shown(st) * shown(ft)
+        return f"{pre}{st} × {ft} {ln.rel(exact, value)}"
+    return fit(p, build)
+
+
+def _exp_part(x, m, e, p: int) -> str:
+    """``exp(x − m) = e`` (``exp(−∞) = 0`` for a masked score), adding up."""
+    if np.isneginf(x):
+        return "exp(−∞) = 0"
+
+    def build(ln) -> str:
+        xt, mt = ln.n(x), ln.f(m)
+        return f"exp({xt} − {mt}) {ln.rel(_exp_of(xt, mt), e)}"
+    return fit(p, build)
+
+
+def _ratio_part(e, tot, w, p: int) -> str:
+    """``e / sum = w``, adding up."""
+    def build(ln) -> str:
+        et, tt = ln.n(e), ln.n(tot)
+        return f"{et} / {tt} {ln.rel(_div(shown(et), shown(tt)), w)}"
+    return fit(p, build)
+
+
+def _sum_line(head: str, exps, sink_exp, tot, p: int) -> str:
+    """``sum = e1 + e2 + … (+ sink) = tot``, adding up."""
+    def build(ln) -> str:
+        parts = [ln.n(v) for v in exps] + ([] if sink_exp is None else [ln.n(sink_exp)])
+        vals = [shown(x) for x in parts]
+        exact = None if any(v is None for v in vals) else sum(vals, 0)
+        return f"{head} = " + " + ".join(parts) + f" {ln.rel(exact, tot)}"
+    return fit(p, build)
 
 
 def _limited_slices(step, trace, lang):
@@ -307,7 +396,8 @@ class _Builder:
         if ids is not None and kind == "num" and step.params.get("stats") is not None:
             summary = step.params["stats"].get(tuple(int(i) for i in idx))
         return _table(name, mat, self.row_labels(step, row_name), self.lab.cols(col_name or step.name, mat.shape[1]),
-                      self.lang, self.p, kind, row_ids=ids, n_rows=full_shape(step)[-2], summary=summary)
+                      self.lang, self.p, kind, row_ids=ids, n_rows=full_shape(step)[-2], summary=summary,
+                      dtype=np.asarray(step.array).dtype)
 
     def result_tables(self, sec: Section, step: Step, name: str | None = None, kind: str = "num"):
         slices, more = _limited_slices(step, self.trace, self.lang)
@@ -355,7 +445,7 @@ class _Builder:
         else:
             if b.ndim == 2:                              # the weight matrix, shown once
                 sec.table(_table(b_name, np.asarray(b, dtype=np.float64), [str(i) for i in range(b.shape[0])],
-                                 [str(j) for j in range(b.shape[1])], self.lang, self.p))
+                                 [str(j) for j in range(b.shape[1])], self.lang, self.p, dtype=np.asarray(b).dtype))
                 if bias is not None:
                     bv = np.asarray(bias, dtype=np.float64)[None, :]
                     sec.table(_table(f"b_{b_name[2:]}", bv, ["b"], [str(j) for j in range(bv.shape[1])],
@@ -412,9 +502,8 @@ class _Builder:
             lines, cells = self._cells(step, mat)
             for i, j in cells:
                 s = float(np.asarray(src[idx])[i, j]) if src is not None else float("nan")
-                op = f"/ {fmt(sqrt, self.p)}" if sqrt is not None else f"× {fmt(sc, self.p)}"
                 lines.append(((label + ": ") if label else "") +
-                             f"{self._element_name(step, i, j)} = {fmt(s, self.p)} {op} = {fmt(mat[i, j], self.p)}")
+                             _scale_line(self._element_name(step, i, j), s, sqrt, sc, mat[i, j], self.p))
             sec.calc(lines)
         if more:
             sec.text(more)
@@ -457,7 +546,7 @@ class _Builder:
 
     # -- softmax
     def softmax(self, step: Step) -> Section:
-        sec = self.section(step, t("explain.t_weights", self.lang))
+        sec = self.section(step, t("explain.t_weights", self.lang), formula=softmax_formula(step, self.trace))
         sec.text(t("explain.n_softmax", self.lang))
         if step.operands.get("sinks") is not None:
             sec.text(t("explain.n_sinks", self.lang))
@@ -492,23 +581,18 @@ class _Builder:
         show = range(C) if C <= SMALL else range(SHOW)
         parts = []
         for j in show:
-            if np.isneginf(x[j]):
-                parts.append(f"exp(−∞) = 0")
-            else:
-                parts.append(f"exp({fmt(x[j], p)} − {fmt_factor(m, p)}) = {fmt(ex[j], p)}")
+            parts.append(_exp_part(x[j], m, ex[j], p))
         lines.append("  " + ";  ".join(parts) + ("; …" if C > len(show) else ""))
         sink = None if step is None else var.sink_values(step, idx, i)
         if sink is not None:
-            lines.append(f"  {t('explain.sink', self.lang)}: exp({fmt(sink[0], p)} − {fmt_factor(m, p)}) = "
-                         f"{fmt(sink[1], p)}")
-        plus_sink = "" if sink is None else f" + {fmt(sink[1], p)}"
+            lines.append(f"  {t('explain.sink', self.lang)}: {_exp_part(sink[0], m, sink[1], p)}")
         if C <= SMALL:
-            lines.append(f"  {t('explain.sum', self.lang)} = " + " + ".join(fmt(v, p) for v in ex) + plus_sink
-                         + f" = {fmt(tot, p)}")
+            lines.append("  " + _sum_line(t('explain.sum', self.lang), ex, None if sink is None else sink[1], tot, p))
         else:
+            plus_sink = "" if sink is None else f" + {fmt(sink[1], p)}"
             lines.append(f"  {t('explain.sum', self.lang)} = Σ ({C}){plus_sink} = {fmt(tot, p)}")
         lines.append("  " + "  ".join(
-            f"{self.lab.key(j)}: {fmt(ex[j], p)} / {fmt(tot, p)} = {fmt(w[i, j], p)}" for j in show)
+            f"{self.lab.key(j)}: {_ratio_part(ex[j], tot, w[i, j], p)}" for j in show)
             + ("  …" if C > len(show) else ""))
         return lines
 
@@ -816,8 +900,8 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         src = st.operands.get("scores")
         vals = np.asarray(st.array[idx])[loc(st)]
         srow = None if src is None else np.asarray(_bcast(src, st.array.shape)[idx])[loc(st)]
-        s.calc([f"{lab.key(j)}: {fmt(srow[j], p) if srow is not None else '?'} {op} = {fmt(vals[j], p)}"
-                for j in keys])
+        s.calc([f"{lab.key(j)}: " + (_scale_line(None, srow[j], sq if op.startswith("/") else None, sc, vals[j], p)
+                                     if srow is not None else f"? {op} = {fmt(vals[j], p)}") for j in keys])
     for name in ("biased", "capped", "modified"):
         if name not in trace or trace[name].array.shape != W.shape:
             continue
@@ -857,7 +941,7 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         s.table(_table("masked", vals[keys][None, :].astype(np.float64), [qlabel], [lab.key(j) for j in keys],
                        lang, p))
     # softmax
-    s = sec("weights", t("explain.q_softmax", lang), formula=w_step.formula)
+    s = sec("weights", t("explain.q_softmax", lang), formula=softmax_formula(w_step, trace))
     s.text(t("explain.n_softmax", lang))
     sink = var.sink_values(w_step, idx, loc(w_step))
     if sink is not None:
@@ -874,17 +958,14 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
             if np.isneginf(x[j]):
                 lines.append(f"{lab.key(j)}: exp(−∞) = 0 → 0")
             else:
-                lines.append(f"{lab.key(j)}: exp({fmt(x[j], p)} − {fmt_factor(m, p)}) = {fmt(ex[j], p)} → "
-                             f"{fmt(ex[j], p)} / {fmt(tot, p)} = {fmt(w[j], p)}")
-        plus_sink = "" if sink is None else f" + {fmt(sink[1], p)}"
+                lines.append(f"{lab.key(j)}: {_exp_part(x[j], m, ex[j], p)} → {_ratio_part(ex[j], tot, w[j], p)}")
         if S <= SMALL:
-            lines.insert(1, f"{t('explain.sum', lang)} = " + " + ".join(fmt(v, p) for v in ex) + plus_sink
-                         + f" = {fmt(tot, p)}")
+            lines.insert(1, _sum_line(t('explain.sum', lang), ex, None if sink is None else sink[1], tot, p))
         else:
+            plus_sink = "" if sink is None else f" + {fmt(sink[1], p)}"
             lines.insert(1, f"{t('explain.sum', lang)} = Σ ({S}){plus_sink} = {fmt(tot, p)}")
         if sink is not None:
-            lines.insert(1, f"{t('explain.sink', lang)}: exp({fmt(sink[0], p)} − {fmt_factor(m, p)}) = "
-                            f"{fmt(sink[1], p)}")
+            lines.insert(1, f"{t('explain.sink', lang)}: {_exp_part(sink[0], m, sink[1], p)}")
         s.calc(lines)
     if keys_note:
         s.text(keys_note)
