@@ -112,7 +112,8 @@ def _text(res: dict) -> list[str]:
             wait = " ".join(_ms(st[r]["wait_s"][s]) for r in range(P))
             lines.append(f"  step {s}: holds {held} | compute {comp} | wait {wait}")
         total = max(r[f"{part}_s"] for r in ranks)
-        lines.append(f"  {part} time: {_ms(total)} ms (slowest rank)")
+        cpu = sum(r[f"{part}_cpu_s"] for r in ranks)
+        lines.append(f"  {part} time: {_ms(total)} ms (slowest rank); CPU time of all ranks: {_ms(cpu)} ms")
         for r, x in enumerate(st):
             kv = max(n_steps - 1, 0)
             if part == "forward":
@@ -127,10 +128,12 @@ def _text(res: dict) -> list[str]:
     if "check" in res:
         c = res["check"]
         fwd = max(r["forward_s"] for r in ranks)
-        ratio = f"ring / one process: forward {fwd / c['forward_s']:.2f}×"
+        fcpu = sum(r["forward_cpu_s"] for r in ranks)
+        ratio = f"ring / one process: forward {fwd / c['forward_s']:.2f}× time, {fcpu / c['forward_cpu_s']:.2f}× CPU"
         if "backward_s" in c:
             bwd = max(r["backward_s"] for r in ranks)
-            ratio += f", backward {bwd / c['backward_s']:.2f}×"
+            bcpu = sum(r["backward_cpu_s"] for r in ranks)
+            ratio += f"; backward {bwd / c['backward_s']:.2f}× time, {bcpu / c['backward_cpu_s']:.2f}× CPU"
         lines.append(f"one process ({_plural(c['threads'], 'thread')}): forward {_ms(c['forward_s'])} ms"
                      + (f", backward {_ms(c['backward_s'])} ms" if "backward_s" in c else "") + f"; {ratio}")
         diffs = ", ".join(f"{k} {c[k]['max_abs']:.2g}" for k in ("out", "lse", "dq", "dk", "dv") if k in c)
