@@ -299,3 +299,25 @@ def test_tokens_swallowing_the_file_gets_a_hint(tmp_path, capsys, command):
              r"--tokens: its last word .*causal\.yaml.* looks like the example FILE.*put FILE before it")
     code, _, err = run(capsys, command, src, "--tokens", "a", "b", "c", "-o", out)
     assert code == 0, err
+
+
+# ----------------------------------------------------------------------------------------------- qkv bench
+def test_bench_refuses_lengths_that_cannot_fit_before_running(capsys):
+    t = time.perf_counter()
+    one_line(*run(capsys, "bench", "--lengths", "100000000")[::2],
+             r"--lengths: N = 100000000 needs about [\d,.]+ GiB .* more than the [\d,.]+ GiB available")
+    assert time.perf_counter() - t < 5                                   # nothing was run
+
+
+def test_bench_checks_the_plot_name_up_front(capsys, tmp_path):
+    t = time.perf_counter()
+    one_line(*run(capsys, "bench", "--plot", tmp_path / "x.txt")[::2],
+             r"--plot: expected a file name ending in \.png, \.svg or \.pdf")
+    assert time.perf_counter() - t < 5 and not list(tmp_path.iterdir())
+
+
+def test_bench_without_torch_selected_does_not_mention_torch(capsys):
+    code, out, err = run(capsys, "bench", "--lengths", "32", "--modes", "forward", "--impls", "tiled",
+                         "--repeats", "1", "--no-memory", "--no-progress")
+    assert code == 0, err
+    assert "torch" not in out.splitlines()[0] + out.splitlines()[1] and "not installed" not in out

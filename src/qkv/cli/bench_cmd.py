@@ -1,6 +1,7 @@
 """``qkv bench``: the engine side by side with torch's SDPA (the logic lives in :mod:`qkv.bench`)."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -17,6 +18,37 @@ def _ints(text: str, name: str) -> list[int]:
     if not vals or min(vals) < 1:
         raise UserError(f"{name}: expected positive integers, got {text!r}")
     return vals
+
+
+def _available_bytes() -> int | None:
+    """Memory this machine can give a new allocation now (Linux MemAvailable; else physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _check_memory(lengths, batch: int, heads: int, dim: int, backward: bool, long_n) -> None:
+    """A one-line error before the run when its largest arrays cannot fit: each cell allocates Q, K, V and
+    grad_out (B×H×N×E float32), and the output (and with backward dQ, dK, dV) as large."""
+    avail = _available_bytes()
+    if avail is None:
+        return
+    per = 4 * batch * heads * dim                                   # bytes per position of one (B, H, N, E) array
+    for name, n, arrays in [("--lengths", max(lengths), 8 if backward else 5)] + (
+            [("--long", long_n, 4)] if long_n is not None else []):
+        need = arrays * n * (per if name == "--lengths" else 4 * dim)
+        if need > avail:
+            raise UserError(f"{name}: N = {n} needs about {need / 2**30:,.1f} GiB for its Q, K, V and output "
+                            f"arrays ({arrays} × N × {'B·H·E' if name == '--lengths' else 'E'} float32), more than "
+                            f"the {avail / 2**30:,.1f} GiB available here; give a smaller N")
 
 
 def _words(text: str, name: str, allowed) -> list[str]:
@@ -69,6 +101,15 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
     for opt, path in (("--json", json_out), ("--plot", plot_out)):      # fail before a long run, not after
         if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise UserError(f"{opt}: the folder of {path!r} does not exist")
+    if plot_out and not variants:                                       # its format and matplotlib, up front too
+        if os.path.splitext(plot_out)[1].lower() not in (".png", ".svg", ".pdf"):
+            raise UserError(f"--plot: expected a file name ending in .png, .svg or .pdf, got {plot_out!r}")
+        if os.path.isdir(plot_out):
+            raise UserError(f"--plot: {plot_out!r} is a folder")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UserError("--plot needs matplotlib: pip install 'qkv[viz]'") from None
     for name, val in (("--heads", heads), ("--dim", dim), ("--batch", batch), ("--repeats", repeats),
                       ("--threads", threads), ("--long", long_n)):
         if val is not None and val < 1:
@@ -97,9 +138,12 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         if json_out:
             click.echo(f"json: {json_out}")
         return 0
-    result = B.run(_ints(lengths, "--lengths"), heads=heads, dim=dim, batch=batch, repeats=repeats,
-                   threads=threads, modes=_words(modes, "--modes", B.MODES),
-                   impls=_words(impls, "--impls", B.IMPLS), memory=memory, progress=progress)
+    n_list = _ints(lengths, "--lengths")
+    mode_list = _words(modes, "--modes", B.MODES)
+    impl_list = _words(impls, "--impls", B.IMPLS)
+    _check_memory(n_list, batch, heads, dim, "backward" in mode_list, long_n)
+    result = B.run(n_list, heads=heads, dim=dim, batch=batch, repeats=repeats,
+                   threads=threads, modes=mode_list, impls=impl_list, memory=memory, progress=progress)
     if long_n is not None:
         result["long"] = B.long_sequence(long_n, dim=dim, threads=threads)
     if plot_out:
@@ -117,7 +161,7 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
     if markdown:
         click.echo(B.markdown(result))
     else:
-        _print_table(result)
+        _print_table(result, impl_list)
     if plot_out:
         click.echo(f"plot: {plot_out}")
     if json_out:
@@ -125,12 +169,18 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
     return 0
 
 
-def _print_table(result: dict) -> None:
+def _print_table(result: dict, requested=None) -> None:
     from qkv import bench as B
 
     m, c = result["machine"], result["config"]
+    if m["torch"]:
+        torch_part = f"; torch {m['torch']}"
+    elif "torch" in (c["impls"] if requested is None else requested):   # asked for, not importable
+        torch_part = "; torch not installed"
+    else:                                                           # not asked for: nothing to say about it
+        torch_part = ""
     title = (f"B={c['batch']} H={c['heads']} E={c['dim']} float32, {c['threads']} threads; numpy matmul "
-             f"{m['matmul_gflops']:.0f} GFLOP/s ({m['blas']}); torch {m['torch'] or 'not installed'}")
+             f"{m['matmul_gflops']:.0f} GFLOP/s ({m['blas']}){torch_part}")
     rows = B.format_table(result)
     try:
         from rich.console import Console
