@@ -69,6 +69,15 @@ def test_layout_large_matrices_are_bounded(n):
         assert lay["interpolation"] == "antialiased" or lay["cell"] * hm.DPI >= 3
 
 
+def test_long_rows_are_coloured_by_square_root():
+    assert not viz.layout(48, 48)["sqrt"] and viz.layout(49, 10)["sqrt"]
+    ax = viz.heatmap(np.full((60, 60), 1 / 60))
+    assert type(ax.images[0].norm).__name__ == "PowerNorm" and ax.images[0].norm.gamma == 0.5
+    assert ax.figure.axes[-1].get_ylabel() == "√ scale"                  # the colour bar says so
+    assert type(viz.heatmap(np.eye(3)).images[0].norm).__name__ == "Normalize"
+    assert viz.heads_grid(np.full((2, 60, 60), 1 / 60), suptitle="x")._suptitle.get_text() == "x (colours: √ scale)"
+
+
 def test_numbers_only_where_legible_and_labels_thinned():
     w = np.full((200, 200), 1 / 200)
     labels = [f"t{i}" for i in range(200)]

@@ -43,6 +43,9 @@ MAX_CELL_IN = 0.55
 #: The longest side of one heatmap's matrix (inches; 1,800 px at 150 dpi) and of one panel in a grid.
 MAX_SIDE_IN = 12.0
 MAX_PANEL_IN = 4.0
+#: Beyond this many rows or columns the colours follow √weight (matplotlib's PowerNorm(0.5)): in a long row most
+#: weights are near 1/S and a linear scale shows only the few largest.
+SQRT_BEYOND = 48
 #: Numbers are written in the cells only at this font size (points) or more; the largest size used is 8.
 MIN_ANNOTATION_PT = 6.0
 MAX_ANNOTATION_PT = 8.0
@@ -163,6 +166,7 @@ def layout(L: int, S: int, *, max_side: float = MAX_SIDE_IN, max_cell: float = M
                       there are at most ``MAX_TICKS`` (48) of them
         rotate        the column labels' rotation (0, 45 or 90 degrees)
         interpolation "nearest" while a cell is at least 3 pixels, else "antialiased" (no moiré)
+        sqrt          colours by √weight (more than SQRT_BEYOND rows or columns)
     """
     if cell is None:
         cell = min(max_cell, max_side / max(L, S, 1))
@@ -186,7 +190,7 @@ def layout(L: int, S: int, *, max_side: float = MAX_SIDE_IN, max_cell: float = M
     col_step = max(col_step, math.ceil(S / max_ticks))
     return {"cell": cell, "annotate_pt": annotate_pt, "tick_pt": tick_pt, "row_step": row_step,
             "col_step": col_step, "rotate": rotate,
-            "interpolation": "nearest" if cell * DPI >= 3 else "antialiased"}
+            "interpolation": "nearest" if cell * DPI >= 3 else "antialiased", "sqrt": max(L, S) > SQRT_BEYOND}
 
 
 def _ticks(n: int, step: int) -> list[int]:
@@ -256,7 +260,13 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
                               1.0 + (0.6 if lay["rotate"] else 0.3) + c * L), layout="constrained")
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-    im = ax.imshow(w, cmap=cmap, vmin=lo, vmax=hi, aspect="auto", interpolation=lay["interpolation"])
+    if lay.get("sqrt") and lo >= 0:
+        from matplotlib.colors import PowerNorm
+
+        im = ax.imshow(w, cmap=cmap, norm=PowerNorm(0.5, vmin=lo, vmax=hi), aspect="auto",
+                       interpolation=lay["interpolation"])
+    else:
+        im = ax.imshow(w, cmap=cmap, vmin=lo, vmax=hi, aspect="auto", interpolation=lay["interpolation"])
     tick_style = dict(style, fontsize=lay["tick_pt"])
     ax.set_xticks(cticks, [drawable(_short(cols[j])) for j in cticks], **tick_style)
     ax.set_yticks(rticks, [drawable(_short(rows[i])) for i in rticks], **tick_style)
@@ -287,7 +297,9 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
                 ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=size,
                         color="white" if v > mid else "black")
     if colorbar:
-        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        if lay.get("sqrt") and lo >= 0:
+            cb.set_label("√ scale")
     return ax
 
 
@@ -344,9 +356,10 @@ def heads_grid(weights, row_labels=None, col_labels=None, *, titles=None, ncols:
         heatmap(w[h], rows, cols, ax=ax, title=titles[h], annotate=annotate, cmap=cmap,
                 vmin=0.0, vmax=vmax, fmt=fmt, colorbar=False, xlabel=None, ylabel=None, _layout=lay,
                 _tick_rows=not big or h % ncols == 0, _tick_cols=not big or last_row)
-    if suptitle:
-        style, drawable = _text_style([suptitle])
-        fig.suptitle(drawable(suptitle), **style)
+    if suptitle or lay.get("sqrt"):
+        text = (suptitle or "") + (" (colours: √ scale)" if lay.get("sqrt") else "")
+        style, drawable = _text_style([text])
+        fig.suptitle(drawable(text.strip()), **style)
     return fig
 
 
