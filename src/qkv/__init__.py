@@ -15,6 +15,14 @@ from .tracing import Step, Trace, trace
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    """``qkv.viz`` (pictures, the page, notebooks) is imported on first use: ``import qkv`` stays light."""
+    if name == "viz":
+        import importlib
+        return importlib.import_module(".viz", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 __all__ = [
     "BlockMask",
     "create_block_mask",

@@ -103,6 +103,13 @@ class Trace:
         inner = ", ".join(f"{s.name}{s.shape}" for s in self.steps)
         return f"Trace([{inner}])"
 
+    def _repr_html_(self) -> str | None:
+        """In a notebook: the offline page of the recorded weights (:func:`qkv.viz.show`)."""
+        if "weights" not in self:
+            return None
+        from qkv.viz.notebook import show
+        return show(self)._repr_html_()
+
 
 def active() -> Trace | None:
     """The trace that stages record into now, or None."""

@@ -428,7 +428,8 @@ def test_the_generation_view(browser, tmp_path, llama, capsys):
             if s:
                 o.page.get_by_test_id("gen-next").click()
             q = P + s
-            assert o.page.get_by_test_id("gen-label").text_content() == f"token {s + 1} of {G}: {toks[q]}"
+            visible = toks[q].replace("\n", "\u21b5").replace("\t", "\u21e5")       # a line break shows as ↵
+            assert o.page.get_by_test_id("gen-label").text_content() == f"token {s + 1} of {G}: {visible}"
             assert o.page.get_by_test_id("gen-step").input_value() == str(s)
             for row in (0, 4 * 9 + 2, 29 * 9 + 8):                   # (layer, head) = (0, 0), (4, 2), (29, 8)
                 for j in (0, q // 2, q):

@@ -99,6 +99,11 @@ class BertOutput:
                 f"{len(self.hidden_states)} hidden states {self.hidden_states[0].shape}, "
                 f"{len(self.attentions)} layers × {H} heads of attentions/queries/keys/values)")
 
+    def _repr_html_(self) -> str:
+        """In a notebook: every layer and head of the first text, as the offline page (:func:`qkv.viz.show`)."""
+        from qkv.viz.notebook import show
+        return show(self)._repr_html_()
+
     @property
     def last_hidden_state(self) -> np.ndarray:
         """(B, T, D), the last layer's output."""

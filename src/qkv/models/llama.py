@@ -121,6 +121,11 @@ class LlamaOutput:
                 f"logits {self.logits.shape}, {len(self.hidden_states)} hidden states, "
                 f"{len(self.attentions)} layers × {H} heads of attentions/queries/keys/values)")
 
+    def _repr_html_(self) -> str:
+        """In a notebook: every layer and head of the first text, as the offline page (:func:`qkv.viz.show`)."""
+        from qkv.viz.notebook import show
+        return show(self)._repr_html_()
+
 
 @dataclass
 class Generation:

@@ -72,12 +72,13 @@
   }
   // A number in the arithmetic exactly as qkv explain writes it (qkv.explain._doc.fmt, precision 4):
   // rounded to 4 decimals, trailing zeros dropped but one kept (0.39, 1.0), 0, −0.5, tiny ones as 3.2e−5.
-  function num(x) {
-    var p = 4, s;
+  function num(x, p) {
+    var s;
+    if (p === undefined) p = 4;
     if (Number.isNaN(x)) return "NaN";
     if (!Number.isFinite(x)) return x < 0 ? MINUS + "\u221e" : "\u221e";
     if (x === 0) return "0";
-    if (Math.abs(x) < 0.5 * Math.pow(10, -p)) {
+    if (p >= 2 && Math.abs(x) < Number("5e-" + (p + 1))) {
       var parts = x.toExponential(Math.max(p - 2, 1)).split("e"), mant = parts[0];
       if (mant.indexOf(".") >= 0) mant = mant.replace(/0+$/, "").replace(/\.$/, "");
       return (mant + "e" + String(parseInt(parts[1], 10))).replace(/-/g, MINUS);
@@ -87,33 +88,112 @@
     if (s === "-0.0" || s === "0.0") s = "0";
     return s.replace(/-/g, MINUS);
   }
-  function factor(x) { var s = num(x); return s.charAt(0) === MINUS ? "(" + s + ")" : s; }
+  function factor(x, p) { var s = num(x, p); return s.charAt(0) === MINUS ? "(" + s + ")" : s; }
+
+  // ------------------------------------------------------------------ lines that add up (qkv.explain._doc.fit)
+  // A written-out line shows its operands with up to 3 decimals more than the 4 asked when that makes it add
+  // up: the result of the operands as shown, computed exactly, must lie within half a unit of the result's last
+  // shown decimal; else everything at 4 decimals and the relations that do not add up written "≈". Exact
+  // decimals: {m: BigInt, e: int} = m·10^e; a quotient stays a fraction {n, d}.
+  function dec(text) {
+    var s = String(text).trim();
+    if (s.charAt(0) === "(" && s.charAt(s.length - 1) === ")") s = s.slice(1, -1);
+    s = s.replace(/\u2212/g, "-");
+    var mm = /^([+-]?)(\d*)(?:\.(\d*))?(?:e([+-]?\d+))?$/.exec(s);
+    if (!mm || (!mm[2] && !mm[3])) return null;
+    var frac = mm[3] || "";
+    return { m: BigInt((mm[2] || "0") + frac) * (mm[1] === "-" ? -1n : 1n),
+             e: (mm[4] ? parseInt(mm[4], 10) : 0) - frac.length };
+  }
+  function decOf(x) { return typeof x === "number" ? (Number.isFinite(x) ? dec(String(x)) : null) : x; }
+  function ten(k) { return 10n ** BigInt(k); }
+  function dAdd(a, b) {
+    if (!a || !b) return null;
+    var e = Math.min(a.e, b.e);
+    return { m: a.m * ten(a.e - e) + b.m * ten(b.e - e), e: e };
+  }
+  function dMul(a, b) { return a && b ? { m: a.m * b.m, e: a.e + b.e } : null; }
+  function dNeg(a) { return a ? { m: -a.m, e: a.e } : null; }
+  function dDiv(a, b) { return a && b && b.m !== 0n ? { n: a, d: b } : null; }
+  function dFloat(a) { return a ? Number(String(a.m) + "e" + a.e) : NaN; }
+  function AddUp(q, p, approx) { this.q = q; this.p = p; this.approx = !!approx; this.ok = true; }
+  AddUp.prototype.n = function (x) { return num(x, this.q); };
+  AddUp.prototype.f = function (x) { return factor(x, this.q); };
+  AddUp.prototype.rel = function (exact, value, at) {
+    var digits = at === undefined ? this.p : at, text = num(value, digits), v = dec(text), good = false;
+    exact = decOf(exact);
+    if (exact && v) {
+      var unit = { m: 1n, e: Math.min(-digits, v.e) }, lhs, rhs;
+      if (exact.n) {                               // |n/d − v| < unit/2  ⇔  2·|n − v·d| < unit·|d|
+        lhs = dAdd(exact.n, dNeg(dMul(v, exact.d)));
+        rhs = dMul(unit, { m: exact.d.m < 0n ? -exact.d.m : exact.d.m, e: exact.d.e });
+      } else {
+        lhs = dAdd(exact, dNeg(v));
+        rhs = unit;
+      }
+      lhs = { m: 2n * (lhs.m < 0n ? -lhs.m : lhs.m), e: lhs.e };
+      var e = Math.min(lhs.e, rhs.e);
+      good = lhs.m * ten(lhs.e - e) < rhs.m * ten(rhs.e - e);
+    }
+    this.ok = this.ok && good;
+    return (this.approx && !good ? "\u2248 " : "= ") + text;
+  };
+  function fit(build, p) {
+    if (p === undefined) p = 4;
+    for (var q = p; q <= Math.min(12, p + 3); q++) {
+      var ln = new AddUp(q, p), text = build(ln);
+      if (ln.ok) return text;
+    }
+    return build(new AddUp(p, p, true));
+  }
+  function expPart(x, m, e) {                      // exp(x − m) = e
+    if (x === -Infinity) return "exp(" + MINUS + "\u221e) = 0";
+    return fit(function (ln) {
+      var xt = ln.n(x), mt = ln.f(m), d = dAdd(dec(xt), dNeg(dec(mt)));
+      return "exp(" + xt + " " + MINUS + " " + mt + ") " + ln.rel(d ? Math.exp(dFloat(d)) : null, e);
+    });
+  }
+  function ratioPart(e, tot, w) {                  // e / sum = w
+    return fit(function (ln) { var et = ln.n(e), tt = ln.n(tot); return et + " / " + tt + " " + ln.rel(dDiv(dec(et), dec(tt)), w); });
+  }
   // "lhs = a×b + c×d + … = r", as qkv explain's product lines (more than 8 terms: the first 3 and a count).
   function productLine(lhs, pairs, result) {
-    var show = pairs.length <= 8 ? pairs : pairs.slice(0, 3);
-    var expr = show.map(function (p) { return factor(p[0]) + "\u00d7" + factor(p[1]); }).join(" + ");
-    if (pairs.length > 8) expr += " + " + msg("page.terms", { n: pairs.length });
-    return lhs + " = " + expr + " = " + num(result);
+    if (pairs.length > 8) {
+      return lhs + " = " + pairs.slice(0, 3).map(function (p) { return factor(p[0]) + "\u00d7" + factor(p[1]); }).join(" + ") +
+             " + " + msg("page.terms", { n: pairs.length }) + " = " + num(result);
+    }
+    return fit(function (ln) {
+      var exact = { m: 0n, e: 0 };
+      var expr = pairs.map(function (p) {
+        var a = ln.f(p[0]), b = ln.f(p[1]);
+        exact = dAdd(exact, dMul(dec(a), dec(b)));
+        return a + "\u00d7" + b;
+      }).join(" + ");
+      return lhs + " = " + expr + " " + ln.rel(exact, result);
+    });
   }
   // qkv explain's softmax lines for query row i, then the one division that gives weights[i][j].
   function softmaxLines(label, keyLabels, x, soft, j) {
-    var C = x.length, show = C <= 8 ? C : 6, parts = [], k;
-    for (k = 0; k < show; k++) {
-      parts.push(x[k] === -Infinity ? "exp(" + MINUS + "\u221e) = 0"
-                                    : "exp(" + num(x[k]) + " " + MINUS + " " + factor(soft.max) + ") = " + num(soft.exp[k]));
+    var key = label + "\u0000" + x.join(",");
+    if (!soft.lines || soft.linesKey !== key) {
+      var C = x.length, show = C <= 8 ? C : 6, parts = [], k, hasSink = soft.sink !== null && soft.sink !== undefined;
+      for (k = 0; k < show; k++) parts.push(expPart(x[k], soft.max, soft.exp[k]));
+      var lines = [msg("page.row", { label: label }) + ": " + msg("page.max") + " = " + num(soft.max),
+                   "  " + parts.join(";  ") + (C > show ? "; \u2026" : "")];
+      if (hasSink) lines.push("  " + msg("page.sink") + ": " + expPart(soft.sink, soft.max, soft.sinkExp));
+      if (C <= 8) {
+        var terms = soft.exp.concat(hasSink ? [soft.sinkExp] : []);
+        lines.push("  " + fit(function (ln) {
+          var exact = { m: 0n, e: 0 }, shownTerms = terms.map(function (v) { var t = ln.n(v); exact = dAdd(exact, dec(t)); return t; });
+          return msg("page.sum") + " = " + shownTerms.join(" + ") + " " + ln.rel(exact, soft.sum);
+        }));
+      } else {
+        lines.push("  " + msg("page.sum") + " = \u03a3 (" + C + ")" + (hasSink ? " + " + num(soft.sinkExp) : "") + " = " + num(soft.sum));
+      }
+      soft.lines = lines.join("\n");
+      soft.linesKey = key;
     }
-    var lines = [msg("page.row", { label: label }) + ": " + msg("page.max") + " = " + num(soft.max),
-                 "  " + parts.join(";  ") + (C > show ? "; \u2026" : "")];
-    var sum = "  " + msg("page.sum") + " = ", plusSink = "";
-    if (soft.sink !== null && soft.sink !== undefined) {
-      lines.push("  " + msg("page.sink") + ": exp(" + num(soft.sink) + " " + MINUS + " " + factor(soft.max) + ") = " +
-                 num(soft.sinkExp));
-      plusSink = " + " + num(soft.sinkExp);
-    }
-    lines.push(C <= 8 ? sum + soft.exp.map(num).join(" + ") + plusSink + " = " + num(soft.sum)
-                      : sum + "\u03a3 (" + C + ")" + plusSink + " = " + num(soft.sum));
-    lines.push("  " + keyLabels[j] + ": " + num(soft.exp[j]) + " / " + num(soft.sum) + " = " + num(soft.w[j]));
-    return lines.join("\n");
+    return soft.lines + "\n  " + keyLabels[j] + ": " + ratioPart(soft.exp[j], soft.sum, soft.w[j]);
   }
 
   // ------------------------------------------------------------------ the computation
@@ -271,9 +351,14 @@
   // ------------------------------------------------------------------ rendering
   var arith = document.getElementById("arith");
   function explainOn(node, text) {
-    node.title = plain(text);
-    node.addEventListener("mouseenter", function () { rich(arith, text); });
-    node.addEventListener("focus", function () { rich(arith, text); });
+    var made = typeof text === "function" ? null : text;
+    function get() {
+      if (made === null) { made = text(); node.title = plain(made); }
+      return made;
+    }
+    if (made !== null) node.title = plain(made);
+    node.addEventListener("mouseenter", function () { rich(arith, get()); });
+    node.addEventListener("focus", function () { rich(arith, get()); });
   }
 
   // A table: caption, column header, one row per token. cell(i, j, td) fills each data cell.
@@ -424,7 +509,7 @@
       return table(name, name, name + " = " + (name === "Q" ? "X" : xkv) + " · W_" + name,
                    name === "Q" ? toks : ktoks, indexLabels(M[0].length), function (i, j, td) {
         var pairs = src[i].map(function (x, t) { return [x, W[t][j]]; });
-        numberCell(td, M[i][j], productLine(name + "[" + (name === "Q" ? toks : ktoks)[i] + ", " + j + "]", pairs, M[i][j]));
+        numberCell(td, M[i][j], function () { return productLine(name + "[" + (name === "Q" ? toks : ktoks)[i] + ", " + j + "]", pairs, M[i][j]); });
         if (H > 1 && Math.floor(j / width) % 2 === 1) td.classList.add("head-alt");
       });
     }
@@ -466,11 +551,21 @@
           for (k = 0; k < Eh / 2; k++) { ab = ropePair(r.rope, Eh, k); if (ab[0] === c || ab[1] === c) break; }
           var th = 1 / Math.pow(r.rope.theta, (2 * k) / Eh), phi = pos[i] * th, co = Math.cos(phi), si = Math.sin(phi);
           var a = src[i][ab[0]], b = src[i][ab[1]];
-          numberCell(td, M[i][c], hp + name + "[" + labels[i] + ", (" + ab[0] + ", " + ab[1] + ")]: \u03c6 = " + pos[i] +
-                     " \u00d7 " + num(th) + " = " + num(phi) + " rad, cos \u03c6 = " + num(co) + ", sin \u03c6 = " + num(si) +
-                     "\n  = (" + factor(a) + "\u00d7" + factor(co) + " " + MINUS + " " + factor(b) + "\u00d7" + factor(si) + ", " +
-                     factor(b) + "\u00d7" + factor(co) + " + " + factor(a) + "\u00d7" + factor(si) + ") = (" +
-                     num(M[i][ab[0]]) + ", " + num(M[i][ab[1]]) + ")");
+          numberCell(td, M[i][c], function () {
+          var angle = fit(function (ln) {
+            var tt = ln.n(th), f = dFloat(dec(num(phi, ln.q)));
+            return "\u03c6 = " + pos[i] + " \u00d7 " + tt + " " + ln.rel(dMul({ m: BigInt(pos[i]), e: 0 }, dec(tt)), phi, ln.q) +
+                   " rad, cos \u03c6 " + ln.rel(Math.cos(f), co) + ", sin \u03c6 " + ln.rel(Math.sin(f), si);
+          });
+          var turn = fit(function (ln) {
+            var at = ln.f(a), bt = ln.f(b), ct = ln.f(co), st = ln.f(si), A = dec(at), B = dec(bt), Cc = dec(ct), Ss = dec(st);
+            var r1 = ln.rel(dAdd(dMul(A, Cc), dNeg(dMul(B, Ss))), M[i][ab[0]]), r2 = ln.rel(dAdd(dMul(B, Cc), dMul(A, Ss)), M[i][ab[1]]);
+            var sym = r1.charAt(0) === "\u2248" || r2.charAt(0) === "\u2248" ? "\u2248" : "=";
+            return "  = (" + at + "\u00d7" + ct + " " + MINUS + " " + bt + "\u00d7" + st + ", " + bt + "\u00d7" + ct + " + " +
+                   at + "\u00d7" + st + ") " + sym + " (" + r1.slice(2) + ", " + r2.slice(2) + ")";
+          });
+          return hp + name + "[" + labels[i] + ", (" + ab[0] + ", " + ab[1] + ")]: " + angle + "\n" + turn;
+          });
         }));
       });
       box.appendChild(rot);
@@ -479,29 +574,40 @@
     if (state.start !== "scores") {
       attn.appendChild(table("scores", "scores" + hs, "= Q·Kᵀ", toks, ktoks, function (i, j, td) {
         var pairs = hd.Q[i].map(function (q, t) { return [q, hd.K[j][t]]; });
-        numberCell(td, hd.scores[i][j], hp + productLine("scores[" + toks[i] + ", " + ktoks[j] + "]", pairs, hd.scores[i][j]));
+        numberCell(td, hd.scores[i][j], function () { return hp + productLine("scores[" + toks[i] + ", " + ktoks[j] + "]", pairs, hd.scores[i][j]); });
       }));
     }
     attn.appendChild(table("scaled", "scaled" + hs, state.scaling ? "= scores ÷ √d_k" : msg("page.scaling_off"), toks, ktoks, function (i, j, td) {
       var s = hd.scores[i][j], v = hd.scaled[i][j];
-      var text = hp + "scaled[" + toks[i] + ", " + ktoks[j] + "] = " + num(s) +
-                 (state.scaling ? " / " + num(Math.sqrt(r.d_k)) : " \u00d7 " + num(1.0)) + " = " + num(v);
+      var text = function () { return hp + "scaled[" + toks[i] + ", " + ktoks[j] + "] = " + fit(function (ln) {
+        var st = ln.n(s);
+        if (state.scaling) { var dt = ln.n(Math.sqrt(r.d_k)); return st + " / " + dt + " " + ln.rel(dDiv(dec(st), dec(dt)), v); }
+        var ft = ln.n(1.0);
+        return st + " \u00d7 " + ft + " " + ln.rel(dMul(dec(st), dec(ft)), v);
+      }); };
       if (!r.allowed[i][j]) td.classList.add("masked");     // struck through: −∞ before softmax (see the mask)
       numberCell(td, v, text);
     }));
     if (hd.biased) {
       attn.appendChild(table("biased", "biased" + hs, "= scaled + m_h\u00b7(j " + MINUS + " i)", toks, ktoks, function (i, j, td) {
         var d = j - i, dist = d < 0 ? "(" + MINUS + (-d) + ")" : String(d);
-        numberCell(td, hd.biased[i][j], hp + "biased[" + toks[i] + ", " + ktoks[j] + "] = " + num(hd.scaled[i][j]) + " + " +
-                   factor(hd.slope) + "\u00d7" + dist + " = " + num(hd.biased[i][j]));
+        numberCell(td, hd.biased[i][j], function () { return hp + "biased[" + toks[i] + ", " + ktoks[j] + "] = " + fit(function (ln) {
+          var st = ln.n(hd.scaled[i][j]), mt = ln.f(hd.slope);
+          return st + " + " + mt + "\u00d7" + dist + " " + ln.rel(dAdd(dec(st), dMul(dec(mt), { m: BigInt(d), e: 0 })), hd.biased[i][j]);
+        }); });
       }));
     }
     if (hd.capped) {
       var c = state.softcap, cc = num(c);
       attn.appendChild(table("capped", "capped" + hs, msg("page.softcap_formula", { cap: cc }), toks, ktoks, function (i, j, td) {
         var s = (hd.biased || hd.scaled)[i][j], v = hd.capped[i][j];
-        numberCell(td, v, hp + "capped[" + toks[i] + ", " + ktoks[j] + "] = " + cc + "\u00b7tanh(" + num(s) + " / " + cc +
-                   ") = " + cc + "\u00b7tanh(" + num(s / c) + ") = " + cc + "\u00d7" + factor(v / c) + " = " + num(v));
+        numberCell(td, v, function () { return hp + "capped[" + toks[i] + ", " + ktoks[j] + "] = " + fit(function (ln) {
+          var ct = ln.n(c), st = ln.n(s), rt = ln.n(s / c), tt = ln.f(v / c);
+          var r1 = ln.rel(dDiv(dec(st), dec(ct)), s / c, ln.q), r2 = ln.rel(Math.tanh(dFloat(dec(rt))), v / c, ln.q);
+          var r3 = ln.rel(dMul(dec(ct), dec(tt)), v);
+          return ct + "\u00b7tanh(" + st + " / " + ct + ") " + r1.charAt(0) + " " + ct + "\u00b7tanh(" + rt + ") " + r2.charAt(0) +
+                 " " + ct + "\u00d7" + tt + " " + r3;
+        }); });
       }));
     }
     attn.appendChild(table("mask", "mask", msg("page.may_attend"), toks, ktoks, function (i, j, td) {
@@ -509,12 +615,14 @@
       td.tabIndex = 0;
       explainOn(td, "mask[" + toks[i] + ", " + ktoks[j] + "] = " + (r.allowed[i][j] ? msg("page.mask_yes") : msg("page.mask_no")));
     }));
-    var last = hd.capped ? "capped" : hd.biased ? "biased" : "scaled";
+    var masked = r.allowed.some(function (row) { return row.some(function (ok) { return !ok; }); });
+    var last = masked ? "masked" : hd.capped ? "capped" : hd.biased ? "biased" : "scaled";   // as qkv explain names it
     attn.appendChild(table("weights", "weights" + hs, "= softmax(" + last + ")", toks, ktoks, function (i, j, td) {
       var w = hd.weights[i][j];
-      var logits = hd.logits[i].map(function (x, k) { return r.allowed[i][k] ? x : -Infinity; });
-      var text = hp + softmaxLines(toks[i], ktoks, logits, hd.soft[i], j);
-      numberCell(td, w, text);
+      numberCell(td, w, function () {
+        var logits = hd.logits[i].map(function (x, k) { return r.allowed[i][k] ? x : -Infinity; });
+        return hp + softmaxLines(toks[i], ktoks, logits, hd.soft[i], j);
+      });
       td.style.backgroundColor = "rgba(37, 99, 235, " + Math.max(0, Math.min(1, w)) * 0.55 + ")";
     }));
     box.appendChild(attn);
@@ -526,13 +634,13 @@
                            indexLabels(r.output[0].length), function (i, j, td) {
       var h = Math.floor(j / Ev), c = j % Ev, hh = r.heads[h];
       var pairs = hh.weights[i].map(function (w, t) { return [w, hh.V[t][c]]; });
-      numberCell(td, r.output[i][j], (H > 1 ? msg("page.head_prefix", { h: h }) : "") + productLine("output[" + toks[i] + ", " + c + "]", pairs, r.output[i][j]));
+      numberCell(td, r.output[i][j], function () { return (H > 1 ? msg("page.head_prefix", { h: h }) : "") + productLine("output[" + toks[i] + ", " + c + "]", pairs, r.output[i][j]); });
       if (H > 1 && h % 2 === 1) td.classList.add("head-alt");
     }));
     if (r.final) {
       outs.appendChild(table("final_output", msg("page.final_output"), "= output · W_O", toks, indexLabels(r.final[0].length), function (i, j, td) {
         var pairs = r.output[i].map(function (x, t) { return [x, state.W_O[t][j]]; });
-        numberCell(td, r.final[i][j], productLine("final_output[" + toks[i] + ", " + j + "]", pairs, r.final[i][j]));
+        numberCell(td, r.final[i][j], function () { return productLine("final_output[" + toks[i] + ", " + j + "]", pairs, r.final[i][j]); });
       }));
     }
     box.appendChild(outs);
@@ -629,6 +737,8 @@
     }
     return out;
   }
+  // Line breaks and tabs of a token made visible (↵, ⇥) where it stands among others (chips, labels).
+  function visible(s) { return String(s).replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u21e5"); }
   // A label for the canvas: line breaks and tabs drawn as ↵ and ⇥, a blank token as ␣, long ones cut.
   function shortLabel(s) {
     s = String(s).replace(/\r?\n/g, "\u21b5").replace(/\t/g, "\u21e5");
@@ -873,7 +983,7 @@
     var stored = j < this.stored(i), k = stored ? this.K[i * this.cols + j] : null, pool = this.pooling();
     var args = { where: this.where, i: i, j: j, q: tk(this.rowLabel(i)), k: tk(this.colLabel(j)),
                  w: stored ? kText(k, this.opts.digits) : "" };
-    var text = msg(stored ? "page.map_hover" : "page.map_hover_masked", args);
+    var text = msg(stored ? (this.opts.hoverKey || "page.map_hover") : "page.map_hover_masked", args);
     if (pool[0] * pool[1] > 1) text += msg("page.map_pooled", { n: pool[0] * pool[1] });
     rich(this.hover, text);
     this.hover.setAttribute("data-i", String(i));
@@ -1005,7 +1115,7 @@
     sec.appendChild(bar);
     var line = el("p", { "class": "gen-tokens", "data-testid": "gen-tokens" });
     var chips = toks.map(function (t, j) {
-      var c = el("bdi", { "class": "chip" + (j >= P ? " gen" : ""), "data-testid": "gen-tok-" + j }, t);
+      var c = el("bdi", { "class": "chip" + (j >= P ? " gen" : ""), "data-testid": "gen-tok-" + j }, visible(t));
       line.appendChild(c);
       return c;
     });
@@ -1013,7 +1123,8 @@
     var selected = el("p", { "class": "note", "data-testid": "gen-selected" });
     sec.appendChild(selected);
     var state = { step: 0, row: 0 };
-    var view = new MapView({ testid: "gen-map", digits: digits, onPick: function (i) { state.row = i; colour(); } });
+    var view = new MapView({ testid: "gen-map", digits: digits, hoverKey: "page.gen_hover",
+                             onPick: function (i) { state.row = i; colour(); } });
     sec.appendChild(view.box);
     function rowLabel(i) { return msg("page.layer_head_short", { layer: Math.floor(i / H), head: i % H }); }
     function colour() {
@@ -1039,7 +1150,7 @@
       range.value = String(state.step);
       var C = P + state.step + 1;
       label.textContent = "";
-      msgRich(label, "page.gen_step", { s: state.step + 1, n: N, token: tk(toks[C - 1]) });
+      msgRich(label, "page.gen_step", { s: state.step + 1, n: N, token: tk(visible(toks[C - 1])) });
       view.show(store.get(state.step), L * H, C, false, rowLabel, function (j) { return toks[j]; },
                 msg("page.gen_where", { s: state.step + 1 }));
       colour();
