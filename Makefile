@@ -36,6 +36,7 @@ sysdeps:
 	fi
 
 test: $(VENV)/.installed-dev sysdeps
+	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-dev

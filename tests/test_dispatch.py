@@ -1,5 +1,4 @@
 """Backend dispatch: the auto size rule, forced backends, torch tensors, return_lse, threads, bad input."""
-import importlib
 import os
 import subprocess
 import sys

@@ -214,7 +214,7 @@ class MultiHeadAttention:
             raise ValueError(f"key: expected batch size {q_in.shape[0]} (as query), got {k_in.shape[0]}")
         B, L, _ = q_in.shape
         S = k_in.shape[1]
-        H, Hk, E = self.num_heads, self.num_kv_heads, self.head_dim
+        H, Hk = self.num_heads, self.num_kv_heads
         offset = 0
         if cache is not None:
             from .cache import KVCache

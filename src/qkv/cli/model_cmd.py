@@ -8,7 +8,6 @@ calculation are read from that trace.
 """
 from __future__ import annotations
 
-import math
 import re
 import sys
 import warnings

@@ -20,7 +20,7 @@ import numpy as np
 from ..locales import t
 import math
 
-from ._doc import MINUS, fit, fmt, fmt_factor, shown
+from ._doc import MINUS, fit, fmt, shown
 
 
 # ----------------------------------------------------------------------------------------------- RoPE

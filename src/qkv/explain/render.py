@@ -421,7 +421,7 @@ class _Builder:
 
     # -- matrix products
     def matmul(self, step: Step) -> Section:
-        a, b = step.operands["a"], step.operands["b"]
+        b = step.operands["b"]
         name = step.name
         bias = step.operands.get("bias")
         if name == "scores":
@@ -862,7 +862,7 @@ def build_query_doc(trace: Trace, row: int, *, head: int = 0, batch: int = 0, la
         if "K_rot" in trace:
             s.text(t("explain.q_rope_keys", lang))
     if scores_step is not None and scores_step.op == "matmul":
-        qa, kb = scores_step.operands["a"], scores_step.operands["b"]
+        qa = scores_step.operands["a"]
         lead_shape = scores_step.array.shape[:-2]
         qa = _bcast(qa, lead_shape + qa.shape[-2:])
         q = np.asarray(qa[idx])[loc(scores_step)]

@@ -14,7 +14,6 @@ sinks).
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 

@@ -177,7 +177,6 @@ def layout(L: int, S: int, *, max_side: float = MAX_SIDE_IN, max_cell: float = M
     if annotate_pt < MIN_ANNOTATION_PT:
         annotate_pt = 0.0
     tick_pt = max(MIN_TICK_PT, min(MAX_TICK_PT, 0.8 * pt))
-    rows = [_short(r) for r in (row_labels or [])]
     cols = [_short(c) for c in (col_labels or [])]
     row_step = max(1, math.ceil(1.25 * tick_pt / pt), math.ceil(L / max_ticks))
     widest = max((_text_width_em(c) for c in cols), default=2 * _DIGIT_EM) * tick_pt
