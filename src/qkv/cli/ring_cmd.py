@@ -42,12 +42,14 @@ def _plural(n: int, word: str) -> str:
 @click.option("--backward", is_flag=True, help="Also run the ring backward (dK/dV travel with their blocks).")
 @click.option("--check", is_flag=True, help="Compare with one process on the whole sequence (and time it).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random Q, K, V.")
+@click.option("--repeats", default=1, show_default=True, type=int,
+              help="Timed runs of each (ring and one process); times are medians.")
 @click.option("--threads", default=None, type=int, help="Engine threads per process (default: cores / P).")
 @click.option("--timeout", default=None, type=float,
               help="Seconds any one wait of the ring may take (default 120).")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
-def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dtype, backward, check, seed, threads,
-         timeout, as_json):
+def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dtype, backward, check, seed, repeats,
+         threads, timeout, as_json):
     """Run ring attention on P local processes and print the time per step and the bytes each rank sent.
 
     Each rank builds only its own shard (the sequence is defined chunk by chunk from the seed), passes K/V
@@ -56,7 +58,8 @@ def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dty
     float64 1e-12, relative to max(1, |value|)); 2 for bad input.
     """
     for name, val in (("--nproc", nproc), ("--length", length), ("--heads", heads), ("--kv-heads", kv_heads),
-                      ("--dim", dim), ("--batch", batch), ("--threads", threads), ("--window", window)):
+                      ("--dim", dim), ("--batch", batch), ("--threads", threads), ("--window", window),
+                      ("--repeats", repeats)):
         if val is not None and val < 1:
             raise UserError(f"{name}: expected a positive integer, got {val}")
     if kv_heads is not None and heads % kv_heads:
@@ -75,7 +78,7 @@ def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dty
     try:
         res = run_ring(nproc=nproc, length=length, heads=heads, kv_heads=kv_heads, dim=dim, batch=batch,
                        causal=causal, layout=layout, window=window, dtype=dtype, backward=backward, check=check,
-                       seed=seed, timeout=timeout, threads=threads)
+                       seed=seed, timeout=timeout, threads=threads, repeats=repeats)
     except (RuntimeError, TimeoutError) as exc:
         raise UserError(f"the ring failed: {exc}") from None
     ok = not check or res["check"]["ok"]
@@ -97,7 +100,8 @@ def _text(res: dict) -> list[str]:
         mask = f"sliding window {cfg['window']}"
     lines = [f"qkv ring: P={P} processes (gloo, 127.0.0.1), N={cfg['N']}, B={cfg['B']}, H={cfg['H']}"
              + (f" (kv {cfg['Hk']})" if cfg["Hk"] != cfg["H"] else "") + f", E={cfg['E']}, {cfg['dtype']}, {mask}, "
-             f"{cfg['layout']} layout, {_plural(cfg['threads'], 'engine thread')} per process"]
+             f"{cfg['layout']} layout, {_plural(cfg['threads'], 'engine thread')} per process"
+             + (f"; times: medians of {cfg['repeats']} runs" if cfg["repeats"] > 1 else "")]
     for part in ("forward", "backward"):
         if part not in ranks[0]:
             continue

@@ -170,20 +170,27 @@ def ring_worker(rank: int, P: int, cfg: dict) -> dict:
               timeout=cfg["timeout"], threads=cfg["threads"],
               mask_mod=None if not cfg.get("window") else mods.sliding_window(cfg["window"]))
     td = datetime.timedelta(seconds=cfg["timeout"])
-    dist.barrier(async_op=True).wait(td)
+    reps = cfg.get("repeats", 1)
+
+    def timed(fn):
+        """``fn()`` ``repeats`` times, all ranks starting together: (last result, median wall s, median CPU s)."""
+        walls, cpus, got = [], [], None
+        for _ in range(reps):
+            dist.barrier(async_op=True).wait(td)
+            t0, c0 = time.perf_counter(), time.process_time()
+            got = fn()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        return got, float(np.median(walls)), float(np.median(cpus))
     st: dict = {}
-    t0, c0 = time.perf_counter(), time.process_time()
-    out, lse = ring_attention(q, k, v, return_lse=True, stats=st, **kw)
-    res = {"rank": rank, "forward_s": time.perf_counter() - t0, "forward_cpu_s": time.process_time() - c0,
-           "forward": st, "base_mb": base}
+    (out, lse), wall, cpu = timed(lambda: ring_attention(q, k, v, return_lse=True, stats=st, **kw))
+    res = {"rank": rank, "forward_s": wall, "forward_cpu_s": cpu, "forward": st, "base_mb": base}
     if cfg["backward"]:
         (do,) = (np.concatenate([chunk_arrays(cfg, u, grad=True)[0] for u in _layout.chunk_of(rank, P, cfg["layout"])],
                                 axis=-2),)
-        dist.barrier(async_op=True).wait(td)
         sb: dict = {}
-        t0, c0 = time.perf_counter(), time.process_time()
-        grads = ring_attention_backward(do, q, k, v, out, lse, stats=sb, **kw)
-        res.update(backward_s=time.perf_counter() - t0, backward_cpu_s=time.process_time() - c0, backward=sb)
+        grads, wall, cpu = timed(lambda: ring_attention_backward(do, q, k, v, out, lse, stats=sb, **kw))
+        res.update(backward_s=wall, backward_cpu_s=cpu, backward=sb)
         if cfg["check"]:
             res["grads"] = grads
     res["peak_mb"] = _peak_mb()
@@ -196,11 +203,12 @@ def ring_worker(rank: int, P: int, cfg: dict) -> dict:
 def run_ring(*, nproc: int, length: int, heads: int = 8, kv_heads: int | None = None, dim: int = 64, batch: int = 1,
              causal: bool = False, layout: str = "zigzag", window: int | None = None, dtype: str = "float32",
              backward: bool = False, check: bool = False, seed: int = 0, timeout: float | None = None,
-             threads: int | None = None, deadline: float | None = None) -> dict:
+             threads: int | None = None, deadline: float | None = None, repeats: int = 1) -> dict:
     """``qkv ring``: run the ring on ``nproc`` local processes and (``check``) against one process.
 
     Returns a dict: the configuration, per-rank results (times, stats, peak RSS), and with ``check`` the
-    single-process times and the largest differences (output, lse, and gradients with ``backward``)."""
+    single-process times and the largest differences (output, lse, and gradients with ``backward``). Times
+    are medians of ``repeats`` runs (wall and CPU seconds; the ranks start each run together)."""
     from .. import _checks
     from ._ring import DEFAULT_TIMEOUT
     P = _checks.positive_int(nproc, "nproc")
@@ -216,6 +224,7 @@ def run_ring(*, nproc: int, length: int, heads: int = 8, kv_heads: int | None = 
         threads = max(1, (os.cpu_count() or 1) // P)
     cfg = dict(P=P, N=N, H=heads, Hk=Hk, E=dim, B=batch, causal=bool(causal), layout=layout, window=window,
                dtype=dtype, backward=bool(backward), check=bool(check), seed=seed, threads=threads,
+               repeats=_checks.positive_int(repeats, "repeats"),
                timeout=DEFAULT_TIMEOUT if timeout is None else float(timeout))
     t0 = time.perf_counter()
     ranks = launch(ring_worker, P, (cfg,), timeout=cfg["timeout"], deadline=deadline)
@@ -239,9 +248,17 @@ def _check_single(cfg: dict, ranks: list) -> dict:
         from ..blockmask import create_block_mask
         bm = create_block_mask(mods.sliding_window(cfg["window"]), None, None, cfg["N"], cfg["N"])
     kw = dict(is_causal=cfg["causal"], scale=scale, enable_gqa=gqa, block_mask=bm)
-    t0, c0 = time.perf_counter(), time.process_time()
-    out, _, lse = tiled.forward(q, k, v, return_lse=True, **kw)
-    single_fwd, single_fwd_cpu = time.perf_counter() - t0, time.process_time() - c0
+    reps = cfg.get("repeats", 1)
+
+    def timed(fn):
+        walls, cpus, got = [], [], None
+        for _ in range(reps):
+            t0, c0 = time.perf_counter(), time.process_time()
+            got = fn()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+        return got, float(np.median(walls)), float(np.median(cpus))
+    (out, _, lse), single_fwd, single_fwd_cpu = timed(lambda: tiled.forward(q, k, v, return_lse=True, **kw))
     lay = cfg["layout"]
     ring_out = unshard([r["out"] for r in ranks], layout=lay)
     ring_lse = unshard([r["lse"] for r in ranks], layout=lay, seq_dim=-1)
@@ -250,9 +267,8 @@ def _check_single(cfg: dict, ranks: list) -> dict:
            "lse": _diff(ring_lse, lse)}
     if cfg["backward"]:
         (do,) = full_arrays(cfg, grad=True)
-        t0, c0 = time.perf_counter(), time.process_time()
-        g = tiled.backward(do, q, k, v, out=out, lse=lse, **kw)              # as the ring: given O and lse
-        res["backward_s"], res["backward_cpu_s"] = time.perf_counter() - t0, time.process_time() - c0
+        g, res["backward_s"], res["backward_cpu_s"] = timed(         # as the ring: given O and lse
+            lambda: tiled.backward(do, q, k, v, out=out, lse=lse, **kw))
         for i, name in enumerate(("dq", "dk", "dv")):
             ring_g = unshard([r["grads"][i] for r in ranks], layout=lay)
             res[name] = _diff(ring_g, g[i])

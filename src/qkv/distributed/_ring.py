@@ -152,9 +152,12 @@ def _shape_rec(shape: tuple) -> list[int]:
     return [len(shape)] + list(shape) + [0] * (_NDIM - len(shape))
 
 
-def _validate(fn, query, key, value, is_causal, scale, enable_gqa, layout, mask_mod, world_size, extra=None):
+def _validate(fn, query, key, value, is_causal, scale, enable_gqa, layout, mask_mod, world_size, extra=None,
+              threads=None):
     """Local checks of one rank (no communication): an _Args, or raises TypeError/ValueError."""
     a = _Args()
+    if threads is not None:
+        _checks.positive_int(threads, "threads")
     a.query = _checks.float_array(query, "query", min_ndim=2)
     a.key = _checks.float_array(key, "key", min_ndim=2)
     a.value = _checks.float_array(value, "value", min_ndim=2)
@@ -307,7 +310,7 @@ def ring_attention(query, key, value, *, is_causal=False, scale=None, enable_gqa
     P, rank = comm.size, comm.rank
 
     def build():
-        a = _validate(fn, query, key, value, is_causal, scale, enable_gqa, layout, mask_mod, P)
+        a = _validate(fn, query, key, value, is_causal, scale, enable_gqa, layout, mask_mod, P, threads=threads)
         a.plans = _plan.plans(rank, P, a.n, a.layout, a.is_causal, a.mod, a.lead)
         a.last = _plan.last_step(a.plans)
         return a
@@ -383,7 +386,7 @@ def ring_attention_backward(grad_out, query, key, value, out, lse, *, is_causal=
     P, rank = comm.size, comm.rank
 
     def build():
-        a = _validate(fn, query, key, value, is_causal, scale, enable_gqa, layout, mask_mod, P)
+        a = _validate(fn, query, key, value, is_causal, scale, enable_gqa, layout, mask_mod, P, threads=threads)
         expected = shapes.output_shape(a.query.shape, a.key.shape, a.value.shape, a.enable_gqa)
         a.grad_out = _checks.float_array(grad_out, "grad_out", min_ndim=2)
         a.out = _checks.float_array(out, "out", min_ndim=2)
