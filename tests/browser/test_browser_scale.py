@@ -454,3 +454,30 @@ def test_the_generation_view(browser, tmp_path, llama, capsys):
         o.check_clean()
     finally:
         o.context.close()
+
+
+def test_heads_at_a_glance_and_rollout_on_the_page(browser, tmp_path):
+    T, L, H = 200, 3, 4
+    layers = synthetic_layers(T, L, H, seed=9)
+    tokens = [f"w{i % 50}" for i in range(T)]
+    data = vpage._layers_data(layers, L, H, T, True, what="synthetic", tokens=tokens)
+    data.update({"kind": "model", "name": "synthetic", "text": "a synthetic text", "tokens": tokens,
+                 "decoder": True, "kv_heads": H})
+    kinds = viz.head_kinds(layers, tokens, causal=True)
+    R = viz.rollout(layers)
+    path = tmp_path / "kinds.html"
+    viz.write_page(path, {"model": data})
+    o = open_file(browser, path)
+    try:
+        got = o.page.eval_on_selector_all("[data-testid^='thumb-']", "els => els.map(e => e.dataset.kind)")
+        assert got == [str(k) for k in kinds.kind.ravel()]
+        assert got[0] == "previous"                                   # head 0 of every layer: the previous token
+        label = o.page.get_by_test_id("thumb-0-0").locator(".kind").text_content()
+        assert label == f"P{min(99, round(100 * kinds.scores['previous'][0, 0]))}"
+        assert "P previous token" in o.page.get_by_test_id("kinds-note").text_content()
+        assert o.page.get_by_test_id("rollout-title").text_content() == "Rollout through the layers"
+        rng = np.random.default_rng(10)
+        assert_hover_exact(o, "rollout-map", R, random_cells(rng, 0, T, 0, T, 15) + [(T - 1, 0), (5, 5)])
+        o.check_clean()
+    finally:
+        o.context.close()

@@ -206,8 +206,8 @@ def _output_data(out, *, index: int, name) -> dict:
     causal = hasattr(out, "logits")                               # the decoder's output
     _page._check_cells(L * H, T, T, causal, f"a text of {T:,} tokens")
     kv = np.asarray(out.keys[0]).shape[1] if getattr(out, "keys", None) else H
-    data = _page._layers_data(atts, L, H, T, causal, what=f"a text of {T:,} tokens")
     tokens = [str(t) for t in out.tokens[index][:T]]
+    data = _page._layers_data(atts, L, H, T, causal, what=f"a text of {T:,} tokens", tokens=tokens)
     data.update({"kind": "model", "name": name or ("decoder" if causal else "encoder") + f" ({type(out).__name__})",
                  "text": None, "tokens": tokens, "decoder": causal, "kv_heads": int(kv)})
     return data

@@ -544,27 +544,47 @@ def model_data(text: str, *, model=None, digits: int = 6, name: str | None = Non
         tokens = [str(t) for t in out.tokens[0][:T]]
         _check_cells(L * H, T, T, causal, f"text of {T:,} tokens")
         layers = (np.asarray(a)[0, :, :T, :T] for a in out.attentions)
-    data = _layers_data(layers, L, H, T, causal, what=f"a text of {T:,} tokens", small_digits=digits)
+    data = _layers_data(layers, L, H, T, causal, what=f"a text of {T:,} tokens", small_digits=digits, tokens=tokens)
     data.update({"kind": "model", "name": name or _model_name(model), "text": text, "tokens": tokens,
                  "decoder": causal, "kv_heads": int(getattr(c, "num_kv_heads", H) or H)})
     return data
 
 
 def _layers_data(layers, L: int, H: int, T: int, causal: bool, *, what: str, small_digits: int = 6,
-                 cols: int | None = None) -> dict:
-    """The map set of ``L`` layers of ``H`` heads (each (H, T, S)), with the numbers when small."""
+                 cols: int | None = None, tokens=None) -> dict:
+    """The map set of ``L`` layers of ``H`` heads (each (H, T, S)), with the numbers when small. With ``tokens``
+    (a model's self-attention) also every head's kind (:func:`qkv.viz.head_kinds`, layer by layer) and the
+    attention rollout through the layers (:func:`qkv.viz.rollout`, multiplied up layer by layer), so that
+    memory holds one layer's weights at a time."""
     ms = MapSet(budget=MAX_PAGE_BYTES - 1_000_000, what=what)
     small = T <= SMALL_TOKENS and (cols or T) <= SMALL_TOKENS
     exact = []
+    analysis = tokens is not None and (cols is None or cols == T)
+    if analysis:
+        from . import heads as _heads
+        kinds, scores, R = [], [], None
     for li, a in enumerate(layers):
         a = np.asarray(a)
         ms.add_group(list(a), causal=causal, label=f"layer {li + 1} of {L}")
         if small:
             exact.append(np.round(a.astype(np.float64), small_digits).tolist())
+        if analysis:
+            k = _heads.head_kinds([a], tokens, causal=causal)
+            kinds.append([str(x) for x in k.kind[0]])
+            scores.append({name: [round(float(v), 4) for v in sc[0]] for name, sc in k.scores.items()})
+            step = _heads.rollout([a])                               # this layer's Ã (heads fused, + I, renormalised)
+            R = step if R is None else step @ R
     if len(ms.blobs) != L * H:
         raise ValueError(f"layers: expected {L} layers of {H} heads, got {len(ms.blobs)} maps")
-    return {"layers": L, "heads": H, "T": T, "causal": causal, "digits": MAP_DIGITS, "maps": ms.to_json(),
-            "attentions": exact if small else None}
+    out = {"layers": L, "heads": H, "T": T, "causal": causal, "digits": MAP_DIGITS, "maps": ms.to_json(),
+           "attentions": exact if small else None, "head_kinds": None, "rollout": None}
+    if analysis:
+        roll = MapSet(thumbs=False, what=what)
+        roll.add_group([np.clip(R, 0.0, 1.0)], causal=causal, label="rollout")
+        out["head_kinds"] = {"kind": kinds, "scores": scores, "pattern_min": _heads.PATTERN_MIN,
+                             "broad_min": _heads.BROAD_MIN}
+        out["rollout"] = roll.to_json()
+    return out
 
 
 def _playground_cells(pg: dict) -> int:
@@ -627,18 +647,22 @@ def generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bool 
     _check_cells(L * H, T, T, True, f"prompt and continuation of {T:,} tokens")
     tokens = [str(t) for t in model.token_texts(ids)]
     what = f"prompt and continuation of {T:,} tokens"
-    full = MapSet(budget=MAX_PAGE_BYTES - 2_000_000, what=what)
     rows = [np.zeros((L * H, P + s + 1), np.float32) for s in range(G)]
-    for li, a in enumerate(decoder_attentions(model, ids)):
-        full.add_group(list(a), causal=True, label=f"layer {li + 1} of {L}")
-        for s in range(G):
-            rows[s][li * H:(li + 1) * H] = a[:, P + s, :P + s + 1]
-    steps = MapSet(thumbs=False, budget=MAX_PAGE_BYTES - 1_000_000 - full.size, what=what)
+
+    def layers():
+        for li, a in enumerate(decoder_attentions(model, ids)):
+            for s in range(G):
+                rows[s][li * H:(li + 1) * H] = a[:, P + s, :P + s + 1]
+            yield a
+
+    view = _layers_data(layers(), L, H, T, True, what=what, tokens=tokens)
+    view["attentions"] = None
+    size = sum(len(b) for b in view["maps"]["blobs"])
+    steps = MapSet(thumbs=False, budget=MAX_PAGE_BYTES - 1_000_000 - size, what=what)
     steps.add_group(rows, label="the generated tokens' rows")
     name = _model_name(model)
-    view = {"kind": "model", "name": name, "text": g.prompt, "tokens": tokens, "decoder": True,
-            "kv_heads": int(getattr(c, "num_kv_heads", H) or H), "layers": L, "heads": H, "T": T, "causal": True,
-            "digits": MAP_DIGITS, "maps": full.to_json(), "attentions": None}
+    view.update({"kind": "model", "name": name, "text": g.prompt, "tokens": tokens, "decoder": True,
+                 "kv_heads": int(getattr(c, "num_kv_heads", H) or H)})
     gen = {"name": name, "prompt": prompt, "chat": bool(chat), "text": g.text, "finish": g.finish_reason,
            "tokens": tokens, "prompt_len": P, "layers": L, "heads": H, "digits": MAP_DIGITS, "steps": steps.to_json()}
     return {"generation": gen, "model": view}

@@ -1037,6 +1037,7 @@
           var m = l * H + h;
           if (tbytes) { drawThumb(cv, tbytes, toff, M.maps.thumb_shapes[m], lut, top); toff += M.maps.thumb_shapes[m][0] * M.maps.thumb_shapes[m][1]; }
           b.appendChild(cv);
+          if (M.head_kinds) kindLabel(b, l, h);
           b.addEventListener("click", function () { sel.layer = l; sel.head = h; show(); });
           thumbs.push(b);
           var td = el("td"); td.appendChild(b); tr.appendChild(td);
@@ -1045,6 +1046,11 @@
       grid.appendChild(tr);
     }
     sec.appendChild(grid);
+    if (M.head_kinds) {
+      var legend = KIND_ORDER.map(function (k) { return KIND_LETTERS[k] + " " + msg(KIND_KEYS[k]); }).join(" \u00b7 ");
+      sec.appendChild(el("p", { "class": "note", "data-testid": "kinds-note" },
+                         msg("page.kinds_note", { legend: legend, pattern: M.head_kinds.pattern_min, broad: M.head_kinds.broad_min })));
+    }
     var heading = el("h3", { "data-testid": kind === "example" ? "example-selected" : "model-selected" });
     sec.appendChild(heading);
     var view = new MapView({ testid: kind === "example" ? "example-map" : "model-map", digits: digits });
@@ -1052,6 +1058,19 @@
     var views = el("div", { "class": "model-views" });
     sec.appendChild(views);
 
+    // Heads at a glance (qkv.viz.head_kinds): the pattern's letter and its score in percent under each thumbnail.
+    function kindLabel(b, l, h) {
+      var hk = M.head_kinds, k = hk.kind[l][h], sc = hk.scores[l], shownKind = k, lower = false;
+      if (k === "mixed") {
+        shownKind = KIND_ORDER.slice(0, 5).reduce(function (a, c) { return sc[c][h] > sc[a][h] ? c : a; }, "previous");
+        lower = true;
+      }
+      var score = sc[shownKind][h], letter = KIND_LETTERS[shownKind];
+      b.appendChild(el("span", { "class": "kind" }, (lower ? letter.toLowerCase() : letter) + Math.min(99, Math.round(100 * score))));
+      b.setAttribute("data-kind", k);
+      b.setAttribute("data-score", String(score));
+      b.title = msg("page.kind_title", { layer: l, head: h, kind: msg(KIND_KEYS[k]), score: num(score, 2) });
+    }
     function show() {
       var m = sel.layer * H + sel.head, where = msg("page.layer_head", { layer: sel.layer, head: sel.head });
       thumbs.forEach(function (b, n) { b.setAttribute("aria-pressed", String(n === m)); });
@@ -1090,7 +1109,20 @@
       }));
     }
     show();
+    if (M.rollout) {                    // attention rollout through the layers (qkv.viz.rollout), one map
+      sec.appendChild(el("h3", { "data-testid": "rollout-title" }, msg("page.rollout_title")));
+      sec.appendChild(el("p", { "class": "note" }, msg("page.rollout_note", { layers: L })));
+      var rstore = new MapStore(M.rollout), rview = new MapView({ testid: "rollout-map", digits: M.rollout.digits });
+      sec.appendChild(rview.box);
+      var rsh = rstore.shape(0);
+      rview.show(rstore.get(0), rsh[0], rsh[1], rstore.causal(0), function (i) { return rowToks[i]; },
+                 function (j) { return colToks[j]; }, msg("page.rollout_where"));
+    }
   }
+  var KIND_ORDER = ["previous", "next", "same", "sink", "long_range", "broad"];
+  var KIND_LETTERS = { previous: "P", next: "N", same: "D", sink: "S", long_range: "L", broad: "B", mixed: "\u00b7" };
+  var KIND_KEYS = { previous: "page.kind_previous", next: "page.kind_next", same: "page.kind_same", sink: "page.kind_sink",
+                    long_range: "page.kind_long_range", broad: "page.kind_broad", mixed: "page.kind_mixed" };
 
   // ------------------------------------------------------------------ generation view
   // Step through the generated tokens; for each, its attention over the earlier tokens in every layer and head
