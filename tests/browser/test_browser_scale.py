@@ -7,7 +7,6 @@ marker (``performance.now()``, written as ``data-ready-ms``), asserted ≤ 5 s.
 from __future__ import annotations
 
 import inspect
-import os
 import pathlib
 
 import numpy as np
