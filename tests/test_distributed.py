@@ -1,8 +1,9 @@
 """qkv.distributed: ring attention over torch.distributed (gloo on 127.0.0.1), against the single-process engine.
 
-Two process groups are started (P = 2 and P = 4, torch.multiprocessing spawn); each runs a whole suite of
-cases and sends back its numbers, so the parent asserts with readable failures and the processes start only
-twice. Everything is bounded: every collective and transfer has a timeout, each launch a deadline after
+Four processes are started once (torch.multiprocessing spawn, through qkv.distributed.launch): they run the
+whole suite as two groups of P = 2 at once ([0, 1] and [2, 3]: group ranks are not global ranks), then as one
+group of P = 4, and send back their numbers, so the parent asserts with readable failures; `qkv ring` starts
+two more. Everything is bounded: every collective and transfer has a timeout, each launch a deadline after
 which its processes are killed.
 
 - forward and backward equal to the single-process engine (fp64 ≤ 1e-12, fp32 ≤ 1e-5), zigzag and
@@ -254,7 +255,7 @@ def test_messages_and_bytes_per_rank_follow_the_formula(P, ring2, ring4):
 
 
 def test_masks_skip_empty_steps_and_stop_the_ring_early(ring4):
-    P, n = 4, 4
+    P = 4
     for r, res in enumerate(ring4):
         w = res["window-contiguous"]                                   # window n − 1: this block and the last
         assert w["stats_f"]["steps"] == 2 and w["stats_f"]["messages"] == 1
