@@ -195,30 +195,27 @@ def _all(rank, world):
     return out
 
 
-@pytest.fixture(scope="module")
-def launched():
-    from qkv.distributed import launch
-    return launch(_all, 4, timeout=TIMEOUT, deadline=DEADLINE)
-
-
-@pytest.fixture(scope="module")
-def ring2(launched):
-    return [x["ring2"] for x in launched]          # global ranks 0, 1 (group A) and 2, 3 (group B)
-
-
-@pytest.fixture(scope="module")
-def ring4(launched):
-    return [x["ring4"] for x in launched]
-
-
 CASES = ([f"f64-{lay}-{c}" for lay in ("zigzag", "contiguous") for c in ("full", "causal")]
          + [f"f32-gqa-{lay}-{c}" for lay in ("zigzag", "contiguous") for c in ("full", "causal")]
          + ["window-contiguous", "window-zigzag-causal", "documents-aligned", "documents-zigzag"])
 
 
-@pytest.mark.parametrize("P", [2, 4])
-def test_forward_and_backward_equal_the_single_process_engine(P, ring2, ring4):
-    ranks = ring2 if P == 2 else ring4
+def test_ring_attention_on_2_and_4_processes():
+    """One launch for all the cases below (so the processes start once, wherever pytest-xdist runs it)."""
+    from qkv.distributed import launch
+    launched = launch(_all, 4, timeout=TIMEOUT, deadline=DEADLINE)
+    ring2 = [x["ring2"] for x in launched]          # global ranks 0, 1 (group A) and 2, 3 (group B)
+    ring4 = [x["ring4"] for x in launched]
+    for P, ranks in ((2, ring2), (4, ring4)):
+        _check_equal_to_the_single_process_engine(P, ranks)
+        _check_messages_and_bytes_per_rank(P, ranks)
+        _check_transfers_overlap_the_compute(P, ranks)
+        _check_bad_input_is_one_clear_error_on_every_rank(ranks)
+    _check_masks_skip_empty_steps_and_stop_the_ring_early(ring4)
+    _check_a_rank_that_never_calls_is_an_error_after_the_timeout(launched)
+
+
+def _check_equal_to_the_single_process_engine(P, ranks):
     for res in ranks:
         r = res["rank"]
         for name in CASES:
@@ -234,9 +231,7 @@ def test_forward_and_backward_equal_the_single_process_engine(P, ring2, ring4):
             assert c["dtypes"] == [dt] * 4
 
 
-@pytest.mark.parametrize("P", [2, 4])
-def test_messages_and_bytes_per_rank_follow_the_formula(P, ring2, ring4):
-    ranks = ring2 if P == 2 else ring4
+def _check_messages_and_bytes_per_rank(P, ranks):
     for i, res in enumerate(ranks):
         r = res["rank"]
         nxt = (r + 1) % P + (i - r)                               # the next rank, as a global rank
@@ -254,7 +249,7 @@ def test_messages_and_bytes_per_rank_follow_the_formula(P, ring2, ring4):
             assert c["stats_b"]["messages"] == 2 * P - 1 and c["stats_b"]["bytes"] == (2 * P - 1) * kvb
 
 
-def test_masks_skip_empty_steps_and_stop_the_ring_early(ring4):
+def _check_masks_skip_empty_steps_and_stop_the_ring_early(ring4):
     P = 4
     for r, res in enumerate(ring4):
         w = res["window-contiguous"]                                   # window n − 1: this block and the last
@@ -270,30 +265,21 @@ def test_masks_skip_empty_steps_and_stop_the_ring_early(ring4):
 
 
 
-@pytest.mark.parametrize("P", [2, 4])
-def test_transfers_overlap_the_compute(P, ring2, ring4):
-    """Each step posts its sends/receives, computes, then waits: the next block travels during the compute."""
-    ranks = ring2 if P == 2 else ring4
+def _check_transfers_overlap_the_compute(P, ranks):
+    """Each step posts its sends/receives, computes, then waits: the next block travels during the compute; in
+    the backward the dK/dV accumulator of a step travels during the next step's compute, and goes home last."""
+    post, wait, comp = (lambda tag: ("post", tag)), (lambda tag: ("wait", tag)), ("compute", None)
+    fwd = ([post(11), post(11), comp, wait(11), wait(11)] * (P - 1) + [comp]) * 2       # two forward calls
+    bwd = [post(11), post(11), comp, post(12), post(12), wait(11), wait(11)]
+    bwd += [post(11), post(11), comp, wait(12), wait(12), post(12), post(12), wait(11), wait(11)] * (P - 2)
+    bwd += [comp, wait(12), wait(12), post(13), post(13), wait(13), wait(13)]
     for res in ranks:
-        ev = [e for e in res["f64-zigzag-causal"]["events_f"]]
-        steps, cur = [], []
-        for e in ev:
-            if e == ("post", 11) and cur and cur[-1][0] == "wait":
-                steps.append(cur)
-                cur = []
-            cur.append(e)
-        steps.append(cur)
-        first = steps[0]
-        assert first[:2] == [("post", 11), ("post", 11)] and ("compute", None) in first
-        assert first.index(("compute", None)) < first.index(("wait", 11))
-        ev_b = res["f64-zigzag-causal"]["events_b"]
-        c0, w12 = ev_b.index(("compute", None)), ev_b.index(("wait", 11))
-        assert ev_b[:2] == [("post", 11), ("post", 11)] and c0 < w12
+        c = res["f64-zigzag-causal"]                     # one engine call per step on every rank
+        assert c["events_f"] == fwd, c["events_f"]
+        assert c["events_b"] == bwd, c["events_b"]
 
 
-@pytest.mark.parametrize("P", [2, 4])
-def test_bad_input_is_one_clear_error_on_every_rank(P, ring2, ring4):
-    ranks = ring2 if P == 2 else ring4
+def _check_bad_input_is_one_clear_error_on_every_rank(ranks):
     for res in ranks:
         r = res["rank"]
         assert "shards differ between ranks" in res["bad-unequal"] and "shard" in res["bad-unequal"]
@@ -307,7 +293,7 @@ def test_bad_input_is_one_clear_error_on_every_rank(P, ring2, ring4):
         assert res["after-bad"] <= 1e-12                               # the group is still usable
 
 
-def test_a_rank_that_never_calls_is_an_error_after_the_timeout(launched):
+def _check_a_rank_that_never_calls_is_an_error_after_the_timeout(launched):
     msg = launched[0]["absent"]
     assert msg is not None and msg.startswith("RingError") and "within 1 s" in msg, msg
     assert 0.9 <= launched[0]["absent_s"] < 5
