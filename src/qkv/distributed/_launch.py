@@ -25,10 +25,9 @@ DEFAULT_DEADLINE = 600.0
 
 
 def _free_port() -> int:
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free TCP port for the rendezvous (torch's own helper, as torchrun's standalone mode uses)."""
+    from torch.distributed.elastic.utils.distributed import get_free_port
+    return get_free_port()
 
 
 def _entry(rank, fn, nproc, port, queue, args, timeout, backend):
