@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qkv
-from conftest import TOL
+from qkv_tolerances import TOL
 
 torch = pytest.importorskip("torch")
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import qkv
-from conftest import TOL
+from qkv_tolerances import TOL
 from qkv.backends import tiled
 
 torch = pytest.importorskip("torch")

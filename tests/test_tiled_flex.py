@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from conftest import TOL
+from qkv_tolerances import TOL
 from qkv import backends, mods
 from qkv.backends import tiled
 from qkv.blockmask import create_block_mask
