@@ -439,3 +439,28 @@ def test_bench_variants_small(monkeypatch, capsys):
     assert main(["bench", "--variants", "--repeats", "1", "--heads", "2", "--dim", "16", "--threads", "1",
                  "--markdown", "--no-progress"]) == 0
     assert "| ratio of medians |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mm", [mods.sliding_window(100), mods.causal(), mods.document_from_lengths([200, 100, 212]),
+                                mods.and_masks(mods.causal(), mods.document_from_lengths([200, 100, 212])),
+                                mods.or_masks(mods.sinks(5), mods.sliding_window(70))])
+def test_finer_cells_for_built_in_mods(mm):
+    # BLOCK_SIZE 128 with a built-in mod: the engine plans on 64-cells (their kinds from the mod's own
+    # block_kinds), still covering every allowed pair once and never an empty 128-block
+    L = S = 512
+    bm = create_block_mask(mm, None, None, L, S)
+    z = np.zeros((1, 1, L, 8))
+    P = tiled._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
+    assert P.cell == tiled.GRID_CELL == 64
+    P.fwd_budget = 10**9
+    seen = _plan_coverage(P, L, S, 256)
+    allowed = bm.dense((1, 1), L, S).reshape(L, S)
+    assert np.all(seen[allowed] == 1) and seen.max() <= 1
+    coarse_empty = np.repeat(np.repeat(bm.kinds[0, 0] == 0, 128, 0), 128, 1)
+    assert not np.any((seen > 0) & coarse_empty)
+    q, k, v, go = _inputs(12, 1, 2, 2, L, S)
+    res = _run(q, k, v, go, block_mask=bm, score_mod=mods.alibi(mods.alibi_slopes(2)), block_q=256, block_k=256)
+    _compare(*res["fwd"], np.float64, "forward")
+    _compare(*res["bwd"], np.float64, "backward")
+    custom = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx, None, None, L, S)
+    assert tiled._Problem(z, z, z, None, False, 1.0, False, block_mask=custom).cell == 128   # no block_kinds
