@@ -31,11 +31,13 @@ empty blocks this way); a block the mask allows entirely is not masked at all.
 Flex attention (:func:`qkv.flex_attention`'s score mods, block masks and sinks), block by block, never an
 ``(L, S)`` bias or mask array:
 
-* *Block masks*: the engine's blocks are rectangles of BlockMask cells (BLOCK_SIZE² each; the grid of
-  kinds, (L/128)² int8, is all that is looked at). Per query block (a multiple of BLOCK_SIZE rows) a planner
-  covers the non-empty cells with rectangles — one matmul per run of non-empty key cells, rows halved while
-  that is cheaper (GRID_CALL_COST): packed documents stay 1024-row squares, a sliding window goes by cell
-  rows against its run of keys (128 × 640 for window 512), a causal mask halves towards the diagonal.
+* *Block masks*: the engine's blocks are rectangles of cells — BlockMask's (BLOCK_SIZE²), or for a
+  built-in mod, which knows its kinds from index ranges, GRID_CELL² (64) — and the grid of kinds is all
+  that is looked at. Per query block (a multiple of BLOCK_SIZE rows) a planner covers the non-empty cells
+  with rectangles — one matmul per run of non-empty key cells, rows halved while that is cheaper
+  (GRID_CALL_COST): packed documents stay 1024-row squares, a sliding window goes by cell rows against its
+  run of keys (64 × 576 for window 512; consecutive bands run batched, :func:`_bands`), a causal mask
+  halves towards the diagonal.
   Empty cells are skipped, full cells never masked, partial cells masked with −inf by the mask mod — or,
   for a mod that depends on ``i − j`` alone (causal, sliding window, their and/or), by a 0/−inf pattern
   cached per offset (the same few recur every block).
