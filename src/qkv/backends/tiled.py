@@ -114,6 +114,8 @@ _LOG_HEADROOM = 80.0
 GRID_CALL_COST = 0.75
 #: …and in the backward, whose blocks take five matmuls and more passes each.
 GRID_CALL_COST_BACKWARD = 2.0
+#: A run of bands is batched up to this many scores at a time.
+BAND_GROUP_SCORES = 2 * BLOCK_Q * BLOCK_K
 #: The engine's cells when a block mask's mod knows its block kinds (the built-ins): BLOCK_SIZE 128 is
 #: refined to 64. Measured (sliding window 512, N = 8192, H = 2, one thread, least CPU time of 11 against
 #: the full causal forward, others' jobs running): cells of 128 0.19×, 64 0.175×, 32 0.175–0.18× — a
@@ -1016,7 +1018,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     if (shift_free and gen is None and P.bm is not None and sc.kind in ("none", "alibi", "softcap", "alibi_softcap")
             and (sc.kind == "none" or sc.slope is not None or sc.cap is not None)):
         steps = _band_groups(P, blocks, i0, sc.slope if sc.kind in ("alibi", "alibi_softcap") else None,
-                             2 * BLOCK_Q * BLOCK_K)
+                             BAND_GROUP_SCORES)
     for step in steps:
         if step[0] == "bands":                               # a run of bands, batched
             _, r0, nb, h, j0, w, pattern = step
