@@ -263,39 +263,27 @@ def _range_reduce(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray):
 
 
 def and_masks(*mods) -> MaskMod:
-    """Attention allowed where **every** mod allows it."""
-    if not mods:
-        raise ValueError("and_masks: expected at least one mask mod, got none")
-    ms = [as_mask_mod(m, f"and_masks[{i}]") for i, m in enumerate(mods)]
-
-    def and_mask(b, h, q_idx, kv_idx):
-        out = ms[0](b, h, q_idx, kv_idx)
-        for m in ms[1:]:
-            out = out & m(b, h, q_idx, kv_idx)
-        return out
-
-    def kinds(q0, q1, k0, k1):
-        got = [m.block_kinds(q0, q1, k0, k1) for m in ms]
-        if any(g is None for g in got):
-            return None
-        any_, all_ = got[0]
-        for a, al in got[1:]:
-            any_, all_ = any_ & a, all_ & al                                # any: conservative; all: exact
-        return any_, all_
-    return MaskMod(and_mask, name="and_masks", block_kinds=kinds, children=tuple(ms))
+    """Attention allowed where **every** mod allows it (block kinds: ``all`` exact, ``any`` conservative)."""
+    return _combine(mods, "and_masks", np.logical_and)
 
 
 def or_masks(*mods) -> MaskMod:
-    """Attention allowed where **any** mod allows it."""
-    if not mods:
-        raise ValueError("or_masks: expected at least one mask mod, got none")
-    ms = [as_mask_mod(m, f"or_masks[{i}]") for i, m in enumerate(mods)]
+    """Attention allowed where **any** mod allows it (block kinds: ``any`` exact, ``all`` conservative)."""
+    return _combine(mods, "or_masks", np.logical_or)
 
-    def or_mask(b, h, q_idx, kv_idx):
+
+def _combine(mods, name: str, op) -> MaskMod:
+    """One mask mod from several, joined elementwise by ``op``; their block kinds joined by the same ``op``."""
+    if not mods:
+        raise ValueError(f"{name}: expected at least one mask mod, got none")
+    ms = [as_mask_mod(m, f"{name}[{i}]") for i, m in enumerate(mods)]
+
+    def combined(b, h, q_idx, kv_idx):
         out = ms[0](b, h, q_idx, kv_idx)
         for m in ms[1:]:
-            out = out | m(b, h, q_idx, kv_idx)
+            out = op(out, m(b, h, q_idx, kv_idx))
         return out
+    combined.__name__ = name.rstrip("s")
 
     def kinds(q0, q1, k0, k1):
         got = [m.block_kinds(q0, q1, k0, k1) for m in ms]
@@ -303,9 +291,9 @@ def or_masks(*mods) -> MaskMod:
             return None
         any_, all_ = got[0]
         for a, al in got[1:]:
-            any_, all_ = any_ | a, all_ | al                                # any: exact; all: conservative
+            any_, all_ = op(any_, a), op(all_, al)
         return any_, all_
-    return MaskMod(or_mask, name="or_masks", block_kinds=kinds, children=tuple(ms))
+    return MaskMod(combined, name=name, block_kinds=kinds, children=tuple(ms))
 
 
 # ============================================================================================= score mods
