@@ -12,6 +12,7 @@ from .flex import BlockMask, create_block_mask, flex_attention, flex_attention_b
 from . import positions  # qkv.positions: rope, cos_sin, RoPE, sinusoidal_positions
 from .positions import RoPE, TokenEmbedding, sinusoidal_positions
 from .tracing import Step, Trace, trace
+from .gemm import get_gemm, set_gemm  # the engine's matrix multiply: "auto", "numpy" or "mkl" (qkv[mkl])
 
 __version__ = "0.1.0"
 
@@ -31,8 +32,10 @@ __all__ = [
     "mods",
     "KVCache",
     "attention_weights",
+    "get_gemm",
     "get_num_threads",
     "scaled_dot_product_attention_backward",
+    "set_gemm",
     "set_num_threads",
     "MultiHeadAttention",
     "RoPE",

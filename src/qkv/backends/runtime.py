@@ -15,6 +15,10 @@ What it holds, and why each part is shaped as it is:
   OpenBLAS at 1 thread for good after two overlapping calls.)
 * **Fork.** A forked child has none of the parent's threads: it drops the pools (new ones start on first
   use) and, if parent callers held BLAS at one thread when it forked, gives the child its original setting.
+* **The GEMM provider** (:mod:`qkv.gemm`): :attr:`Runtime.gemm` is the process's choice of matrix multiply
+  (NumPy's BLAS or Intel MKL, ``set_gemm``/``get_gemm``). MKL has a per-thread setting, so each worker holds
+  it to one thread for good and a caller running tasks inline holds it for the call
+  (:class:`qkv.gemm.single_threaded`); NumPy's BLAS has only the process-wide limit above.
 * **Nested calls.** A call from inside a worker runs inline: a worker waiting on its own pool could wait
   forever.
 
@@ -31,9 +35,9 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from .. import _checks
+from .. import _checks, gemm as _gemm
 
-__all__ = ["RUNTIME", "Runtime", "default_num_threads", "get_num_threads", "set_num_threads"]
+__all__ = ["RUNTIME", "Runtime", "default_num_threads", "get_gemm", "get_num_threads", "set_gemm", "set_num_threads"]
 
 
 def default_num_threads() -> int:
@@ -83,6 +87,8 @@ class Runtime:
     def __init__(self):
         #: The worker count set by :meth:`set_num_threads`; None: :func:`default_num_threads`.
         self.threads: int | None = None
+        #: The GEMM provider (one per process, :data:`qkv.gemm.GEMM`): every matmul of the engine asks it.
+        self.gemm = _gemm.GEMM
         self._reset()
         if hasattr(os, "register_at_fork"):
             ref = weakref.ref(self)                     # the hooks must not keep a Runtime alive
@@ -130,6 +136,15 @@ class Runtime:
             return self.get_num_threads()
         return _checks.positive_int(threads, "threads")
 
+    # ------------------------------------------------------------------------------------------ GEMM
+    def set_gemm(self, name: str = "auto") -> None:
+        """Choose the engine's GEMM provider: ``"auto"``, ``"numpy"`` or ``"mkl"`` (see :mod:`qkv.gemm`)."""
+        self.gemm.set(name)
+
+    def get_gemm(self) -> str:
+        """The GEMM provider in use, ``"numpy"`` or ``"mkl"`` (``auto`` resolved)."""
+        return self.gemm.get()
+
     # ------------------------------------------------------------------------------------------ pools
     def pool(self, n: int) -> ThreadPoolExecutor:
         """The pool of ``n`` workers, made on first use and kept for the life of the process (or until a
@@ -146,8 +161,10 @@ class Runtime:
             return pool
 
     def _start_worker(self, cpus, counter, lock) -> None:
-        """Pool initializer: mark the thread as a worker; worker i runs on CPU i of ``cpus`` (if given)."""
+        """Pool initializer: mark the thread as a worker (its matmuls on one thread: MKL's thread-local
+        setting); worker i runs on CPU i of ``cpus`` (if given)."""
         self._local.worker = True
+        _gemm.hold_single_threaded_for_good()
         if cpus:
             with lock:
                 i = next(counter)
@@ -210,7 +227,7 @@ class Runtime:
         worker. Returns when every task has finished, also when one raised (its exception is re-raised):
         tasks write into the caller's arrays.
         """
-        with self.blas_single_threaded():
+        with self.blas_single_threaded(), _gemm.single_threaded():
             if threads == 1 or len(tasks) <= 1 or self.in_worker():
                 for t in tasks:
                     fn(*t)
@@ -234,7 +251,7 @@ class Runtime:
         lasts until then.
         """
         items = list(items)
-        with self.blas_single_threaded():
+        with self.blas_single_threaded(), _gemm.single_threaded():
             if threads == 1 or len(items) <= 1 or self.in_worker():
                 for x in items:
                     yield fn(x)
@@ -254,3 +271,5 @@ RUNTIME = Runtime()
 
 set_num_threads = RUNTIME.set_num_threads
 get_num_threads = RUNTIME.get_num_threads
+set_gemm = RUNTIME.set_gemm
+get_gemm = RUNTIME.get_gemm

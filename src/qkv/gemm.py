@@ -1,0 +1,465 @@
+"""The engine's matrix multiply (GEMM), from one of several providers: NumPy's BLAS, or Intel MKL.
+
+Every matmul of the tiled engine (forward, backward, :func:`qkv.attention_weights`) and of the models'
+projections goes through :func:`matmul`, which asks the provider chosen with :func:`set_gemm`:
+
+* ``"numpy"`` — ``np.matmul``, i.e. whatever BLAS NumPy was built with (OpenBLAS in the wheels). Always there.
+* ``"mkl"`` — Intel MKL's ``cblas_sgemm`` / ``cblas_dgemm`` (and ``…gemv``, ``…gemm_batch_strided``) from
+  ``libmkl_rt`` of the ``mkl`` wheel on PyPI (the extra: ``pip install 'qkv[mkl]'``), loaded with ctypes and
+  called on the NumPy buffers themselves: a transposed or sliced view is passed as a transpose flag and a
+  leading dimension, and only a view BLAS cannot describe (no unit stride, negative strides) is copied;
+  ``out=`` is written in place. ctypes releases the GIL during the call, as ``np.matmul`` does.
+* ``"auto"`` (the default) — ``"numpy"`` when MKL is not installed; otherwise a one-time calibration (about
+  tens of milliseconds, the first time a matmul is asked for) times both on the engine's own block shapes on
+  one thread and takes MKL only when it is faster by more than :data:`AUTO_MARGIN`, so NumPy stays wherever
+  it is as fast (on the AMD EPYC test machine, OpenBLAS's Haswell kernels beat MKL by 5–70 % on these shapes;
+  on an Intel Xeon with AVX-512 the issue measured MKL 114–125 GFLOP/s against OpenBLAS's 85–92).
+
+Threads: the engine's workers each run one single-threaded matmul at a time. NumPy's BLAS is held to one
+thread process-wide by :class:`qkv.backends.runtime.Runtime`; MKL is held to one thread *per calling
+thread* with ``mkl_set_num_threads_local(1)`` in the engine's workers and in a caller running tasks inline
+(:func:`single_threaded`), so nothing oversubscribes and callers outside the engine keep MKL's own
+setting. Results of the providers differ by float32 (float64) rounding only: the summation order inside a
+GEMM is the library's.
+
+Only float32 and float64 operands of one dtype, 2-D (or a 2-D matrix times a vector, or equal-sized batches
+of 3-D), go to MKL; anything else (other dtypes, broadcasting, mixed dtypes) is ``np.matmul``'s.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+
+import numpy as np
+
+__all__ = ["PROVIDERS", "Gemm", "GEMM", "get_gemm", "matmul", "set_gemm", "single_threaded"]
+
+#: The providers, in the order ``auto`` prefers them when equally fast.
+PROVIDERS = ("numpy", "mkl")
+#: ``auto`` takes MKL only when its time on the engine's block shapes is below (1 − AUTO_MARGIN) × NumPy's.
+AUTO_MARGIN = 0.05
+#: The calibration's shapes ``(m, k, n)``: the forward's Q·Kᵀ and P·V blocks (1024 × 512 scores, E = 64) and
+#: a causal diagonal's quadrant.
+CALIBRATION_SHAPES = ((1024, 64, 512), (1024, 512, 64), (256, 64, 512))
+_CALIBRATION_REPEATS = 3
+_MKL_INSTALL = "pip install 'qkv[mkl]'"
+
+# CBLAS enums
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+# threads of this process that must run MKL on one thread (the engine's workers, inline callers)
+_tl = threading.local()
+
+
+class single_threaded:
+    """Within the block, matmuls on the calling thread run BLAS on one thread (MKL's thread-local setting;
+    NumPy's BLAS is limited process-wide by the runtime). Nests; the engine's workers are inside for good."""
+
+    __slots__ = ()
+
+    def __enter__(self):
+        _tl.single = getattr(_tl, "single", 0) + 1
+        return self
+
+    def __exit__(self, *exc):
+        _tl.single -= 1
+        return False
+
+
+def hold_single_threaded_for_good() -> None:
+    """Mark the calling thread (an engine worker) as running matmuls on one thread from now on."""
+    _tl.single = getattr(_tl, "single", 0) + 1
+
+
+# ---------------------------------------------------------------------------------------------- numpy
+class NumpyGemm:
+    """``np.matmul``: NumPy's own BLAS."""
+
+    name = "numpy"
+
+    @staticmethod
+    def matmul(a, b, out=None):
+        return np.matmul(a, b, out=out)
+
+    @staticmethod
+    def kernel() -> str:
+        """NumPy's BLAS and its kernel as threadpoolctl reports them (e.g. ``openblas 0.3.31 (Haswell)``)."""
+        try:
+            import threadpoolctl
+        except ImportError:
+            return "numpy's BLAS (threadpoolctl not installed: kernel unknown)"
+        for i in threadpoolctl.threadpool_info():
+            if i.get("user_api") == "blas" and "numpy" in str(i.get("filepath", "")).lower():
+                return f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture')})"
+        info = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
+        if info:
+            return f"{info[0].get('internal_api')} {info[0].get('version')} ({info[0].get('architecture')})"
+        return "numpy's BLAS (unknown)"
+
+
+# ---------------------------------------------------------------------------------------------- mkl
+def _mkl_library_path() -> str | None:
+    """``libmkl_rt.so.*`` of the installed ``mkl`` wheel (its files as pip recorded them), or None."""
+    try:
+        from importlib import metadata
+        dist = metadata.distribution("mkl")
+    except Exception:                                    # not installed (PackageNotFoundError), broken metadata
+        return None
+    names = ("libmkl_rt.so", "libmkl_rt.dylib", "mkl_rt.dll")
+    found = [f for f in (dist.files or ()) if os.path.basename(str(f)).startswith(names)]
+    found.sort(key=lambda f: len(str(f)))                # libmkl_rt.so.3 before anything longer
+    for f in found:
+        path = os.path.realpath(str(dist.locate_file(f)))
+        if os.path.exists(path):
+            return path
+    return None
+
+
+class _MklVersion(ctypes.Structure):
+    """MKL's ``MKLVersion``: the version, and the processor family whose code path it runs."""
+    _fields_ = [("major", ctypes.c_int), ("minor", ctypes.c_int), ("update", ctypes.c_int),
+                ("status", ctypes.c_char_p), ("build", ctypes.c_char_p), ("processor", ctypes.c_char_p),
+                ("platform", ctypes.c_char_p)]
+
+
+def _layout(r: int, c: int, s0: int, s1: int, it: int):
+    """``(trans, ld)`` describing an (r, c) matrix of strides (s0, s1) bytes in row-major CBLAS terms, or
+    None when no transpose flag and leading dimension do (no unit stride, negative or odd strides)."""
+    if (s1 == it or c == 1) and (r == 1 or (s0 > 0 and s0 % it == 0 and s0 // it >= max(1, c))):
+        return _NO_TRANS, max(1, c) if r == 1 else s0 // it    # rows of unit stride: as it is
+    if (s0 == it or r == 1) and (c == 1 or (s1 > 0 and s1 % it == 0 and s1 // it >= max(1, r))):
+        return _TRANS, max(1, r) if c == 1 else s1 // it       # a transposed view: columns of unit stride
+    return None
+
+
+def _describe(x: np.ndarray, it: int):
+    """``(array, trans, ld)`` of a 2-D operand, a C-contiguous copy only when :func:`_layout` finds none."""
+    got = _layout(*x.shape, *x.strides, it)
+    if got is None:
+        x = np.ascontiguousarray(x)
+        got = (_NO_TRANS, max(1, x.shape[1]))
+    return x, got[0], got[1]
+
+
+def _describe_batch(x: np.ndarray, it: int):
+    """``(array, trans, ld, batch stride)`` of a 3-D operand, a C-contiguous copy only when not describable."""
+    nb, r, c = x.shape
+    got = _layout(r, c, *x.strides[1:], it)
+    s = x.strides[0]
+    if got is None or s < 0 or s % it:
+        x = np.ascontiguousarray(x)
+        return x, _NO_TRANS, max(1, c), r * c
+    return x, got[0], got[1], s // it
+
+
+class MklGemm:
+    """Intel MKL through its CBLAS interface (``libmkl_rt`` from the ``mkl`` wheel), on NumPy buffers."""
+
+    name = "mkl"
+
+    def __init__(self, path: str):
+        lib = ctypes.CDLL(path)
+        I, P = ctypes.c_int, ctypes.c_void_p
+        with _suppress():
+            lib.MKL_Set_Interface_Layer.argtypes = [I]
+            lib.MKL_Set_Interface_Layer(0)                   # LP64: 32-bit ints, as the argtypes below
+        self._set_local = lib.MKL_Set_Num_Threads_Local
+        self._set_local.argtypes, self._set_local.restype = [I], I
+        self._fns = {}
+        for char, dt, real in (("s", np.float32, ctypes.c_float), ("d", np.float64, ctypes.c_double)):
+            gemm = getattr(lib, f"cblas_{char}gemm")
+            gemm.argtypes = [I, I, I, I, I, I, real, P, I, P, I, real, P, I]
+            gemm.restype = None
+            gemv = getattr(lib, f"cblas_{char}gemv")
+            gemv.argtypes = [I, I, I, I, real, P, I, P, I, real, P, I]
+            gemv.restype = None
+            batch = getattr(lib, f"cblas_{char}gemm_batch_strided", None)
+            if batch is not None:
+                batch.argtypes = [I, I, I, I, I, I, real, P, I, I, P, I, I, real, P, I, I, I]
+                batch.restype = None
+            self._fns[np.dtype(dt)] = (gemm, gemv, batch)
+        self._lib = lib
+        self.path = path
+
+    def kernel(self) -> str:
+        """MKL's version and the processor family of the code path it runs here, e.g. ``mkl 2026.0.2 (Intel(R)
+        AVX-512 ... enabled processors)``; on the AMD EPYC test machine its generic ``Intel(R) Architecture
+        processors`` path."""
+        v = _MklVersion()
+        try:
+            self._lib.MKL_Get_Version(ctypes.byref(v))
+        except AttributeError:
+            return "mkl (version unknown)"
+        proc = (v.processor or b"?").decode(errors="replace")
+        return f"mkl {v.major}.{v.minor}.{v.update} ({proc})"
+
+    def _threads(self) -> None:
+        want = 1 if getattr(_tl, "single", 0) else 0     # 0: MKL's own (process-wide) setting
+        if getattr(_tl, "mkl_local", 0) != want:
+            self._set_local(want)
+            _tl.mkl_local = want
+
+    def matmul(self, a, b, out=None):
+        """``a @ b`` into ``out`` (made when None), as ``np.matmul``; MKL for float32/float64 matrices."""
+        if type(a) is not np.ndarray or type(b) is not np.ndarray:
+            a, b = np.asarray(a), np.asarray(b)
+        dt = a.dtype
+        fns = self._fns.get(dt)
+        if (fns is None or b.dtype != dt or (out is not None and (type(out) is not np.ndarray or out.dtype != dt))
+                or a.ndim not in (2, 3) or b.ndim not in (1, 2, 3)):
+            return np.matmul(a, b, out=out)
+        if a.ndim == 2 and b.ndim == 2:
+            return self._gemm(fns[0], a, b, out, dt)
+        if a.ndim == 2 and b.ndim == 1:
+            return self._gemv(fns[1], a, b, out, dt)
+        if a.ndim == 3 and b.ndim == 3 and a.shape[0] == b.shape[0] and fns[2] is not None:
+            return self._batch(fns[2], a, b, out, dt)
+        if a.ndim == 3 and b.ndim == 1 and a.flags.c_contiguous and (out is None or out.flags.c_contiguous):
+            o = self._gemv(fns[1], a.reshape(-1, a.shape[2]), b, None if out is None else out.reshape(-1), dt)
+            return o.reshape(a.shape[:2]) if out is None else out
+        return np.matmul(a, b, out=out)
+
+    def _out(self, out, shape, dt, a, b):
+        """``out`` when BLAS can write it in place (rows of unit stride, not overlapping an operand), else a
+        fresh C-contiguous array and the ``out`` to copy it into afterwards."""
+        if out is None:
+            return np.empty(shape, dt), None
+        if out.shape != shape:
+            raise ValueError(f"out: expected shape {shape} for a {a.shape} x {b.shape} matmul, got {out.shape}")
+        st = out.strides
+        it = dt.itemsize
+        ok = (st[-1] == it or shape[-1] == 1) and all(s > 0 and s % it == 0 for s in st[:-1])
+        if ok and len(shape) >= 2:
+            ok = st[-2] // it >= max(1, shape[-1]) or shape[-2] == 1
+        if ok and (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+            ok = False
+        return (out, None) if ok else (np.empty(shape, dt), out)
+
+    def _gemm(self, fn, a, b, out, dt):
+        m, k = a.shape
+        k2, n = b.shape
+        if k != k2:
+            return np.matmul(a, b, out=out)                  # NumPy's own error message
+        c, dest = self._out(out, (m, n), dt, a, b)
+        if m == 0 or n == 0:
+            return c if dest is None else dest
+        if k == 0:
+            c.fill(0)
+        else:
+            it = dt.itemsize
+            a, ta, lda = _describe(a, it)
+            b, tb, ldb = _describe(b, it)
+            ldc = c.strides[0] // it if m > 1 else max(1, n)
+            self._threads()
+            fn(_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, c.ctypes.data, ldc)
+        if dest is not None:
+            dest[...] = c
+            return dest
+        return c
+
+    def _gemv(self, fn, a, x, out, dt):
+        m, n = a.shape
+        if x.shape[0] != n:
+            return np.matmul(a, x, out=out)
+        y, dest = self._out(out, (m,), dt, a, x)
+        if m == 0:
+            return y if dest is None else dest
+        it = dt.itemsize
+        if n == 0:
+            y.fill(0)
+        else:
+            if x.strides[0] <= 0 or x.strides[0] % it:
+                x = np.ascontiguousarray(x)
+            a, ta, lda = _describe(a, it)
+            self._threads()
+            # row-major (m, n): NoTrans gives A·x; a transposed view is the (n, m) row-major matrix transposed
+            rows, cols = (m, n) if ta == _NO_TRANS else (n, m)
+            fn(_ROW_MAJOR, ta, rows, cols, 1.0, a.ctypes.data, lda, x.ctypes.data, x.strides[0] // it, 0.0,
+               y.ctypes.data, y.strides[0] // it)
+        if dest is not None:
+            dest[...] = y
+            return dest
+        return y
+
+    def _batch(self, fn, a, b, out, dt):
+        nb, m, k = a.shape
+        _, k2, n = b.shape
+        if k != k2:
+            return np.matmul(a, b, out=out)
+        c, dest = self._out(out, (nb, m, n), dt, a, b)
+        if nb == 0 or m == 0 or n == 0:
+            return c if dest is None else dest
+        it = dt.itemsize
+        if k == 0:
+            c.fill(0)
+        else:
+            a, ta, lda, sa = _describe_batch(a, it)
+            b, tb, ldb, sb = _describe_batch(b, it)
+            ldc = c.strides[1] // it if m > 1 else max(1, n)
+            self._threads()
+            fn(_ROW_MAJOR, ta, tb, m, n, k, 1.0, a.ctypes.data, lda, sa, b.ctypes.data, ldb, sb, 0.0,
+               c.ctypes.data, ldc, c.strides[0] // it, nb)
+        if dest is not None:
+            dest[...] = c
+            return dest
+        return c
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, *_):
+        return typ is not None and issubclass(typ, AttributeError)
+
+
+# ---------------------------------------------------------------------------------------------- choice
+class Gemm:
+    """The GEMM provider of the process (held by the engine's runtime as ``RUNTIME.gemm``): the choice
+    (``auto``, ``numpy``, ``mkl``), the loaded providers, and the calibration behind ``auto``.
+
+    Safe under concurrent callers: choosing, loading and calibrating happen under one lock, and
+    :meth:`matmul` reads one attribute.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.choice = "auto"
+        self._numpy = NumpyGemm()
+        self._mkl = None                                   # MklGemm once loaded; False: not installed
+        self._active = None                                # the provider matmul uses; None: not resolved
+        #: The calibration behind ``auto``: ``{"numpy": s, "mkl": s, "shapes": ..., "ms": ...}`` or None.
+        self.calibration: dict | None = None
+
+    # ---------------------------------------------------------------- providers
+    def mkl(self):
+        """The MKL provider, loaded on first use; None when the ``mkl`` extra is not installed."""
+        if self._mkl is None:
+            with self._lock:
+                if self._mkl is None:
+                    path = _mkl_library_path()
+                    try:
+                        self._mkl = MklGemm(path) if path else False
+                    except (OSError, AttributeError):      # a wheel without the library or its symbols
+                        self._mkl = False
+        return self._mkl or None
+
+    def provider(self, name: str):
+        """The provider called ``name`` (``numpy`` or ``mkl``); ValueError for others, or for ``mkl`` when
+        its extra is not installed."""
+        if name == "numpy":
+            return self._numpy
+        if name == "mkl":
+            p = self.mkl()
+            if p is None:
+                raise ValueError(f"gemm: 'mkl' needs Intel MKL, which is not installed: {_MKL_INSTALL}")
+            return p
+        raise ValueError(f"gemm: expected one of {PROVIDERS}, got {name!r}")
+
+    def available(self) -> tuple:
+        """The providers installed here."""
+        return PROVIDERS if self.mkl() is not None else ("numpy",)
+
+    # ---------------------------------------------------------------- choosing
+    def set(self, name: str = "auto") -> None:
+        """Choose the provider: ``"auto"`` (calibrated once per process), ``"numpy"`` or ``"mkl"``."""
+        if not isinstance(name, str):
+            raise TypeError(f"name: expected a str, one of {('auto',) + PROVIDERS}, got {type(name).__name__}")
+        if name not in ("auto",) + PROVIDERS:
+            raise ValueError(f"name: expected one of {('auto',) + PROVIDERS}, got {name!r}")
+        active = None if name == "auto" else self.provider(name)
+        with self._lock:
+            self.choice = name
+            if active is None and self.calibration is not None:
+                active = self._mkl if self.calibration["chosen"] == "mkl" else self._numpy
+            self._active = active
+
+    def get(self) -> str:
+        """The provider in use (``"numpy"`` or ``"mkl"``): with ``auto``, what the calibration chose (it runs
+        now if it has not yet)."""
+        return self.active().name
+
+    def active(self):
+        """The provider :meth:`matmul` calls (resolving ``auto`` on first use)."""
+        p = self._active
+        if p is None:
+            p = self._resolve()
+        return p
+
+    def _resolve(self):
+        mkl = self.mkl()
+        with self._lock:
+            if self._active is not None:
+                return self._active
+            if self.choice == "auto" and mkl is not None and self.calibration is None:
+                self.calibration = _calibrate(self._numpy, mkl)
+            if self.choice == "mkl" or (self.choice == "auto" and self.calibration
+                                        and self.calibration["chosen"] == "mkl"):
+                self._active = mkl
+            else:
+                self._active = self._numpy
+            return self._active
+
+    def matmul(self, a, b, out=None):
+        """``a @ b`` (into ``out``) by the chosen provider; ``np.matmul``'s semantics."""
+        p = self._active
+        if p is None:
+            p = self._resolve()
+        return p.matmul(a, b, out=out)
+
+
+def _calibrate(numpy_p, mkl_p) -> dict:
+    """Both providers on :data:`CALIBRATION_SHAPES` in float32, one thread each, alternating, best of
+    :data:`_CALIBRATION_REPEATS`; MKL is chosen when its total is below (1 − AUTO_MARGIN) × NumPy's."""
+    from .backends.runtime import RUNTIME                # NumPy's BLAS on one thread: the runtime owns that
+
+    t0 = time.perf_counter()
+    best = {"numpy": 0.0, "mkl": 0.0}
+    rates = {"numpy": [], "mkl": []}
+    with RUNTIME.blas_single_threaded(), single_threaded():
+        for m, k, n in CALIBRATION_SHAPES:
+            a = np.full((m, k), 0.5, np.float32)            # the values do not change a GEMM's time
+            b = np.full((k, n), 0.25, np.float32)
+            c = np.empty((m, n), np.float32)
+            times = {"numpy": [], "mkl": []}
+            for p in (numpy_p, mkl_p):
+                p.matmul(a, b, out=c)                      # warm-up (MKL's first call initializes it)
+            for _ in range(_CALIBRATION_REPEATS):
+                for p in (numpy_p, mkl_p):
+                    t = time.perf_counter()
+                    p.matmul(a, b, out=c)
+                    times[p.name].append(time.perf_counter() - t)
+            for name, ts in times.items():
+                best[name] += min(ts)
+                rates[name].append(2 * m * k * n / min(ts) / 1e9)
+    chosen = "mkl" if best["mkl"] < (1 - AUTO_MARGIN) * best["numpy"] else "numpy"
+    return {"chosen": chosen, "seconds": best, "gflops_per_thread": rates, "shapes": CALIBRATION_SHAPES,
+            "ms": (time.perf_counter() - t0) * 1e3}
+
+
+#: The process's GEMM choice; the engine's runtime holds it as ``RUNTIME.gemm``.
+GEMM = Gemm()
+
+
+def set_gemm(name: str = "auto") -> None:
+    """Choose the GEMM provider of the engine and the models: ``"auto"`` (the default: MKL where it is
+    installed and measured faster on the engine's block shapes, else NumPy), ``"numpy"`` or ``"mkl"``
+    (needs ``pip install 'qkv[mkl]'``)."""
+    GEMM.set(name)
+
+
+def get_gemm() -> str:
+    """The GEMM provider in use: ``"numpy"`` or ``"mkl"`` (``auto`` resolved; its calibration runs now if
+    it has not yet)."""
+    return GEMM.get()
+
+
+def matmul(a, b, out=None):
+    """``a @ b`` by the chosen provider, as ``np.matmul(a, b, out=out)`` (2-D, a matrix times a vector, or
+    batches); float32/float64 go to MKL when it is chosen. For the models' projections: ``matmul(x, W)``."""
+    p = GEMM._active
+    if p is None:
+        p = GEMM._resolve()
+    return p.matmul(a, b, out=out)
