@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 
+from . import gemm
 from .tracing import record
 
 class Names:
@@ -57,9 +58,9 @@ def project(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None, *, name: 
     x: (..., T, D_in), w: (D_in, D_out), b: (D_out,) or None  →  (..., T, D_out)
     """
     if x.ndim > 2 and w.ndim == 2:   # one (N, D_in) x (D_in, D_out) matmul, not one per leading index
-        out = (x.reshape(-1, x.shape[-1]) @ w).reshape(*x.shape[:-1], w.shape[-1])   # (..., T, D_out)
+        out = gemm.matmul(x.reshape(-1, x.shape[-1]), w).reshape(*x.shape[:-1], w.shape[-1])   # (..., T, D_out)
     else:
-        out = x @ w                                              # (T, D_in) x (D_in, D_out) -> (T, D_out)
+        out = gemm.matmul(x, w)                                  # (T, D_in) x (D_in, D_out) -> (T, D_out)
     if b is not None:
         out = out + b
     bias = f" + b_{weight_name[2:]}" if b is not None else ""
