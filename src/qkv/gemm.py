@@ -44,6 +44,8 @@ AUTO_MARGIN = 0.05
 #: a causal diagonal's quadrant.
 CALIBRATION_SHAPES = ((1024, 64, 512), (1024, 512, 64), (256, 64, 512))
 _CALIBRATION_REPEATS = 3
+#: Before ``auto`` is resolved, products of fewer multiply-adds than this run on NumPy without resolving it.
+AUTO_RESOLVE_FLOPS = 1 << 20
 _MKL_INSTALL = "pip install 'qkv[mkl]'"
 
 # CBLAS enums
@@ -406,8 +408,16 @@ class Gemm:
         """``a @ b`` (into ``out``) by the chosen provider; ``np.matmul``'s semantics."""
         p = self._active
         if p is None:
-            p = self._resolve()
+            p = self._first(a, b)
         return p.matmul(a, b, out=out)
+
+    def _first(self, a, b):
+        """The provider for a matmul asked before ``auto`` is resolved: NumPy for products too small to
+        matter (so that small work — the explainer, a short sentence — never loads MKL nor calibrates),
+        else the resolved choice."""
+        if self.choice == "auto" and np.size(a) * np.shape(b)[-1] < AUTO_RESOLVE_FLOPS:
+            return self._numpy
+        return self._resolve()
 
 
 def _calibrate(numpy_p, mkl_p) -> dict:
@@ -434,9 +444,13 @@ def _calibrate(numpy_p, mkl_p) -> dict:
             for name, ts in times.items():
                 best[name] += min(ts)
                 rates[name].append(2 * m * k * n / min(ts) / 1e9)
-    chosen = "mkl" if best["mkl"] < (1 - AUTO_MARGIN) * best["numpy"] else "numpy"
-    return {"chosen": chosen, "seconds": best, "gflops_per_thread": rates, "shapes": CALIBRATION_SHAPES,
+    return {"chosen": _choose(best), "seconds": best, "gflops_per_thread": rates, "shapes": CALIBRATION_SHAPES,
             "ms": (time.perf_counter() - t0) * 1e3}
+
+
+def _choose(seconds: dict) -> str:
+    """``auto``'s rule: MKL when its calibration time is below (1 − AUTO_MARGIN) × NumPy's, else NumPy."""
+    return "mkl" if seconds["mkl"] < (1 - AUTO_MARGIN) * seconds["numpy"] else "numpy"
 
 
 #: The process's GEMM choice; the engine's runtime holds it as ``RUNTIME.gemm``.
@@ -461,5 +475,5 @@ def matmul(a, b, out=None):
     batches); float32/float64 go to MKL when it is chosen. For the models' projections: ``matmul(x, W)``."""
     p = GEMM._active
     if p is None:
-        p = GEMM._resolve()
+        p = GEMM._first(a, b)
     return p.matmul(a, b, out=out)

@@ -1,0 +1,220 @@
+"""The GEMM provider (qkv.gemm): MKL equal to NumPy on every layout it is given, the choice and its errors,
+the threads, and every path of the engine and the models run through the chosen provider with the same
+results to rounding. The mkl tests skip when the extra is not installed (``pip install 'qkv[mkl]'``)."""
+import ctypes
+import threading
+
+import numpy as np
+import pytest
+
+import qkv
+from qkv import gemm
+from qkv.backends.runtime import RUNTIME
+
+HAS_MKL = gemm.GEMM.mkl() is not None
+needs_mkl = pytest.mark.skipif(not HAS_MKL, reason="the mkl extra is not installed: pip install 'qkv[mkl]'")
+
+
+@pytest.fixture
+def restore_gemm():
+    saved = gemm.GEMM.choice
+    yield
+    gemm.set_gemm(saved)
+
+
+@pytest.fixture
+def mkl():
+    if not HAS_MKL:
+        pytest.skip("the mkl extra is not installed: pip install 'qkv[mkl]'")
+    return gemm.GEMM.provider("mkl")
+
+
+def _f64(x):
+    return np.asarray(x, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------------------------- layouts
+def _views(rng, dt):
+    """(a, b) pairs: every layout the engine passes (slices, transposed views, strided rows, vectors)."""
+    A = rng.standard_normal((70, 90)).astype(dt)
+    B = rng.standard_normal((90, 80)).astype(dt)
+    return {
+        "contiguous": (A[:33, :20].copy(), B[:20, :17].copy()),
+        "row slices (lda > k)": (A[:33, :20], B[:20, :17]),
+        "a transposed": (A[:20, :33].T, B[:20, :17]),
+        "b transposed": (A[:33, :20], B[:17, :20].T),
+        "both transposed": (A[:20, :33].T, B[:17, :20].T),
+        "no unit stride (copied)": (A[::2, ::3], B[:30, ::3]),
+        "negative strides (copied)": (A[::-1, :20], B[:20, ::-1]),
+        "one row": (A[:1, :20], B[:20, :17]),
+        "one column": (A[:33, :20], B[:20, 5:6]),
+        "outer product": (A[:5, 3:4], B[7:8, :9]),
+        "k = 0": (A[:5, :0], B[:0, :7]),
+    }
+
+
+@needs_mkl
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("case", list(_views(np.random.default_rng(0), np.float32)))
+def test_mkl_matmul_equals_numpy_on_every_layout(mkl, rng, dt, case):
+    a, b = _views(rng, dt)[case]
+    ref = _f64(a) @ _f64(b)
+    tol = 1e-4 if dt == np.float32 else 1e-12
+    got = mkl.matmul(a, b)
+    assert got.dtype == dt and got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=tol, atol=tol)
+    # out= a slice of a wider array (ldc > n), and out= a transposed (column-major) view: written in place
+    wide = np.full((a.shape[0], b.shape[1] + 3), 7, dt)
+    assert mkl.matmul(a, b, out=wide[:, :b.shape[1]]) is not None
+    np.testing.assert_allclose(wide[:, :b.shape[1]], ref, rtol=tol, atol=tol)
+    assert np.all(wide[:, b.shape[1]:] == 7)                      # nothing beyond the view is touched
+    col = np.empty((b.shape[1], a.shape[0]), dt).T
+    assert mkl.matmul(a, b, out=col) is col
+    np.testing.assert_allclose(col, ref, rtol=tol, atol=tol)
+
+
+@needs_mkl
+def test_mkl_writes_out_in_place_without_copying_a_view(mkl, rng, monkeypatch):
+    """A transposed view is passed as a flag, not copied: np.ascontiguousarray is never called."""
+    a = rng.standard_normal((64, 48), dtype=np.float32)
+    b = rng.standard_normal((32, 48), dtype=np.float32)
+    out = np.empty((64, 32), np.float32)
+    calls = []
+    real = np.ascontiguousarray
+    monkeypatch.setattr(gemm.np, "ascontiguousarray", lambda *x, **k: calls.append(1) or real(*x, **k))
+    got = mkl.matmul(a, b.T, out=out)
+    assert got is out and not calls
+    np.testing.assert_allclose(out, a @ b.T, rtol=1e-5, atol=1e-4)
+
+
+@needs_mkl
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_mkl_matrix_vector_and_batches_equal_numpy(mkl, rng, dt):
+    tol = 1e-4 if dt == np.float32 else 1e-12
+    A = rng.standard_normal((40, 60)).astype(dt)
+    x = rng.standard_normal(120).astype(dt)
+    for a in (A[:30, :40], A[:40, :30].T, A[::2, ::2]):
+        for v in (x[:a.shape[1]], x[:2 * a.shape[1]:2]):
+            np.testing.assert_allclose(mkl.matmul(a, v), _f64(a) @ _f64(v), rtol=tol, atol=tol)
+    y = np.empty(30, dt)
+    assert mkl.matmul(A[:30, :40], x[:40], out=y) is y
+    np.testing.assert_allclose(y, _f64(A[:30, :40]) @ _f64(x[:40]), rtol=tol, atol=tol)
+    # batches, as the banded forward passes them: strided views of one array
+    q = rng.standard_normal((4, 16, 8)).astype(dt)
+    k = rng.standard_normal((8, 40)).astype(dt)
+    kb = np.lib.stride_tricks.as_strided(k, shape=(4, 8, 20), strides=(5 * k.strides[1],) + k.strides)
+    for a, b in ((q, kb), (q[:, ::2], np.swapaxes(kb, 1, 2).copy().swapaxes(1, 2)), (q, kb.copy())):
+        np.testing.assert_allclose(mkl.matmul(a, b), _f64(a) @ _f64(b), rtol=tol, atol=tol)
+    s = rng.standard_normal((3, 5, 7)).astype(dt)
+    np.testing.assert_allclose(mkl.matmul(s, x[:7]), _f64(s) @ _f64(x[:7]), rtol=tol, atol=tol)
+
+
+@needs_mkl
+def test_mkl_leaves_what_it_does_not_take_to_numpy(mkl, rng):
+    """Other dtypes, broadcasting and mismatched shapes: exactly np.matmul (its results, its errors)."""
+    i = rng.integers(-5, 5, (6, 7))
+    assert np.array_equal(mkl.matmul(i, i.T), i @ i.T)
+    h = rng.standard_normal((6, 7)).astype(np.float16)
+    assert mkl.matmul(h, h.T).dtype == np.float16
+    a = rng.standard_normal((2, 3, 6, 7), dtype=np.float32)
+    b = rng.standard_normal((7, 5), dtype=np.float32)
+    np.testing.assert_allclose(mkl.matmul(a, b), a @ b, rtol=1e-5, atol=1e-5)
+    mixed = mkl.matmul(a[0, 0], b.astype(np.float64))
+    assert mixed.dtype == np.float64
+    with pytest.raises(ValueError):
+        mkl.matmul(a[0, 0], b.T)                                 # (6, 7) x (5, 7): np.matmul's own error
+    with pytest.raises(ValueError, match="out: expected shape"):
+        mkl.matmul(a[0, 0], b, out=np.empty((5, 6), np.float32))
+
+
+@needs_mkl
+def test_mkl_out_overlapping_an_operand_is_still_right(mkl, rng):
+    a = rng.standard_normal((16, 16), dtype=np.float32)
+    ref = a @ a
+    got = mkl.matmul(a, a, out=a)                                 # BLAS cannot write over its input: a copy
+    assert got is a
+    np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- the choice
+def test_set_gemm_rejects_bad_names_naming_the_argument(restore_gemm):
+    with pytest.raises(ValueError, match=r"name: expected one of \('auto', 'numpy', 'mkl'\), got 'blis'"):
+        qkv.set_gemm("blis")
+    with pytest.raises(TypeError, match="name: expected a str"):
+        qkv.set_gemm(None)
+
+
+def test_without_the_extra_mkl_is_a_value_error_and_auto_is_numpy(monkeypatch):
+    """A machine without the mkl wheel: asking for it says which extra to install; auto is NumPy, with no
+    calibration."""
+    monkeypatch.setattr(gemm, "_mkl_library_path", lambda: None)
+    fresh = gemm.Gemm()
+    monkeypatch.setattr(gemm, "GEMM", fresh)
+    with pytest.raises(ValueError, match=r"pip install 'qkv\[mkl\]'"):
+        qkv.set_gemm("mkl")
+    assert fresh.choice == "auto"                               # a refused choice changes nothing
+    assert qkv.get_gemm() == "numpy" and fresh.calibration is None
+    assert fresh.available() == ("numpy",)
+    a = np.ones((300, 300), np.float32)
+    assert np.array_equal(gemm.matmul(a, a), a @ a)
+
+
+def test_numpy_provider_is_np_matmul(restore_gemm, rng):
+    qkv.set_gemm("numpy")
+    assert qkv.get_gemm() == "numpy" and RUNTIME.get_gemm() == "numpy"
+    a = rng.standard_normal((50, 40), dtype=np.float32)
+    b = rng.standard_normal((40, 30), dtype=np.float32)
+    assert np.array_equal(gemm.matmul(a, b), np.matmul(a, b))
+
+
+@needs_mkl
+def test_auto_calibrates_once_and_picks_by_time(restore_gemm, monkeypatch):
+    fresh = gemm.Gemm()
+    monkeypatch.setattr(gemm, "GEMM", fresh)
+    small = np.ones((8, 8), np.float32)
+    gemm.matmul(small, small)                                    # too small to resolve auto: no calibration
+    assert fresh.calibration is None
+    name = qkv.get_gemm()
+    cal = fresh.calibration
+    assert name == cal["chosen"] and name in gemm.PROVIDERS
+    assert set(cal["seconds"]) == {"numpy", "mkl"} and all(t > 0 for t in cal["seconds"].values())
+    assert (name == "mkl") == (cal["seconds"]["mkl"] < (1 - gemm.AUTO_MARGIN) * cal["seconds"]["numpy"])
+    qkv.set_gemm("numpy")
+    qkv.set_gemm("auto")
+    assert fresh.calibration is cal and qkv.get_gemm() == name  # once per process
+    # the rule, on made-up times: MKL only when faster by more than the margin
+    assert gemm._choose({"numpy": 1.0, "mkl": 0.9}) == "mkl"
+    assert gemm._choose({"numpy": 1.0, "mkl": 0.97}) == "numpy"
+    assert gemm._choose({"numpy": 1.0, "mkl": 1.5}) == "numpy"
+
+
+@needs_mkl
+def test_mkl_runs_on_one_thread_in_the_engines_workers_only(mkl, restore_gemm):
+    """mkl_set_num_threads_local(1) in every worker and in an inline caller; MKL's own setting elsewhere."""
+    lib = mkl._lib
+    lib.MKL_Get_Max_Threads.restype = ctypes.c_int
+    lib.MKL_Set_Num_Threads.argtypes = [ctypes.c_int]
+    saved = lib.MKL_Get_Max_Threads()
+    lib.MKL_Set_Num_Threads(2)
+    own = lib.MKL_Get_Max_Threads()                              # MKL caps it at the cores it sees
+    if own < 2:
+        lib.MKL_Set_Num_Threads(saved)
+        pytest.skip("MKL sees one core: one thread everywhere")
+    try:
+        qkv.set_gemm("mkl")
+        a = np.ones((64, 64), np.float32)
+        seen = {}
+
+        def task(i):
+            gemm.matmul(a, a)
+            seen[i] = (threading.current_thread().name, lib.MKL_Get_Max_Threads())
+        RUNTIME.run([(i,) for i in range(4)], task, 2)           # on the workers
+        assert {n for _, n in seen.values()} == {1}
+        assert all(name.startswith(RUNTIME.WORKER_PREFIX) for name, _ in seen.values())
+        seen.clear()
+        RUNTIME.run([(0,)], task, 2)                             # one task: inline, on this thread
+        assert seen[0][1] == 1
+        gemm.matmul(a, a)                                        # outside the engine: MKL's own setting
+        assert lib.MKL_Get_Max_Threads() == own
+    finally:
+        lib.MKL_Set_Num_Threads(saved)
