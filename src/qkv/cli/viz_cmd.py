@@ -229,14 +229,19 @@ def _model_view_data(viz, name: str, text: str, lang: str):
               help="With --generate: 0 greedy, > 0 sampling.")
 @click.option("--seed", type=int, default=None, help="With --generate: the sampling's seed.")
 @click.option("--chat", is_flag=True, help="With --generate: wrap the prompt in the chat template.")
+@click.option("--why/--no-why", default=True, show_default=True,
+              help="With a worked example (the playground): the 'Why ÷ √d_k' section, qkv lab scale's experiment "
+                   "with a d_k slider (about a second to compute).")
 @click.option("-o", "--output", default="attention.html", show_default=True, metavar="FILE", help="The HTML file.")
 @lang_option("Language of the page (qkv.locales).")
-def view_cmd(file, example, tokens, model_opt, text, prompt, max_new_tokens, temperature, seed, chat, output, lang):
+def view_cmd(file, example, tokens, model_opt, text, prompt, max_new_tokens, temperature, seed, chat, why, output,
+             lang):
     """Write one self-contained HTML page (no network access; open it from disk, offline).
 
     The playground starts from seed 003's example, --example NAME or FILE: edit tokens, X, W_Q, W_K and W_V
     and everything is recomputed; hover a cell for its arithmetic; toggle the causal mask, the √d_k scaling,
-    the number of heads. An example too large to edit shows its weights as a zoomable picture instead.
+    the number of heads. An example too large to edit shows its weights as a zoomable picture instead. Below
+    it, "Why ÷ √d_k": qkv lab scale's numbers with a d_k slider (--no-why leaves it out).
 
     --model "A sentence." adds every layer and head of the MiniLM model; --model smollm2 --text "..." those of
     the decoder (up to 1,024 tokens); --model smollm2 --generate "PROMPT" the generation view: step through the
@@ -262,6 +267,8 @@ def view_cmd(file, example, tokens, model_opt, text, prompt, max_new_tokens, tem
     if prompt is None or file is not None or example is not None:
         worked = _load_worked(example, file)
         data.update(viz.worked_data(worked, tokens=_tokens(tokens, len(worked.tokens), "one per row of X")))
+        if why:
+            data["why"] = viz.why_data()
     if prompt is not None:
         if not prompt.strip():
             raise UserError("--generate: expected a non-empty prompt")

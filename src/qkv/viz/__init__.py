@@ -5,10 +5,10 @@ matplotlib is imported only when a heatmap is drawn; the page needs nothing beyo
 from .heads import HeadKinds, attention_flow, head_kinds, model_name, rollout
 from .heatmap import cjk_font, heatmap, heads_grid, layout, save
 from .page import (MAX_PAGE_BYTES, PageTooLarge, decoder_attentions, from_worked, generation_data, model_data,
-                   playground_data, render_page, worked_data, write_page)
+                   playground_data, render_page, why_data, worked_data, write_page)
 from .notebook import Shown, show
 
 __all__ = ["HeadKinds", "attention_flow", "cjk_font", "from_worked", "head_kinds", "heads_grid", "heatmap", "layout",
            "model_data", "model_name", "playground_data", "render_page", "rollout", "save", "write_page"]
 __all__ += ["MAX_PAGE_BYTES", "PageTooLarge", "Shown", "decoder_attentions", "generation_data", "show",
-            "worked_data"]
+            "why_data", "worked_data"]

@@ -249,6 +249,12 @@ EXAMPLE_MAX_TOKENS = 2048
 SMALL_TOKENS = 32
 #: The largest side of a thumbnail (max-pooled), in cells.
 THUMB = 40
+#: The model view shows attention flow (:func:`qkv.viz.attention_flow`: one networkx max-flow per query and
+#: token, all queries) up to this :func:`qkv.viz.heads.flow_work`; beyond, the page says so with the limit.
+#: Measured on the 2-core test machine (busy, load ≈ 7): MiniLM's 6 layers × 12 tokens (work 124,416) 5.4 s,
+#: 9 tokens (39,366) 2.5 s, 14 tokens (230,496) 5.3–12 s; real attention graphs cost about twice random ones. So
+#: MiniLM up to 12 tokens, SmolLM2's 30 layers up to 8.
+PAGE_FLOW_WORK = 130_000
 
 _PROB_BITS = 12
 _PROB_SCALE = 1 << _PROB_BITS
@@ -555,7 +561,8 @@ def _layers_data(layers, L: int, H: int, T: int, causal: bool, *, what: str, sma
     """The map set of ``L`` layers of ``H`` heads (each (H, T, S)), with the numbers when small. With ``tokens``
     (a model's self-attention) also every head's kind (:func:`qkv.viz.head_kinds`, layer by layer) and the
     attention rollout through the layers (:func:`qkv.viz.rollout`, multiplied up layer by layer), so that
-    memory holds one layer's weights at a time."""
+    memory holds one layer's weights at a time; and the attention flow (:func:`qkv.viz.attention_flow`, every
+    query) when it is small enough (:func:`flow_limit`), else ``flow_limit`` says why it is not there."""
     ms = MapSet(budget=MAX_PAGE_BYTES - 1_000_000, what=what)
     small = T <= SMALL_TOKENS and (cols or T) <= SMALL_TOKENS
     exact = []
@@ -563,6 +570,8 @@ def _layers_data(layers, L: int, H: int, T: int, causal: bool, *, what: str, sma
     if analysis:
         from . import heads as _heads
         kinds, scores, R = [], [], None
+        limit = flow_limit(L)
+        kept = [] if T <= limit else None                            # the layers again, for the max-flow graph
     for li, a in enumerate(layers):
         a = np.asarray(a)
         ms.add_group(list(a), causal=causal, label=f"layer {li + 1} of {L}")
@@ -574,17 +583,49 @@ def _layers_data(layers, L: int, H: int, T: int, causal: bool, *, what: str, sma
             scores.append({name: [round(float(v), 4) for v in sc[0]] for name, sc in k.scores.items()})
             step = _heads.rollout([a])                               # this layer's Ã (heads fused, + I, renormalised)
             R = step if R is None else step @ R
+            if kept is not None:
+                kept.append(a)
     if len(ms.blobs) != L * H:
         raise ValueError(f"layers: expected {L} layers of {H} heads, got {len(ms.blobs)} maps")
     out = {"layers": L, "heads": H, "T": T, "causal": causal, "digits": MAP_DIGITS, "maps": ms.to_json(),
-           "attentions": exact if small else None, "head_kinds": None, "rollout": None}
+           "attentions": exact if small else None, "head_kinds": None, "rollout": None, "flow": None,
+           "flow_limit": None}
     if analysis:
         roll = MapSet(thumbs=False, what=what)
         roll.add_group([np.clip(R, 0.0, 1.0)], causal=causal, label="rollout")
         out["head_kinds"] = {"kind": kinds, "scores": scores, "pattern_min": _heads.PATTERN_MIN,
                              "broad_min": _heads.BROAD_MIN}
         out["rollout"] = roll.to_json()
+        out["flow"], out["flow_limit"] = _flow_maps(kept, L, limit, causal, what)
     return out
+
+
+def flow_limit(layers: int) -> int:
+    """The most tokens whose attention flow through ``layers`` layers the page computes (:data:`PAGE_FLOW_WORK`)."""
+    from .heads import flow_work
+
+    T = 0
+    while flow_work(layers, T + 1) <= PAGE_FLOW_WORK:
+        T += 1
+    return T
+
+
+def _flow_maps(kept, L: int, limit: int, causal: bool, what: str):
+    """``(flow map set, None)``: :func:`qkv.viz.attention_flow` of the ``kept`` layers (mean fusion, residual, as
+    the rollout) as one map; or ``(None, {"reason", "limit", "layers"})`` when it is not computed: over the size
+    limit (``kept`` is None) or networkx missing."""
+    from .heads import attention_flow
+
+    why = {"reason": "size", "limit": limit, "layers": L}
+    if kept is None:
+        return None, why
+    try:
+        F = attention_flow(kept)                                           # (T, T), rows sum to 1
+    except ImportError:
+        return None, dict(why, reason="networkx")
+    flow = MapSet(thumbs=False, what=what)
+    flow.add_group([np.clip(F, 0.0, 1.0)], causal=causal, label="flow")
+    return flow.to_json(), None
 
 
 def _playground_cells(pg: dict) -> int:
@@ -668,6 +709,43 @@ def generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bool 
     return {"generation": gen, "model": view}
 
 
+# ---------------------------------------------------------------------------------------------- why
+#: Query rows per d_k of the page's scale experiment (``qkv lab scale`` runs 16,384): ≈ 0.9 s on the 2-core
+#: test machine, variances within about 3 % of theory.
+WHY_SAMPLES = 4096
+
+
+def why_data(*, seed: int = 0, samples: int = WHY_SAMPLES) -> dict:
+    """The page's "Why ÷ √d_k" section: :func:`qkv.lab.scale` (``seed``, ``samples`` query rows per d_k) as it
+    returns it, and for each of its d_k one sampled query row against the same number of keys through
+    :func:`qkv.scaled_dot_product_attention` with ``scale=1`` and with the default 1/√d_k (the stages recorded in
+    a :class:`qkv.Trace`): ``{"scale": …, "examples": [{"d_k", "scores", "scaled", "weights",
+    "weights_scaled"}], "seed", "samples"}``. The page only draws these numbers; :func:`render_page` adds the
+    lab's paragraph (:func:`qkv.lab.paragraph`) in the page's language."""
+    import qkv
+    from qkv import lab
+
+    result = lab.scale(seed=seed, samples=samples)                # checks seed and samples
+    keys = result["settings"]["keys"]
+    examples = []
+    for row in result["rows"]:
+        d = row["d_k"]
+        rng = np.random.default_rng([seed, d])                    # one row per d_k, independent of the others
+        q = rng.standard_normal((1, 1, 1, d))                     # (B, H, L, E): one query
+        k = rng.standard_normal((1, 1, keys, d))                  # (B, H, S, E)
+        v = rng.standard_normal((1, 1, keys, 1))                  # (B, H, S, Ev): values do not matter here
+        got = {}
+        for name, scale in (("", 1.0), ("_scaled", None)):
+            with qkv.trace() as tr:
+                qkv.scaled_dot_product_attention(q, k, v, scale=scale, backend="reference")
+            got["scores" + name] = tr["scores"].array[0, 0, 0]     # q·k, (S,)
+            got["entering" + name] = tr["scaled"].array[0, 0, 0]   # what enters the softmax
+            got["weights" + name] = tr["weights"].array[0, 0, 0]
+        examples.append({"d_k": d, "scores": got["scores"].tolist(), "scaled": got["entering_scaled"].tolist(),
+                         "weights": got["weights"].tolist(), "weights_scaled": got["weights_scaled"].tolist()})
+    return {"scale": result, "examples": examples, "seed": seed, "samples": result["settings"]["samples"]}
+
+
 def _json_for_script(data) -> str:
     """JSON that is safe inside ``<script type="application/json">``: no ``<``, ``>`` or ``&`` left."""
     def clean(x):
@@ -679,13 +757,13 @@ def _json_for_script(data) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-_PARTS = ("playground", "model", "example", "generation")
+_PARTS = ("playground", "model", "example", "generation", "why")
 
 
 def render_page(data: dict, *, lang: str | None = None) -> str:
     """The page's HTML for ``{"playground": playground_data(...), "model": model_data(...), "example": …,
-    "generation": …, "notices": […]}`` (any of them; :func:`worked_data` and :func:`generation_data` return such
-    dicts).
+    "generation": …, "why": why_data(), "notices": […]}`` (any of them; :func:`worked_data` and
+    :func:`generation_data` return such dicts).
 
     ``lang``: the language of the page's words (a :mod:`qkv.locales` language; default ``data["lang"]`` or
     English). Its ``page.*`` strings are embedded with the data; the page stays one offline file. A playground
@@ -704,8 +782,18 @@ def render_page(data: dict, *, lang: str | None = None) -> str:
         notices.append(_notice("page.playground_too_big", cells=_playground_cells(playground),
                                limit=PLAYGROUND_MAX_CELLS))
         playground = None
-    payload = {"digits": DIGITS, "lang": lang, "strings": locales.strings(lang, "page."), "notices": notices,
-               **{k: data.get(k) for k in _PARTS}, "playground": playground}
+    strings = locales.strings(lang, "page.")
+    why = data.get("why")
+    if why:
+        from qkv import lab
+
+        if not (isinstance(why, dict) and isinstance(why.get("scale"), dict) and why["scale"].get("rows")
+                and len(why.get("examples") or []) == len(why["scale"]["rows"])):
+            raise ValueError("why: expected why_data()'s dict (the scale experiment and one example row per d_k)")
+        strings.update(locales.strings(lang, "lab."))
+        why = dict(why, paragraph=lab.paragraph("scale", why["scale"], lang))
+    payload = {"digits": DIGITS, "lang": lang, "strings": strings, "notices": notices,
+               **{k: data.get(k) for k in _PARTS}, "playground": playground, "why": why}
     css, js = _asset("page.css"), _asset("page.js")
     for name, text in (("page.css", css), ("page.js", js)):
         if re.search(r"</(script|style)", text, re.IGNORECASE):

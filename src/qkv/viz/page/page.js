@@ -1109,14 +1109,30 @@
       }));
     }
     show();
-    if (M.rollout) {                    // attention rollout through the layers (qkv.viz.rollout), one map
-      sec.appendChild(el("h3", { "data-testid": "rollout-title" }, msg("page.rollout_title")));
-      sec.appendChild(el("p", { "class": "note" }, msg("page.rollout_note", { layers: L })));
-      var rstore = new MapStore(M.rollout), rview = new MapView({ testid: "rollout-map", digits: M.rollout.digits });
-      sec.appendChild(rview.box);
-      var rsh = rstore.shape(0);
-      rview.show(rstore.get(0), rsh[0], rsh[1], rstore.causal(0), function (i) { return rowToks[i]; },
-                 function (j) { return colToks[j]; }, msg("page.rollout_where"));
+    // Attention rollout (qkv.viz.rollout) and, beside it, attention flow (qkv.viz.attention_flow, networkx
+    // max-flow): one map each, computed in Python; flow only up to the size page.py computes it for.
+    if (M.rollout) {
+      var pair = el("div", { "class": M.flow ? "model-views pair" : "model-views" }), width = M.flow ? 560 : undefined;
+      sec.appendChild(pair);
+      oneMap(pair, M.rollout, "rollout", "page.rollout_title", "page.rollout_note", "page.rollout_where", width);
+      if (M.flow) oneMap(pair, M.flow, "flow", "page.flow_title", "page.flow_note", "page.flow_where", width);
+    }
+    if (M.flow_limit) {
+      var fl = M.flow_limit;
+      sec.appendChild(el("p", { "class": "note", "data-testid": "flow-missing" },
+                         msg(fl.reason === "networkx" ? "page.flow_missing" : "page.flow_too_big",
+                             { limit: fl.limit, layers: fl.layers, tokens: T })));
+    }
+    function oneMap(parent, set, name, titleKey, noteKey, whereKey, width) {
+      var col = el("div", { "data-testid": name + "-view" });
+      parent.appendChild(col);
+      col.appendChild(el("h3", { "data-testid": name + "-title" }, msg(titleKey)));
+      col.appendChild(el("p", { "class": "note" }, msg(noteKey, { layers: L })));
+      var st = new MapStore(set), mv = new MapView({ testid: name + "-map", digits: set.digits, width: width });
+      col.appendChild(mv.box);
+      var sh = st.shape(0);
+      mv.show(st.get(0), sh[0], sh[1], st.causal(0), function (i) { return rowToks[i]; },
+              function (j) { return colToks[j]; }, msg(whereKey));
     }
   }
   var KIND_ORDER = ["previous", "next", "same", "sink", "long_range", "broad"];
@@ -1193,6 +1209,176 @@
     go(0);
   }
 
+  // ------------------------------------------------------------------ why ÷ √d_k
+  // qkv.lab.scale's rows and one sampled query row per d_k, all computed in Python (page.py why_data); a slider
+  // picks the d_k whose numbers are shown, the bars and the curves only draw them.
+  var WHY_UNSCALED = "#2563eb", WHY_SCALED = "#f59e0b";
+  var WHY_METRICS = [["score_var", "lab.col_var"], ["max_weight", "lab.col_max_weight"], ["entropy", "lab.col_entropy"],
+                     ["grad_norm", "lab.col_grad"]];
+  function hidpi(canvas, w, h) {
+    var dpr = window.devicePixelRatio || 1;
+    canvas.width = Math.round(w * dpr); canvas.height = Math.round(h * dpr);
+    canvas.style.width = w + "px"; canvas.style.height = h + "px";
+    var ctx = canvas.getContext("2d");
+    ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+    return ctx;
+  }
+  function renderWhy(W) {
+    var sec = document.getElementById("why");
+    sec.hidden = false;
+    sec.setAttribute("aria-label", msg("page.why_title"));
+    var rows = W.scale.rows, examples = W.examples, keys = W.scale.settings.keys, theory = W.scale.theory;
+    sec.appendChild(el("h2", null, msg("page.why_title")));
+    sec.appendChild(el("p", { "class": "note", "data-testid": "why-paragraph" }, W.paragraph));
+    sec.appendChild(el("p", { "class": "note", "data-testid": "why-source" },
+                       msg("page.why_source", { seed: W.seed, samples: W.samples, keys: keys })));
+    var start = 0;
+    rows.forEach(function (r, n) { if (r.d_k <= 64) start = n; });
+    var bar = el("div", { "class": "controls" });
+    var lab = el("label", null, "d_k");
+    var range = el("input", { "type": "range", "min": "0", "max": String(rows.length - 1), "step": "1",
+                              "value": String(start), "data-testid": "why-dk", "aria-label": msg("page.why_slider") });
+    lab.appendChild(range);
+    bar.appendChild(lab);
+    var shown = el("output", { "data-testid": "why-dk-value" });
+    bar.appendChild(shown);
+    sec.appendChild(bar);
+    var table = el("table", { "class": "matrix", "data-testid": "why-table" });
+    var hr = el("tr");
+    [msg("page.why_metric"), msg("lab.unscaled"), msg("lab.scaled")].forEach(function (t) { hr.appendChild(el("th", null, t)); });
+    table.appendChild(el("thead")).appendChild(hr);
+    var body = el("tbody"), cells = {};
+    WHY_METRICS.forEach(function (m) {
+      var tr = el("tr");
+      tr.appendChild(el("th", { "scope": "row" }, msg(m[1])));
+      [m[0], m[0] + "_scaled"].forEach(function (key) {
+        cells[key] = el("td", { "data-testid": "why-" + key });
+        tr.appendChild(cells[key]);
+      });
+      body.appendChild(tr);
+    });
+    table.appendChild(body);
+    var views = el("div", { "class": "model-views pair" });
+    var left = el("div"), right = el("div");
+    views.appendChild(left); views.appendChild(right);
+    sec.appendChild(views);
+    left.appendChild(table);
+    var theoryLine = el("p", { "class": "note", "data-testid": "why-theory" });
+    left.appendChild(theoryLine);
+    var curvesTitle = el("p", { "class": "note" }, msg("page.why_curves_title"));
+    left.appendChild(curvesTitle);
+    var curves = el("canvas", { "data-testid": "why-curves", "role": "img", "aria-label": msg("page.why_curves_title") });
+    left.appendChild(curves);
+    var barsTitle = el("p", { "class": "note", "data-testid": "why-bars-title" });
+    right.appendChild(barsTitle);
+    var bars = el("canvas", { "data-testid": "why-bars", "tabindex": "0", "role": "img" });
+    right.appendChild(bars);
+    var hover = el("p", { "class": "maphover", "data-testid": "why-bars-hover", "aria-live": "polite" });
+    right.appendChild(hover);
+    right.appendChild(el("p", { "class": "note" }, msg("page.why_bars_help")));
+    var state = { n: start, j: 0 };
+    var BW = 520, BH = 230, BL = 80, BT = 10, PANEL = 95, GAP = 14;
+
+    function drawBars() {
+      var ex = examples[state.n], ctx = hidpi(bars, BW, BH), bw = (BW - BL - 10) / keys;
+      [["weights", WHY_UNSCALED, "lab.unscaled"], ["weights_scaled", WHY_SCALED, "lab.scaled"]].forEach(function (p, k) {
+        var top = BT + k * (PANEL + GAP);
+        ctx.strokeStyle = "#cbd2d9"; ctx.strokeRect(BL - 0.5, top - 0.5, keys * bw + 1, PANEL + 1);
+        ctx.fillStyle = "#616e7c"; ctx.font = "11px sans-serif"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
+        ctx.fillText(msg(p[2]), BL - 6, top + PANEL / 2, BL - 8);
+        ctx.fillText("1", BL - 6, top + 4); ctx.fillText("0", BL - 6, top + PANEL - 4);
+        ctx.fillStyle = p[1];
+        ex[p[0]].forEach(function (w, j) {
+          var h = Math.max(0, Math.min(1, w)) * PANEL;
+          ctx.fillRect(BL + j * bw + 1, top + PANEL - h, Math.max(1, bw - 2), h);
+        });
+      });
+      ctx.fillStyle = "#616e7c"; ctx.textAlign = "center"; ctx.textBaseline = "top";
+      for (var j = 0; j < keys; j++) ctx.fillText(String(j), BL + (j + 0.5) * bw, BT + 2 * PANEL + GAP + 4);
+      var j0 = state.j;
+      ctx.strokeStyle = "#c81e1e"; ctx.lineWidth = 1.5;
+      ctx.strokeRect(BL + j0 * bw, BT - 2, bw, 2 * PANEL + GAP + 4);
+      bars.setAttribute("data-plot", [BL, BT, keys * bw, 2 * PANEL + GAP].join(" "));
+    }
+    function showBar(j) {
+      var ex = examples[state.n];
+      state.j = Math.max(0, Math.min(keys - 1, j));
+      j = state.j;
+      hover.textContent = msg("page.why_bars_hover", { j: j, s: num(ex.scores[j]), w: num(ex.weights[j]),
+                                                       ss: num(ex.scaled[j]), ws: num(ex.weights_scaled[j]) });
+      hover.setAttribute("data-j", String(j));
+      hover.setAttribute("data-w", String(ex.weights[j]));
+      hover.setAttribute("data-ws", String(ex.weights_scaled[j]));
+      drawBars();
+    }
+    bars.addEventListener("mousemove", function (e) {
+      var bw = (BW - BL - 10) / keys, x = e.offsetX - BL;
+      if (x >= 0 && x < keys * bw) showBar(Math.floor(x / bw));
+    });
+    bars.addEventListener("keydown", function (e) {
+      if (e.key === "ArrowLeft") showBar(state.j - 1); else if (e.key === "ArrowRight") showBar(state.j + 1); else return;
+      e.preventDefault();
+    });
+
+    var CW = 520, CH = 200;
+    function drawCurves() {
+      var ctx = hidpi(curves, CW, CH), lx = rows.map(function (r) { return Math.log2(r.d_k); });
+      var x0 = Math.min.apply(null, lx), x1 = Math.max.apply(null, lx);
+      var panels = [["max_weight", "lab.col_max_weight", false], ["grad_norm", "lab.col_grad", true]];
+      var PW = 200, PH = 130, T0 = 22;
+      panels.forEach(function (p, k) {
+        var L0 = 40 + k * (PW + 60), vals = [];
+        rows.forEach(function (r) { vals.push(r[p[0]], r[p[0] + "_scaled"]); });
+        var f = p[2] ? function (v) { return Math.log10(Math.max(v, 1e-300)); } : function (v) { return v; };
+        var lo = p[2] ? Math.floor(Math.min.apply(null, vals.map(f))) : 0;
+        var hi = p[2] ? Math.ceil(Math.max.apply(null, vals.map(f))) : 1;
+        if (hi <= lo) hi = lo + 1;
+        var X = function (n) { return L0 + (x1 > x0 ? (lx[n] - x0) / (x1 - x0) : 0.5) * PW; };
+        var Y = function (v) { return T0 + PH - (f(v) - lo) / (hi - lo) * PH; };
+        ctx.strokeStyle = "#cbd2d9"; ctx.lineWidth = 1; ctx.setLineDash([]);
+        ctx.strokeRect(L0 - 0.5, T0 - 0.5, PW + 1, PH + 1);
+        ctx.fillStyle = "#1f2933"; ctx.font = "11px sans-serif"; ctx.textAlign = "left"; ctx.textBaseline = "alphabetic";
+        ctx.fillText(msg(p[1]), L0, T0 - 8, PW);
+        ctx.fillStyle = "#616e7c"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
+        ctx.fillText(p[2] ? "1e" + hi : String(hi), L0 - 4, T0); ctx.fillText(p[2] ? "1e" + lo : String(lo), L0 - 4, T0 + PH);
+        ctx.textAlign = "center"; ctx.textBaseline = "top";
+        rows.forEach(function (r, n) { if (n % 2 === 0 || n === rows.length - 1) ctx.fillText(String(r.d_k), X(n), T0 + PH + 4); });
+        [["", WHY_UNSCALED], ["_scaled", WHY_SCALED]].forEach(function (s) {
+          ctx.strokeStyle = s[1]; ctx.fillStyle = s[1]; ctx.lineWidth = 1.5;
+          ctx.beginPath();
+          rows.forEach(function (r, n) { var y = Y(r[p[0] + s[0]]); if (n === 0) ctx.moveTo(X(n), y); else ctx.lineTo(X(n), y); });
+          ctx.stroke();
+          rows.forEach(function (r, n) { ctx.beginPath(); ctx.arc(X(n), Y(r[p[0] + s[0]]), n === state.n ? 4 : 2, 0, 2 * Math.PI); ctx.fill(); });
+        });
+        ctx.strokeStyle = "#c81e1e"; ctx.setLineDash([4, 3]); ctx.lineWidth = 1;
+        ctx.beginPath(); ctx.moveTo(X(state.n), T0); ctx.lineTo(X(state.n), T0 + PH); ctx.stroke();
+        ctx.setLineDash([]);
+      });
+      ctx.textAlign = "left"; ctx.textBaseline = "middle"; ctx.font = "11px sans-serif";
+      ctx.fillStyle = WHY_UNSCALED; ctx.fillText("\u25cf " + msg("lab.unscaled"), 40, CH - 10);
+      ctx.fillStyle = WHY_SCALED; ctx.fillText("\u25cf " + msg("lab.scaled"), 160, CH - 10);
+      curves.setAttribute("data-dk", String(rows[state.n].d_k));
+    }
+    function go(n) {
+      state.n = Math.max(0, Math.min(rows.length - 1, n));
+      range.value = String(state.n);
+      var r = rows[state.n], ex = examples[state.n];
+      shown.textContent = msg("page.why_dk", { d: r.d_k });
+      Object.keys(cells).forEach(function (key) { cells[key].textContent = String(r[key]); });
+      theoryLine.textContent = msg("page.why_theory", { d: r.d_k, keys: keys, mw: num(theory.uniform_max_weight),
+                                                        ent: num(theory.uniform_entropy) });
+      barsTitle.textContent = msg("page.why_bars_title", { keys: keys, d: r.d_k });
+      bars.setAttribute("aria-label", barsTitle.textContent);
+      var best = 0;
+      ex.weights.forEach(function (w, j) { if (w > ex.weights[best]) best = j; });
+      showBar(best);
+      drawCurves();
+    }
+    range.addEventListener("input", function () { go(Number(range.value)); });
+    go(start);
+  }
+
   function renderNotices(list) {
     var box = document.getElementById("notices");
     (list || []).forEach(function (n, i) {
@@ -1225,6 +1411,7 @@
       DATA.example ? DATA.example.name : DATA.generation ? msg("page.gen_title", { name: DATA.generation.name })
       : DATA.model ? msg("page.model_title", { name: DATA.model.name }) : "qkv";
   }
+  if (DATA.why) guarded(function () { renderWhy(DATA.why); }, "why");
   if (DATA.example) guarded(function () { renderAtlas(DATA.example, document.getElementById("example"), "example"); }, "example");
   if (DATA.generation) guarded(function () { renderGeneration(DATA.generation); }, "generation");
   if (DATA.model) guarded(function () { renderAtlas(DATA.model, document.getElementById("model"), "model"); }, "model");
