@@ -22,7 +22,7 @@ def test_bench_json_structure(tmp_path, capsys):
     assert res["machine"]["matmul_gflops"] > 0 and res["config"]["threads"] == 2
     impls = res["config"]["impls"]
     assert len(res["rows"]) == 3 * 2 * len(impls)
-    keys = {"mode", "n", "impl", "median_s", "gflops", "pct_matmul", "peak_mb", "ratio_torch", "times_s"}
+    keys = {"mode", "n", "impl", "gemm", "median_s", "gflops", "pct_matmul", "peak_mb", "ratio_torch", "times_s"}
     for r in res["rows"]:
         assert set(r) == keys
         if r["impl"] == "reference" and r["mode"] == "backward":
@@ -56,6 +56,47 @@ def test_bench_markdown_table(capsys):
     assert out[header + 2].startswith("| causal | 16 | tiled |")
 
 
+def test_bench_header_names_cpu_gemm_provider_kernel_and_rate(capsys):
+    import qkv
+    assert main(["bench", *TINY, "--modes", "forward", "--impls", "tiled", "--no-memory", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    m = res["machine"]
+    assert m["gemm"] == qkv.get_gemm() and res["config"]["gemms"] == [m["gemm"]]
+    prov = m["gemms"][m["gemm"]]
+    assert prov["matmul_gflops"] > 0 and prov["kernel"]
+    assert m["cpu"] == bench.cpu_model() and m["cpu"]
+    line = bench.header(res)
+    for part in (m["cpu"], f"GEMM {m['gemm']} in use", prov["kernel"], f"{prov['matmul_gflops']:.0f} GFLOP/s"):
+        assert part in line
+    assert all(r["gemm"] == m["gemm"] for r in res["rows"])
+
+
+def test_bench_gemm_providers_side_by_side(capsys):
+    from qkv import gemm
+    if gemm.GEMM.mkl() is None:
+        pytest.skip("the mkl extra is not installed: pip install 'qkv[mkl]'")
+    saved = gemm.GEMM.choice
+    assert main(["bench", *TINY, "--modes", "forward", "--impls", "tiled,reference", "--no-memory",
+                 "--gemm", "numpy,mkl", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert gemm.GEMM.choice == saved                           # the run restores the choice
+    assert [(r["impl"], r["gemm"]) for r in res["rows"]] == [("tiled (numpy)", "numpy"), ("tiled (mkl)", "mkl"),
+                                                             ("reference", None)] * 2
+    assert set(res["machine"]["gemms"]) == {"numpy", "mkl"}
+    for r in res["rows"]:
+        base = res["machine"]["gemms"][r["gemm"]]["matmul_gflops"] if r["gemm"] else res["machine"]["matmul_gflops"]
+        assert r["pct_matmul"] == pytest.approx(100 * r["gflops"] / base)
+
+
+def test_bench_gemm_mkl_without_the_extra_is_one_line(monkeypatch, capsys):
+    from qkv import gemm
+    monkeypatch.setattr(gemm, "_mkl_library_path", lambda: None)
+    monkeypatch.setattr(gemm, "GEMM", gemm.Gemm())
+    assert main(["bench", *TINY, "--gemm", "numpy,mkl"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'qkv[mkl]'" in err and len(err.strip().splitlines()) == 1
+
+
 def test_bench_long_sequence_reports_peak_rss():
     res = bench.long_sequence(2048, heads=1, dim=8, threads=1)
     assert res["n"] == 2048 and res["finite"] and res["peak_rss_mb"] > 0 and res["seconds"] > 0
@@ -64,6 +105,7 @@ def test_bench_long_sequence_reports_peak_rss():
 @pytest.mark.parametrize("args, msg", [(["--lengths", "a,b"], "--lengths"), (["--modes", "sideways"], "--modes"),
                                        (["--threads", "0"], "--threads"), (["--impls", "jax"], "--impls"),
                                        (["--json", "/no/such/dir/b.json"], "--json"),
+                                       (["--gemm", "blis"], "--gemm"),
                                        (["--plot", "/no/such/dir/b.png"], "--plot")])
 def test_bench_bad_options_one_line(args, msg, capsys):
     assert main(["bench", *args, "--no-progress"]) == 2

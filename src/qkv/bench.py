@@ -9,6 +9,11 @@ backward ``14·B·H·N²·E``: the forward's 2 matmuls plus the backward's 5, as
 that rate as a % of this machine's NumPy float32 matmul rate measured in the same run with the same
 thread count; peak memory (growth of the peak RSS during one call, in a fresh process per cell, read from
 /proc after resetting the peak; tracemalloc where /proc is missing); time relative to torch.
+
+The GEMM provider (:mod:`qkv.gemm`): the header names the one in use, the CPU model and each provider's BLAS
+kernel and measured matmul rate; ``gemms=("numpy", "mkl")`` runs the tiled engine once per provider, side by
+side in the same turns (rows ``tiled (numpy)``, ``tiled (mkl)``), each row's "% matmul" against its own
+provider's rate.
 """
 from __future__ import annotations
 
@@ -52,15 +57,54 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def matmul_rate(threads: int, n: int = 2048, repeats: int = 5) -> float:
-    """This machine's NumPy float32 matmul rate (GFLOP/s) on ``threads`` BLAS threads."""
+def matmul_rate(threads: int, n: int = 2048, repeats: int = 5, provider: str = "numpy") -> float:
+    """This machine's float32 matmul rate (GFLOP/s) of an (n × n)·(n × n) product on ``threads`` BLAS threads,
+    by the GEMM ``provider`` (``"numpy"``: NumPy's BLAS; ``"mkl"``: MKL through :mod:`qkv.gemm`)."""
+    from . import gemm
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
-    with _blas_threads(threads):
-        a @ b
-        t = _median_time(lambda: a @ b, repeats)
+    c = np.empty((n, n), np.float32)
+    p = gemm.GEMM.provider(provider)
+    with _blas_threads(threads) if provider == "numpy" else p.threads(threads):
+        p.matmul(a, b, out=c)
+        t = _median_time(lambda: p.matmul(a, b, out=c), repeats)
     return 2 * n ** 3 / t / 1e9
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; else what ``platform`` says)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def gemm_info(threads: int, gemms, n: int = 2048) -> dict:
+    """Per GEMM provider: its BLAS kernel and matmul rate on ``threads`` threads (``n`` × ``n`` float32)."""
+    from . import gemm
+    out = {}
+    for g in gemms:
+        p = gemm.GEMM.provider(g)
+        out[g] = dict(kernel=p.kernel(), matmul_gflops=matmul_rate(threads, n, provider=g))
+    return out
+
+
+def _check_gemms(gemms) -> list:
+    """The providers asked for (None: the one in use), validated; ValueError for unknown or missing ones."""
+    from . import gemm
+    if gemms is None:
+        return [gemm.get_gemm()]
+    gemms = [gemm.get_gemm() if g == "auto" else g for g in gemms]
+    if not gemms:
+        raise ValueError("gemms: expected at least one of ('numpy', 'mkl'), got none")
+    for g in gemms:
+        gemm.GEMM.provider(g)                      # ValueError: unknown, or mkl without its extra
+    return list(dict.fromkeys(gemms))
 
 
 @contextlib.contextmanager
@@ -108,20 +152,23 @@ def peak_memory(fn) -> tuple[float, str]:
 
 
 def memory_in_fresh_process(impl: str, mode: str, n: int, *, heads: int, dim: int, batch: int,
-                            threads: int) -> float | None:
+                            threads: int, gemm: str | None = None) -> float | None:
     """Peak-RSS growth (bytes) of one call, measured in a fresh Python process (so that memory another
     implementation freed earlier cannot hide it): inputs are made, the peak is reset, the call runs."""
     code = ("import json, sys; from qkv import bench; "
-            f"print(json.dumps(bench._child_memory({impl!r}, {mode!r}, {n}, {heads}, {dim}, {batch}, {threads})))")
+            f"print(json.dumps(bench._child_memory({impl!r}, {mode!r}, {n}, {heads}, {dim}, {batch}, {threads}, "
+            f"{gemm!r})))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if res.returncode != 0:
         return None
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def _child_memory(impl, mode, n, heads, dim, batch, threads):
+def _child_memory(impl, mode, n, heads, dim, batch, threads, gemm=None):
     import qkv
     qkv.set_num_threads(threads)
+    if gemm is not None:
+        qkv.set_gemm(gemm)
     if impl == "torch":
         import torch
         torch.set_num_threads(threads)
@@ -157,10 +204,14 @@ def _make_calls(impl, mode, q, k, v, go, threads):
 
 def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch: int = 1, repeats: int = 5,
         threads: int | None = None, modes=MODES, impls=IMPLS, memory: bool = True, progress: bool = True,
-        reference_max_bytes: int = REFERENCE_MAX_BYTES) -> dict:
-    """Run the sweep; returns a JSON-ready dict ``{"machine", "config", "rows"}`` (see README, *Engine*)."""
+        reference_max_bytes: int = REFERENCE_MAX_BYTES, gemms=None) -> dict:
+    """Run the sweep; returns a JSON-ready dict ``{"machine", "config", "rows"}`` (see README, *Engine*).
+
+    ``gemms``: the GEMM providers to run the tiled engine with, side by side (``("numpy", "mkl")``); None:
+    the one in use (:func:`qkv.get_gemm`). Each row has ``gemm``: its provider (None for reference/torch).
+    """
     import qkv
-    from qkv import _checks
+    from qkv import _checks, gemm
 
     lengths = [_checks.positive_int(n, "lengths") for n in lengths]
     heads = _checks.positive_int(heads, "heads")
@@ -181,6 +232,15 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
         except ImportError:
             impls.remove("torch")
     from qkv.backends.runtime import RUNTIME
+    saved_gemm = gemm.GEMM.choice
+    gemms = _check_gemms(gemms)
+    # the rows: (label, impl, provider); the tiled engine once per provider
+    labels = []
+    for impl in impls:
+        if impl == "tiled":
+            labels += [("tiled" if len(gemms) == 1 else f"tiled ({g})", impl, g) for g in gemms]
+        else:
+            labels.append((impl, impl, None))
     saved_threads = RUNTIME.threads
     if threads is not None:
         qkv.set_num_threads(threads)
@@ -189,63 +249,81 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
     if torch is not None:
         torch.set_num_threads(threads)
     try:
-        rate = matmul_rate(threads, 2048 if max(lengths) >= 1024 else 512)   # small sweeps: a quick estimate
+        size = 2048 if max(lengths) >= 1024 else 512                  # small sweeps: a quick estimate
+        rate = matmul_rate(threads, size)
+        providers = gemm_info(threads, gemms, size)
         rows = []
         cells = [(m, n) for m in modes for n in lengths]
-        bar = _progress(len(cells) * len(impls), progress)
+        bar = _progress(len(cells) * len(labels), progress)
         for mode, n in cells:
             rng = np.random.default_rng(n)
             q, k, v, go = (rng.standard_normal((batch, heads, n, dim), dtype=np.float32) for _ in range(4))
             calls = {}
-            for impl in impls:
+            for label, impl, g in labels:
                 fn = _make_calls(impl, mode, q, k, v, go, threads)
                 if impl == "reference" and 4 * 4 * batch * heads * n * n > reference_max_bytes:
                     fn = None                                     # would not fit in memory
+                if fn is not None and g is not None:
+                    fn = _with_gemm(g, fn)
                 if fn is not None:
                     with _blas_threads(threads) if impl == "reference" else contextlib.nullcontext():
                         fn()                                      # warm-up
-                    calls[impl] = fn
-            times = {impl: [] for impl in calls}
+                    calls[label] = fn
+            times = {label: [] for label in calls}
             for _ in range(repeats):                              # interleaved: noise hits all alike
-                for impl, fn in calls.items():
+                for label, fn in calls.items():
                     time.sleep(SETTLE_S)
-                    with _blas_threads(threads) if impl == "reference" else contextlib.nullcontext():
+                    with _blas_threads(threads) if label == "reference" else contextlib.nullcontext():
                         fn()                                      # untimed: back to a warm steady state
                         t = time.perf_counter()
                         fn()
-                        times[impl].append(time.perf_counter() - t)
+                        times[label].append(time.perf_counter() - t)
             mem = {}
             if memory:
-                for impl in calls:
-                    mem[impl] = memory_in_fresh_process(impl, mode, n, heads=heads, dim=dim, batch=batch,
-                                                        threads=threads)
+                for label, impl, g in labels:
+                    if label in calls:
+                        mem[label] = memory_in_fresh_process(impl, mode, n, heads=heads, dim=dim, batch=batch,
+                                                             threads=threads, gemm=g)
             work = flops(mode, batch, heads, n, dim)
             torch_t = statistics.median(times["torch"]) if "torch" in times else None
-            for impl in impls:
+            for label, impl, g in labels:
                 if bar is not None:
                     bar.update(1)
-                if impl not in calls:
-                    rows.append(dict(mode=mode, n=n, impl=impl, median_s=None, gflops=None, pct_matmul=None,
-                                     peak_mb=None, ratio_torch=None, times_s=[]))
+                if label not in calls:
+                    rows.append(dict(mode=mode, n=n, impl=label, gemm=g, median_s=None, gflops=None,
+                                     pct_matmul=None, peak_mb=None, ratio_torch=None, times_s=[]))
                     continue
-                t = statistics.median(times[impl])
-                g = work / t / 1e9
-                rows.append(dict(mode=mode, n=n, impl=impl, median_s=t, gflops=g, pct_matmul=100 * g / rate,
-                                 peak_mb=mem[impl] / 2**20 if mem.get(impl) is not None else None,
-                                 ratio_torch=None if torch_t is None else t / torch_t, times_s=times[impl]))
+                t = statistics.median(times[label])
+                gf = work / t / 1e9
+                base = providers[g]["matmul_gflops"] if g is not None else rate
+                rows.append(dict(mode=mode, n=n, impl=label, gemm=g, median_s=t, gflops=gf,
+                                 pct_matmul=100 * gf / base,
+                                 peak_mb=mem[label] / 2**20 if mem.get(label) is not None else None,
+                                 ratio_torch=None if torch_t is None else t / torch_t, times_s=times[label]))
         if bar is not None:
             bar.close()
     finally:
         qkv.set_num_threads(saved_threads)
+        gemm.set_gemm(saved_gemm)
         if torch is not None:
             torch.set_num_threads(old_torch_threads)
     return {
-        "machine": _machine(threads, rate, torch),
+        "machine": _machine(threads, rate, torch, providers),
         "config": dict(batch=batch, heads=heads, dim=dim, dtype="float32", repeats=repeats, lengths=lengths,
-                       modes=list(modes), impls=impls, threads=threads,
+                       modes=list(modes), impls=impls, threads=threads, gemms=gemms,
                        memory="peak RSS growth of one call, fresh process" if memory else None),
         "rows": rows,
     }
+
+
+def _with_gemm(name: str, fn):
+    """``fn`` run with the GEMM provider ``name`` (set before each call: providers take turns)."""
+    from . import gemm
+
+    def call():
+        gemm.set_gemm(name)
+        return fn()
+    return call
 
 
 def _progress(total: int, enabled: bool):
@@ -258,19 +336,26 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="qkv bench", unit="run", leave=False, file=sys.stderr)
 
 
-def _machine(threads, rate, torch) -> dict:
-    blas = None
-    try:
-        import threadpoolctl
-        info = [i for i in threadpoolctl.threadpool_info() if i.get("user_api") == "blas"]
-        if info:
-            blas = f"{info[0].get('internal_api')} {info[0].get('version')} ({info[0].get('architecture')})"
-    except ImportError:
-        pass
-    return dict(cpus=os.cpu_count(), threads=threads, python=platform.python_version(), numpy=np.__version__,
-                blas=blas, openblas_coretype=os.environ.get("OPENBLAS_CORETYPE"),
+def _machine(threads, rate, torch, providers=None) -> dict:
+    """What ran where: CPU, NumPy's BLAS and its rate (``blas``, ``matmul_gflops``), the GEMM provider in
+    use (``gemm``) and, per provider measured, its kernel and rate (``gemms``)."""
+    from . import gemm
+    return dict(cpu=cpu_model(), cpus=os.cpu_count(), threads=threads, python=platform.python_version(),
+                numpy=np.__version__, blas=gemm.NumpyGemm.kernel(), openblas_coretype=os.environ.get("OPENBLAS_CORETYPE"),
                 torch=None if torch is None else torch.__version__, matmul_gflops=rate,
+                gemm=gemm.get_gemm(), gemms=providers or {},
                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+
+
+def header(result: dict) -> str:
+    """The line above a table: shape, threads, repeats, CPU, the GEMM provider(s) with kernel and rate."""
+    m, c = result["machine"], result["config"]
+    provs = m.get("gemms") or {"numpy": dict(kernel=m["blas"], matmul_gflops=m["matmul_gflops"])}
+    gem = "; ".join(f"{g} matmul {p['matmul_gflops']:.0f} GFLOP/s ({p['kernel']})" for g, p in provs.items())
+    torch_part = f"; torch {m['torch']}" if m.get("torch") else ""
+    return (f"B={c.get('batch', 1)} H={c['heads']} E={c['dim']} float32, {c['threads']} threads, median of "
+            f"{c['repeats']}; CPU {m.get('cpu', '?')}; GEMM {m.get('gemm', 'numpy')} in use; {gem}{torch_part}; "
+            f"{m['date']}")
 
 
 def long_sequence(n: int = 65536, *, heads: int = 1, dim: int = 64, threads: int | None = None) -> dict:
@@ -315,10 +400,7 @@ HEADERS = ["mode", "N", "impl", "median ms", "GFLOP/s", "% matmul", "peak MB", "
 
 def markdown(result: dict) -> str:
     """The table as GitHub Markdown, with a line saying what ran where (for the README)."""
-    m, c = result["machine"], result["config"]
-    lines = [f"B={c['batch']} H={c['heads']} E={c['dim']} float32, {c['threads']} threads, median of "
-             f"{c['repeats']}; NumPy matmul {m['matmul_gflops']:.0f} GFLOP/s ({m['blas']}); torch {m['torch']}; "
-             f"{m['date']}", "",
+    lines = [header(result), "",
              "| " + " | ".join(HEADERS) + " |",
              "|" + "|".join("---" if h in ("mode", "impl") else "---:" for h in HEADERS) + "|"]
     for row in format_table(result):
@@ -579,9 +661,7 @@ VARIANT_HEADERS = ["variant", "N", "impl", "median ms"]
 
 def variants_markdown(result: dict) -> str:
     """The variants' result as Markdown: the times, then the ratios against their targets (for the README)."""
-    m, c = result["machine"], result["config"]
-    lines = [f"B=1 H={c['heads']} E={c['dim']} float32, {c['threads']} threads, median of {c['repeats']}; "
-             f"NumPy matmul {m['matmul_gflops']:.0f} GFLOP/s ({m['blas']}); torch {m['torch']}; {m['date']}", "",
+    lines = [header(result), "",
              "| variant | N | impl | median ms |", "|---|---:|---|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['case']} | {r['n']} | {r['impl']} | {r['median_s'] * 1e3:.1f} |")

@@ -197,7 +197,30 @@ class MklGemm:
         proc = (v.processor or b"?").decode(errors="replace")
         return f"mkl {v.major}.{v.minor}.{v.update} ({proc})"
 
+    def threads(self, n: int):
+        """A context in which this thread's MKL calls use ``n`` threads (``mkl_set_num_threads_local``), for
+        measuring its rate outside the engine (``qkv bench``)."""
+        provider = self
+
+        class _Local:
+            def __enter__(self):
+                self.saved = getattr(_tl, "single", 0)
+                _tl.single = 0                             # _threads() must not reset it to 1
+                provider._set_local(int(n))
+                _tl.mkl_local = int(n)
+                _tl.pinned = True
+                return provider
+
+            def __exit__(self, *exc):
+                _tl.single, _tl.pinned = self.saved, False
+                provider._set_local(0)
+                _tl.mkl_local = 0
+                return False
+        return _Local()
+
     def _threads(self) -> None:
+        if getattr(_tl, "pinned", False):
+            return
         want = 1 if getattr(_tl, "single", 0) else 0     # 0: MKL's own (process-wide) setting
         if getattr(_tl, "mkl_local", 0) != want:
             self._set_local(want)

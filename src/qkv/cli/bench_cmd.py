@@ -87,8 +87,11 @@ def _words(text: str, name: str, allowed) -> list[str]:
                    "the peak RSS of an N=65536 window forward (--long changes N).")
 @click.option("--cases", default="window,documents,mods,backward", show_default=True,
               help="With --variants: which cases to run.")
+@click.option("--gemm", "gemm_names", default=None, metavar="NAMES",
+              help="GEMM providers for the tiled engine, comma-separated, side by side in one run: any of numpy, "
+                   "mkl (pip install 'qkv[mkl]'), auto (default: the one in use, qkv.get_gemm()).")
 def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, long_n, json_out, plot_out,
-          markdown, progress, variants, cases):
+          markdown, progress, variants, cases, gemm_names):
     """Time qkv's tiled engine, its reference path and torch's SDPA side by side (float32).
 
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
@@ -114,7 +117,18 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
                       ("--threads", threads), ("--long", long_n)):
         if val is not None and val < 1:
             raise UserError(f"{name}: expected a positive integer, got {val}")
+    gemms = None
+    if gemm_names is not None:
+        from qkv import gemm
+        gemms = _words(gemm_names, "--gemm", ("auto",) + gemm.PROVIDERS)
+        if "mkl" in gemms and gemm.GEMM.mkl() is None:
+            raise UserError("--gemm: mkl is not installed here: pip install 'qkv[mkl]'")
+        if variants and len(set(gemms)) > 1:
+            raise UserError("--gemm: with --variants give one provider (the variants compare cases, not providers)")
     if variants:
+        if gemms is not None:
+            from qkv import gemm
+            gemm.set_gemm(gemms[0])
         if plot_out:
             raise UserError("--plot: not offered with --variants (its rows are not a sweep over N)")
         result = B.variants(heads=heads, dim=dim, repeats=repeats, threads=threads,
@@ -129,10 +143,7 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         if markdown:
             click.echo(B.variants_markdown(result))
         else:
-            m, c = result["machine"], result["config"]
-            click.echo(f"B=1 H={c['heads']} E={c['dim']} float32, {c['threads']} threads, median of "
-                       f"{c['repeats']}; numpy matmul {m['matmul_gflops']:.0f} GFLOP/s ({m['blas']}); torch "
-                       f"{m['torch'] or 'not installed'}")
+            click.echo(B.header(result))
             for line in B.variants_text(result):
                 click.echo(line)
         if json_out:
@@ -143,7 +154,8 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
     impl_list = _words(impls, "--impls", B.IMPLS)
     _check_memory(n_list, batch, heads, dim, "backward" in mode_list, long_n)
     result = B.run(n_list, heads=heads, dim=dim, batch=batch, repeats=repeats,
-                   threads=threads, modes=mode_list, impls=impl_list, memory=memory, progress=progress)
+                   threads=threads, modes=mode_list, impls=impl_list, memory=memory, progress=progress,
+                   gemms=gemms)
     if long_n is not None:
         result["long"] = B.long_sequence(long_n, dim=dim, threads=threads)
     if plot_out:
@@ -173,14 +185,9 @@ def _print_table(result: dict, requested=None) -> None:
     from qkv import bench as B
 
     m, c = result["machine"], result["config"]
-    if m["torch"]:
-        torch_part = f"; torch {m['torch']}"
-    elif "torch" in (c["impls"] if requested is None else requested):   # asked for, not importable
-        torch_part = "; torch not installed"
-    else:                                                           # not asked for: nothing to say about it
-        torch_part = ""
-    title = (f"B={c['batch']} H={c['heads']} E={c['dim']} float32, {c['threads']} threads; numpy matmul "
-             f"{m['matmul_gflops']:.0f} GFLOP/s ({m['blas']}){torch_part}")
+    title = B.header(result)
+    if not m["torch"] and "torch" in (c["impls"] if requested is None else requested):   # asked for, not importable
+        title += "; torch not installed"
     rows = B.format_table(result)
     try:
         from rich.console import Console
