@@ -14,7 +14,7 @@ import numbers
 
 import numpy as np
 
-from . import _checks, backends, shapes, stages
+from . import _checks, backends, gemm, shapes, stages
 from .sdpa import _validate
 from .backends.tiled import get_num_threads, set_num_threads
 from .cache import KVCache
@@ -109,10 +109,10 @@ def attention_weights(query, key, rows, attn_mask=None, is_causal=False, scale=N
         n_rep = hq // hk
         k = k[..., :, None, :, :]                                         # (..., Hk, 1, S, E): no copy per head
         q = q.reshape(q.shape[:-3] + (hk, n_rep) + q.shape[-2:])           # (..., Hk, n_rep, R, E)
-        s = q @ np.swapaxes(k, -1, -2)                                    # (..., Hk, n_rep, R, S)
+        s = gemm.matmul(q, np.swapaxes(k, -1, -2))                        # (..., Hk, n_rep, R, S)
         s = s.reshape(s.shape[:-4] + (hq,) + s.shape[-2:])                # (..., Hq, R, S)
     else:
-        s = q @ np.swapaxes(k, -1, -2)                                    # (..., Hq, R, E) x (..., E, S)
+        s = gemm.matmul(q, np.swapaxes(k, -1, -2))                        # (..., Hq, R, E) x (..., E, S)
     if is_causal:
         attn_mask = np.arange(S)[None, :] <= idx[:, None]                 # (R, S): the rows of causal(L, S)
     elif attn_mask is not None:
