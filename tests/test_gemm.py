@@ -107,11 +107,16 @@ def test_mkl_matrix_vector_and_batches_equal_numpy(mkl, rng, dt):
         np.testing.assert_allclose(mkl.matmul(a, b), _f64(a) @ _f64(b), rtol=tol, atol=tol)
     s = rng.standard_normal((3, 5, 7)).astype(dt)
     np.testing.assert_allclose(mkl.matmul(s, x[:7]), _f64(s) @ _f64(x[:7]), rtol=tol, atol=tol)
+    # stacks with broadcast leading dimensions (attention_weights: (B, Hq, R, E) x (B, 1 or Hq, E, S))
+    q4 = rng.standard_normal((2, 3, 5, 8)).astype(dt)
+    k4 = rng.standard_normal((1, 3, 9, 8)).astype(dt)
+    for b in (np.swapaxes(k4, -1, -2), np.swapaxes(k4[:, :1], -1, -2), k4[0, 0].T):
+        np.testing.assert_allclose(mkl.matmul(q4, b), _f64(q4) @ _f64(b), rtol=tol, atol=tol)
 
 
 @needs_mkl
 def test_mkl_leaves_what_it_does_not_take_to_numpy(mkl, rng):
-    """Other dtypes, broadcasting and mismatched shapes: exactly np.matmul (its results, its errors)."""
+    """Other dtypes and mismatched shapes: exactly np.matmul (its results, its errors)."""
     i = rng.integers(-5, 5, (6, 7))
     assert np.array_equal(mkl.matmul(i, i.T), i @ i.T)
     h = rng.standard_normal((6, 7)).astype(np.float16)

@@ -22,8 +22,9 @@ thread* with ``mkl_set_num_threads_local(1)`` in the engine's workers and in a c
 setting. Results of the providers differ by float32 (float64) rounding only: the summation order inside a
 GEMM is the library's.
 
-Only float32 and float64 operands of one dtype, 2-D (or a 2-D matrix times a vector, or equal-sized batches
-of 3-D), go to MKL; anything else (other dtypes, broadcasting, mixed dtypes) is ``np.matmul``'s.
+Only float32 and float64 operands of one dtype go to MKL: matrices, a matrix times a vector, stacks of
+matrices (broadcast leading dimensions; equal-sized 3-D batches in one ``gemm_batch_strided`` call); anything
+else (other dtypes, mixed dtypes, a vector on the left) is ``np.matmul``'s.
 """
 from __future__ import annotations
 
@@ -233,7 +234,7 @@ class MklGemm:
         dt = a.dtype
         fns = self._fns.get(dt)
         if (fns is None or b.dtype != dt or (out is not None and (type(out) is not np.ndarray or out.dtype != dt))
-                or a.ndim not in (2, 3) or b.ndim not in (1, 2, 3)):
+                or a.ndim < 2 or b.ndim < 1):
             return np.matmul(a, b, out=out)
         if a.ndim == 2 and b.ndim == 2:
             return self._gemm(fns[0], a, b, out, dt)
@@ -244,7 +245,31 @@ class MklGemm:
         if a.ndim == 3 and b.ndim == 1 and a.flags.c_contiguous and (out is None or out.flags.c_contiguous):
             o = self._gemv(fns[1], a.reshape(-1, a.shape[2]), b, None if out is None else out.reshape(-1), dt)
             return o.reshape(a.shape[:2]) if out is None else out
+        if b.ndim >= 2:
+            return self._stack(fns[0], a, b, out, dt)
         return np.matmul(a, b, out=out)
+
+    def _stack(self, fn, a, b, out, dt):
+        """Stacks of matrices with broadcast leading dimensions (``attention_weights``' heads): one GEMM per
+        matrix of the result, each on views of the operands."""
+        try:
+            lead = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        except ValueError:
+            return np.matmul(a, b, out=out)                  # NumPy's own error message
+        m, k = a.shape[-2:]
+        k2, n = b.shape[-2:]
+        if k != k2:
+            return np.matmul(a, b, out=out)
+        shape = lead + (m, n)
+        if out is None:
+            out = np.empty(shape, dt)
+        elif out.shape != shape:
+            raise ValueError(f"out: expected shape {shape} for a {a.shape} x {b.shape} matmul, got {out.shape}")
+        a = np.broadcast_to(a, lead + (m, k))
+        b = np.broadcast_to(b, lead + (k, n))
+        for idx in np.ndindex(*lead):
+            self._gemm(fn, a[idx], b[idx], out[idx], dt)
+        return out
 
     def _out(self, out, shape, dt, a, b):
         """``out`` when BLAS can write it in place (rows of unit stride, not overlapping an operand), else a
