@@ -464,3 +464,19 @@ def test_finer_cells_for_built_in_mods(mm):
     _compare(*res["bwd"], np.float64, "backward")
     custom = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx, None, None, L, S)
     assert tiled._Problem(z, z, z, None, False, 1.0, False, block_mask=custom).cell == 128   # no block_kinds
+
+
+def test_softcap_polynomial_runs_in_chunks_with_the_same_result(monkeypatch):
+    # A block larger than POLY_CHUNK scores is evaluated a few rows at a time (to stay in cache): the same
+    # numbers as one pass over the block, and the chunked path is really taken.
+    q, k, v, _ = _inputs(9, 1, 2, 2, 256, 256, E=64, Ev=16, dtype=np.float32, amp=0.5)
+    kw = dict(scale=1 / 8, score_mod=mods.softcap(50.0), block_q=128, block_k=128)
+    monkeypatch.setattr(tiled, "POLY_CHUNK", 1 << 30)
+    whole = TILED.forward(q, k, v, **kw)[0]
+    calls = []
+    real = tiled._apply_poly_chunk
+    monkeypatch.setattr(tiled, "_apply_poly_chunk", lambda s, poly: (calls.append(s.shape), real(s, poly)))
+    monkeypatch.setattr(tiled, "POLY_CHUNK", 40 * 128)
+    chunked = TILED.forward(q, k, v, **kw)[0]
+    assert calls and all(rows <= 40 for rows, _ in calls) and any(rows < 128 for rows, _ in calls)
+    np.testing.assert_array_equal(chunked, whole)

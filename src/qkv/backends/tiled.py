@@ -807,8 +807,23 @@ class _Scorer:
                 _apply_block_mask(sub, "mask", self.mask2d, o0, o1, c0, c1)
 
 
+#: Softcap's polynomial runs over a block this many scores at a time, so that its passes (the chunk, t and p:
+#: 768 KB) stay in L2. Measured, one thread, a 1024 × 512 block, least of 40: 0.68 ms in one go, 0.50 ms
+#: in chunks of 2^16 (2^14: 0.54, 2^15: 0.50) — against 0.72 ms for the block's exp.
+POLY_CHUNK = 1 << 16
+
+
 def _apply_poly(s: np.ndarray, poly) -> None:
-    """``s ← y'·(b_0 + t·(b_1 + … ± t))``, t = y'² (any shape; two scratch buffers of its size)."""
+    """``s ← y'·(b_0 + t·(b_1 + … ± t))``, t = y'² (any shape; two scratch buffers of a chunk's size)."""
+    if s.ndim == 2 and s.size > POLY_CHUNK and s.shape[0] > 1:
+        rows = max(1, POLY_CHUNK // s.shape[1])
+        for r in range(0, s.shape[0], rows):
+            _apply_poly_chunk(s[r:r + rows], poly)
+    else:
+        _apply_poly_chunk(s, poly)
+
+
+def _apply_poly_chunk(s: np.ndarray, poly) -> None:
     n, dt = s.size, s.dtype
     t = _scratch(1, n, dt, "poly_t").reshape(s.shape)
     p = _scratch(1, n, dt, "poly_p").reshape(s.shape)
