@@ -223,3 +223,125 @@ def test_mkl_runs_on_one_thread_in_the_engines_workers_only(mkl, restore_gemm):
         assert lib.MKL_Get_Max_Threads() == own
     finally:
         lib.MKL_Set_Num_Threads(saved)
+
+
+# ---------------------------------------------------------------------------------------------- every path
+@pytest.fixture
+def counted_mkl(mkl, monkeypatch, restore_gemm):
+    """MKL chosen, its matmul counted (so a path that bypasses the provider fails, not passes vacuously)."""
+    calls = []
+    real = mkl.matmul
+
+    def counting(a, b, out=None):
+        calls.append((np.shape(a), np.shape(b)))
+        return real(a, b, out=out)
+    monkeypatch.setattr(mkl, "matmul", counting)
+    return calls
+
+
+def _both(fn):
+    """``fn()`` with NumPy's GEMM, then with MKL's; both results."""
+    qkv.set_gemm("numpy")
+    ref = fn()
+    qkv.set_gemm("mkl")
+    return ref, fn()
+
+
+def _close(got, ref, dt=np.float32):
+    tol = dict(rtol=2e-5, atol=2e-5) if dt == np.float32 else dict(rtol=1e-12, atol=1e-12)
+    for g, r in zip(got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,)):
+        np.testing.assert_allclose(g, r, **tol)
+
+
+def _qkv(rng, L=300, S=300, H=2, Hk=2, E=16, dt=np.float32):
+    return (rng.standard_normal((1, H, L, E)).astype(dt), rng.standard_normal((1, Hk, S, E)).astype(dt),
+            rng.standard_normal((1, Hk, S, E)).astype(dt))
+
+
+TILED = dict(backend="tiled", return_lse=True)
+SMALL = dict(block_q=64, block_k=48)                              # many blocks, odd edges
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("case", ["full", "causal", "bool mask", "float mask", "gqa", "large scores"])
+def test_tiled_forward_through_mkl_equals_numpy(counted_mkl, rng, dt, case):
+    from qkv.backends import tiled
+    q, k, v = _qkv(rng, L=260, S=300, H=4 if case == "gqa" else 2, Hk=2, dt=dt)
+    kw = dict(scale=1 / 4, return_lse=True, **SMALL)
+    if case == "causal":
+        kw["is_causal"] = True
+    elif case == "bool mask":
+        kw["attn_mask"] = rng.random((260, 300)) > 0.3
+    elif case == "float mask":
+        kw["attn_mask"] = rng.standard_normal((260, 300)).astype(dt)
+    elif case == "gqa":
+        kw["enable_gqa"] = True
+    elif case == "large scores":
+        q = q * 8                                                  # lazy rescaling, not shift-free
+    ref, got = _both(lambda: tiled.forward(q, k, v, **kw))
+    assert counted_mkl, "the tiled forward did not call the GEMM provider"
+    _close((got[0], got[2]), (ref[0], ref[2]), dt)
+    expect = tiled.forward(q, k, v, **{**kw, "block_q": 1000, "block_k": 1000})
+    _close(got[0], expect[0], dt)
+
+
+def test_tiled_block_mask_bands_through_mkl_equal_numpy(counted_mkl, rng):
+    """A sliding window runs in batched bands (3-D matmuls of strided views)."""
+    from qkv import mods
+    from qkv.backends import tiled
+    from qkv.blockmask import create_block_mask
+    q, k, v = _qkv(rng, L=1024, S=1024, E=16)
+    bm = create_block_mask(mods.sliding_window(128), None, None, 1024, 1024, BLOCK_SIZE=64)
+    ref, got = _both(lambda: tiled.forward(q, k, v, scale=0.25, block_mask=bm, return_lse=True))
+    assert any(len(a) == 3 for a, _ in counted_mkl), "the bands did not go through the provider"
+    _close((got[0], got[2]), (ref[0], ref[2]))
+
+
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tiled_backward_through_mkl_equals_numpy(counted_mkl, rng, dt, causal):
+    from qkv.backends import tiled
+    q, k, v = _qkv(rng, L=200, S=230, H=4, Hk=2, dt=dt)
+    go = rng.standard_normal((1, 4, 200, 16)).astype(dt)
+    kw = dict(scale=0.25, is_causal=causal, enable_gqa=True, block_q=64, block_k=48)
+    ref, got = _both(lambda: tiled.backward(go, q, k, v, **kw))
+    assert len(counted_mkl) > 20, "the tiled backward did not call the GEMM provider"
+    _close(got, ref, dt)
+
+
+def test_public_sdpa_and_backward_with_mkl_equal_the_reference(counted_mkl, rng):
+    q, k, v = _qkv(rng, L=512, S=512, H=4, Hk=4, E=32)
+    qkv.set_gemm("mkl")
+    out, lse = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, **TILED)
+    ref = qkv.scaled_dot_product_attention(q, k, v, is_causal=True, backend="reference")
+    assert counted_mkl
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    grads = qkv.scaled_dot_product_attention_backward(np.ones_like(out), q, k, v, is_causal=True)
+    qkv.set_gemm("numpy")
+    grads_np = qkv.scaled_dot_product_attention_backward(np.ones_like(out), q, k, v, is_causal=True)
+    _close(grads, grads_np)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal gqa", "mask"])
+def test_attention_weights_through_mkl_equal_numpy(counted_mkl, rng, case):
+    q, k, _ = _qkv(rng, L=100, S=120, H=4 if case == "causal gqa" else 2, Hk=2)
+    kw = {"plain": {}, "causal gqa": dict(is_causal=True, enable_gqa=True),
+          "mask": dict(attn_mask=rng.random((100, 120)) > 0.5)}[case]
+    ref, got = _both(lambda: qkv.attention_weights(q, k, rows=[0, 7, 99], **kw))
+    assert counted_mkl
+    _close(got, ref)
+
+
+def test_minilm_encode_through_mkl_equals_numpy(counted_mkl):
+    pytest.importorskip("safetensors")
+    pytest.importorskip("tokenizers")
+    from qkv.models import load_bert
+    try:
+        model = load_bert()
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        pytest.skip(f"all-MiniLM-L6-v2 is not installed: {e}")
+    texts = ["The cat sat on the mat.", "Attention is all you need, they said, and then wrote a long paper.",
+             "Short."] * 5
+    ref, got = _both(lambda: model.encode(texts, batch_size=4, progress=False))
+    assert len(counted_mkl) >= 6 * 4                              # Q, K, V, O projections and the FFN, per layer
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-6)

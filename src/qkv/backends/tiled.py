@@ -50,8 +50,9 @@ Flex attention (:func:`qkv.flex_attention`'s score mods, block masks and sinks),
   Shift-free stays where the modded scores are provably bounded (softcap by its cap; ALiBi under a causal
   mask that allows the diagonal: bias ≤ 0 and 0 on the diagonal); otherwise lazy rescaling, ALiBi's blocks
   taken largest bias first so the running max is rarely raised.
-* *Sinks*: each row's denominator gains ``exp(sink_h − m_i)`` at the end (``m_i`` raised to the sink first
-  where it is larger, so nothing overflows); the log-sum-exp includes it.
+* *Sinks*: a sink is one more key with no value, so at the end of a task its rows' ``(out, lse)`` are merged
+  with the partial result ``out = 0``, ``lse = sink_h`` (:func:`qkv.merge.merge_partials`, the ring's merge:
+  one implementation); the log-sum-exp includes it.
 
 Backward (FlashAttention-2): recompute ``P = exp(S' − lse)`` block by block from the saved log-sum-exp, with
 ``D_i = rowsum(dO ∘ O)``: ``dV += Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dS' = P ∘ (dP − D_i)``, ``dS = dS' ∘ ∂S'/∂S``
@@ -64,7 +65,13 @@ Parallelism: tasks (batch × heads × query blocks forward, key blocks backward)
 :func:`get_num_threads` workers, each pinned to its own CPU; NumPy releases the GIL inside matmul and ufunc
 loops. While workers run, BLAS is limited to one thread each (``threadpoolctl``, from the ``fast`` extra;
 without it BLAS keeps its own setting) so the cores are not oversubscribed. Tasks too small to pay for the
-GIL hand-offs (SERIAL_BELOW_FLOPS) run on the calling thread.
+GIL hand-offs (SERIAL_BELOW_FLOPS) run on the calling thread. *Split-K* (flash-decoding): a problem with
+fewer (head, query block) tasks than workers — decoding, few query rows against many keys — has its key
+range split among the workers, each part returning ``(out, lse)``, merged by log-sum-exp
+(:func:`qkv.merge.merge_partials`).
+
+Every matmul goes through the runtime's GEMM provider (:mod:`qkv.gemm`: NumPy's BLAS, or Intel MKL with
+``qkv.set_gemm("mkl")`` / ``"auto"``), on the same buffers and views.
 
 Dropout draws its keep-mask per task from ``SeedSequence([seed, head, block start])`` with ``seed`` taken
 from the caller's ``rng``: reproducible for a given ``rng``, shapes and block sizes, whatever the thread
@@ -82,6 +89,8 @@ import numpy as np
 
 from .. import _checks
 from .. import shapes
+from ..gemm import matmul as _mm              # every matmul through the runtime's GEMM provider (qkv.gemm)
+from ..merge import merge_partials
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
 from .base import Backend
 from .runtime import RUNTIME, default_num_threads, get_num_threads, set_num_threads  # noqa: F401
@@ -741,9 +750,9 @@ class _Scorer:
                 col[...] = row_term
                 if fold_m:
                     col -= m
-            np.matmul(qs[r0:r1], self.K_T[:, j0:j1], out=s)     # (Bq, E+1) x (E+1, bk): + row term
+            _mm(qs[r0:r1], self.K_T[:, j0:j1], out=s)           # (Bq, E+1) x (E+1, bk): + row term
         else:
-            np.matmul(qs[r0:r1, :E], self.K_T[:E, j0:j1], out=s)  # (Bq, E) x (E, bk) -> (Bq, bk)
+            _mm(qs[r0:r1, :E], self.K_T[:E, j0:j1], out=s)        # (Bq, E) x (E, bk) -> (Bq, bk)
             if row_term is not None:
                 np.add(s, row_term[:, None], out=s)
         if col_term is not None:
@@ -979,13 +988,14 @@ def _dropout_rng(seed, lead, idx, i0):
 
 
 # ---------------------------------------------------------------------------------------------- forward
-def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed):
-    """One (head, query block): the online softmax over the key blocks; writes out/lse/weights rows."""
+def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed, keys=None):
+    """One (head, query block): the online softmax over the key blocks; writes out/lse/weights rows.
+    ``keys=(k0, k1)`` (split-K): only the key blocks starting in k0 … k1, a partial result without sinks."""
     with np.errstate(over="ignore", invalid="ignore"):      # overflow is detected and the block redone
-        _forward_rows(P, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed)
+        _forward_rows(P, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed, keys)
 
 
-def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed):
+def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed, keys=None):
     K, V, k_norm, v_max, K_T = P.kv(idx)                     # (S, E), (S, Ev), (E+1, S)
     E, Ev = P.E, P.Ev
     mask2d = P.mask2d(idx)
@@ -994,6 +1004,8 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     qs[:, :E] = P.q_rows(idx, i0, i1)
     qs[:, E] = 0.0
     blocks = P.key_blocks(i0, i1, mask2d, block_k, idx)
+    if keys is not None:                                     # split-K: this task's share of the blocks
+        blocks = [b for b in blocks if keys[0] <= b[2] < keys[1]]
     sc = _Scorer(P, idx, qs, i0, K_T, mask2d, row_col=True)
     q_norm = float(np.sqrt(np.einsum("le,le->l", qs[:, :E], qs[:, :E]).max()))
     # How large a block's Σ exp(s − m_i) may grow before acc could overflow (float32 and float64 alike).
@@ -1053,14 +1065,14 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 Vb = v_buf[:w]
                 np.multiply(V[j0:j1], sc.col_exp[:, None], out=Vb)
                 lb = l_blk[rs]
-                np.matmul(s, sc.col_exp, out=lb)
+                _mm(s, sc.col_exp, out=lb)
                 l_i[rs] += lb
                 if gen is not None:
                     keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
                     np.multiply(s, keep, out=s)
                     s *= keep_scale
                 t = tmp[rs]
-                np.matmul(s, Vb, out=t)
+                _mm(s, Vb, out=t)
                 acc[rs] += t
                 continue
         else:
@@ -1068,10 +1080,10 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             if lazy and all_seen:
                 np.exp(s, out=s)                             # p = exp(s − m_i), m_i unchanged
                 lb = l_blk[rs]
-                np.matmul(s, ones[:w], out=lb)               # (Bq, bk) x (bk,) -> (Bq,) row sums
+                _mm(s, ones[:w], out=lb)                     # (Bq, bk) x (bk,) -> (Bq,) row sums
                 if np.all(lb <= row_limit):                  # (NaN/inf fail too)
                     t = tmp[rs]
-                    np.matmul(s, V[j0:j1], out=t)            # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
+                    _mm(s, V[j0:j1], out=t)                  # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
                     acc[rs] += t
                     l_i[rs] += lb
                     continue
@@ -1090,35 +1102,30 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             seen[rs] |= hit
             all_seen = bool(seen.all())
         lb = l_blk[rs]
-        np.matmul(s, ones[:w], out=lb)                       # (Bq, bk) x (bk,) -> (Bq,) row sums
+        _mm(s, ones[:w], out=lb)                             # (Bq, bk) x (bk,) -> (Bq,) row sums
         l_i[rs] += lb                                        # the softmax denominator ignores dropout
         if gen is not None:
             keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
             np.multiply(s, keep, out=s)
             s *= keep_scale
         t = tmp[rs]
-        np.matmul(s, V[j0:j1], out=t)                        # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
+        _mm(s, V[j0:j1], out=t)                              # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
         acc[rs] += t
-    if P.sinks is not None:
-        # The sink's column: l_i += exp(sink − m_i), with m_i raised to the sink first where it is larger
-        # (and taken as the max of a row that saw nothing), so that nothing exp'd exceeds 1.
-        sink = P.cdt.type(P.sinks[sc.sh])
-        some = l_i > 0
-        m_new = np.where(some, np.maximum(m_i, sink), sink).astype(P.cdt)
-        alpha = np.where(some, np.exp(m_i - m_new), 0.0).astype(P.cdt)
-        acc *= alpha[:, None]
-        l_i = l_i * alpha + np.exp(sink - m_new)
-        m_i = m_new
     nz = l_i > 0                                             # l_i = 0: a query that may attend to nothing
     inv = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=nz)
-    out[idx][i0:i1] = acc * inv[:, None]
+    rows_out = acc * inv[:, None]
     log_l = np.log(l_i, out=np.full_like(l_i, -np.inf), where=nz)
-    row_lse = np.where(nz, m_i + log_l, -np.inf)
+    row_lse = np.where(nz, m_i + log_l, -np.inf).astype(P.cdt, copy=False)
+    if P.sinks is not None and keys is None:
+        # The sink is one more key, with no value: a partial result out = 0, lse = sink, merged in.
+        rows_out, row_lse = merge_partials(rows_out, row_lse, np.zeros_like(rows_out),
+                                           np.full_like(row_lse, P.sinks[sc.sh]))
+    out[idx][i0:i1] = rows_out
     if lse is not None:
         lse[idx][i0:i1] = row_lse
     if weights is not None:                                  # second pass: p = exp(s − lse), stored
         gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
-        sub = np.where(nz, row_lse, np.inf)[:, None]         # fully masked rows: exp(−inf) = 0
+        sub = np.where(np.isfinite(row_lse), row_lse, np.inf)[:, None]   # fully masked rows: exp(−inf) = 0
         w_rows = weights[idx]
         for r0, r1, j0, j1, kind in blocks:
             w = j1 - j0
@@ -1142,7 +1149,7 @@ def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, one
     Kb = ast(K_T[:E, j0:], shape=(nb, E, w), strides=(h * it, K_T.strides[0], it), writeable=False)
     Vb = ast(V[j0:], shape=(nb, w, Ev), strides=(h * V.strides[0], V.strides[0], it), writeable=False)
     s = _scratch(1, nb * h * w, P.cdt).reshape(nb, h, w)
-    np.matmul(Qb, Kb, out=s)                                                # (nb, h, E) x (nb, E, w)
+    _mm(Qb, Kb, out=s)                                                      # (nb, h, E) x (nb, E, w)
     bias, mask = pattern
     if bias is not None:
         np.add(s, bias, out=s)                                              # ALiBi's bias (and the mask)
@@ -1154,9 +1161,9 @@ def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, one
     if mask is not None:
         np.add(s, mask, out=s)                                              # −inf where masked
     np.exp(s, out=s)
-    lb = np.matmul(s, ones[:w])                                             # (nb, h) row sums
+    lb = _mm(s, ones[:w])                                                   # (nb, h) row sums
     l_i[r0:r0 + nb * h] += lb.reshape(-1)
-    t = np.matmul(s, Vb)                                                    # (nb, h, Ev)
+    t = _mm(s, Vb)                                                          # (nb, h, Ev)
     acc[r0:r0 + nb * h] += t.reshape(-1, Ev)
 
 
@@ -1212,11 +1219,57 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
             g = P.grid(idx)[0] >= 0
             work[idx] = [int(g[i0 // P.cell:-(-min(i0 + bq, P.L) // P.cell)].sum()) for i0 in range(0, P.L, bq)]
         tasks.sort(key=lambda t: -work[t[1]][t[2] // bq])
+    RUNTIME.gemm.active()                                    # resolve the GEMM provider here, not in a worker
+    splits = _key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
+    if splits > 1:
+        return _forward_split(P, tasks, splits, bk, threads, query.dtype, return_lse)
     if 2 * bq * P.S * (P.E + P.Ev) < SERIAL_BELOW_FLOPS:
         threads = 1
     RUNTIME.run(tasks, _forward_task, threads)
     dt = query.dtype
     return (out.astype(dt, copy=False), None if weights is None else weights.astype(dt, copy=False), lse)
+
+
+#: Split-K (flash-decoding): with fewer (head, query block) tasks than workers, the key range is split among
+#: the workers, each part returning ``(out, lse)``, merged by :func:`qkv.merge.merge_partials`, when there
+#: are at least this many key blocks to share.
+SPLIT_K_MIN_BLOCKS = 2
+
+
+def _key_splits(P: _Problem, n_tasks: int, threads: int, bq: int, bk: int, dropout_p, weights: bool) -> int:
+    """Into how many key ranges each task is split (1: none). Decode-like problems (few query rows, many keys:
+    fewer tasks than workers) split so every worker has a share; not with dropout (its mask is drawn per
+    task) or weights (a second pass over all keys), and only while each part still pays for a worker
+    (SERIAL_BELOW_FLOPS)."""
+    if threads <= 1 or n_tasks >= threads or dropout_p > 0 or weights:
+        return 1
+    splits = min(-(-threads // n_tasks), -(-P.S // bk) // SPLIT_K_MIN_BLOCKS)
+    while splits > 1 and 2 * min(bq, P.L) * (P.S / splits) * (P.E + P.Ev) < SERIAL_BELOW_FLOPS:
+        splits -= 1
+    return max(1, splits)
+
+
+def _forward_split(P: _Problem, tasks: list, splits: int, bk: int, threads: int, dt, return_lse: bool):
+    """Split-K: every task's key range in ``splits`` parts (at key-block boundaries), each part a task
+    writing its own ``(out, lse)``; the parts merged by log-sum-exp (:func:`qkv.merge.merge_partials`, the
+    ring's merge too), then the sinks merged in as one more part (out = 0, lse = sink)."""
+    n_blocks = -(-P.S // bk)
+    bounds = [round(n_blocks * c / splits) * bk for c in range(splits + 1)]
+    bounds[-1] = max(bounds[-1], P.S)
+    outs = np.zeros((splits,) + P.lead + (P.L, P.Ev), P.cdt)
+    lses = np.full((splits,) + P.lead + (P.L,), -np.inf, P.cdt)
+    parts = [(P, idx, i0, i1, block_k, outs[c], lses[c], None, 0.0, 0, (bounds[c], bounds[c + 1]))
+             for c in range(splits) for (_, idx, i0, i1, block_k, *_rest) in tasks]
+    RUNTIME.run(parts, _forward_task, threads)
+    out, lse = outs[0], lses[0]
+    for c in range(1, splits):
+        merge_partials(out, lse, outs[c], lses[c], out=(out, lse))
+    if P.sinks is not None:
+        sink = np.empty_like(lse)
+        for idx in np.ndindex(*P.lead):
+            sink[idx] = P.sinks[P.bh(idx)[1]]
+        merge_partials(out, lse, np.zeros_like(out), sink, out=(out, lse))
+    return out.astype(dt, copy=False), None, lse if return_lse else None
 
 
 #: ``backend="auto"`` runs the tiled engine when the scores (…, Hq, L, S) would hold at least
@@ -1292,17 +1345,17 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
                 np.add(s, lse_neg[i0:i1, None], out=s)
                 p = np.exp(s, out=s)                          # P = exp(S' − lse), recomputed
                 o = c0 - j0
-                np.matmul(p.T, do[i0:i1], out=dv_t[:n])       # (bk, Bq) x (Bq, Ev) -> (bk, Ev)
+                _mm(p.T, do[i0:i1], out=dv_t[:n])             # (bk, Bq) x (Bq, Ev) -> (bk, Ev)
                 dv_j[o:o + n] += dv_t[:n]
                 dp = dp_buf[:m * n].reshape(m, n)
-                np.matmul(do[i0:i1], V[c0:c1].T, out=dp)     # (Bq, Ev) x (Ev, bk) -> (Bq, bk)
+                _mm(do[i0:i1], V[c0:c1].T, out=dp)           # (Bq, Ev) x (Ev, bk) -> (Bq, bk)
                 np.subtract(dp, D[i0:i1, None], out=dp)
                 np.multiply(dp, p, out=dp)                    # dS' = P ∘ (dP − D)
                 if g is not None:
                     np.multiply(dp, g, out=dp)                # dS = dS' ∘ ∂score_mod/∂s
-                np.matmul(dp.T, qs[i0:i1], out=dk_t[:n])     # (bk, Bq) x (Bq, E) -> (bk, E)  (scale in qs)
+                _mm(dp.T, qs[i0:i1], out=dk_t[:n])           # (bk, Bq) x (Bq, E) -> (bk, E)  (scale in qs)
                 dk_j[o:o + n] += dk_t[:n]
-                np.matmul(dp, K[c0:c1], out=dq_t[:m])        # (Bq, bk) x (bk, E) -> (Bq, E)
+                _mm(dp, K[c0:c1], out=dq_t[:m])              # (Bq, bk) x (bk, E) -> (Bq, E)
                 dq_part[r][i0:i1] += dq_t[:m]
         dk[kv_idx][j0:j1] = dk_j
         dv[kv_idx][j0:j1] = dv_j
@@ -1361,6 +1414,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
             tasks.append((P, kv_idx, heads, key_starts[c::n_chunks], bq, bk, part, dk, dv, prep))
     if 2 * min(bk, P.S) * P.L * (2 * P.E + 3 * P.Ev) * P.n_rep < SERIAL_BELOW_FLOPS:
         threads = 1
+    RUNTIME.gemm.active()                                    # resolve the GEMM provider here, not in a worker
     RUNTIME.run(tasks, _backward_task, threads)
     for heads, part in partials:
         for r, idx in enumerate(heads):
