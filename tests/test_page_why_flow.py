@@ -111,7 +111,8 @@ def test_the_embedded_paragraph_is_the_labs_in_the_pages_language(why):
     for lang in ("en", "zh"):
         data = embedded(viz.render_page({"why": why}, lang=lang))
         assert data["why"]["paragraph"] == lab.paragraph("scale", why["scale"], lang)
-        assert data["strings"]["lab.col_max_weight"] == strings(lang, "lab.")["lab.col_max_weight"]
+        assert data["why"]["strings"]["lab.col_max_weight"] == strings(lang, "lab.")["lab.col_max_weight"]
+        assert data["strings"] == strings(lang, "page.")
     assert "每个 d_k 取 512 行" in embedded(viz.render_page({"why": why}, lang="zh"))["why"]["paragraph"]
 
 

@@ -713,6 +713,8 @@ def generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bool 
 #: Query rows per d_k of the page's scale experiment (``qkv lab scale`` runs 16,384): ≈ 0.9 s on the 2-core
 #: test machine, variances within about 3 % of theory.
 WHY_SAMPLES = 4096
+#: The words of ``qkv lab scale`` the section shares (its table's and plot's labels), embedded with it.
+WHY_LAB_KEYS = ("lab.unscaled", "lab.scaled", "lab.col_var", "lab.col_max_weight", "lab.col_entropy", "lab.col_grad")
 
 
 def why_data(*, seed: int = 0, samples: int = WHY_SAMPLES) -> dict:
@@ -790,8 +792,9 @@ def render_page(data: dict, *, lang: str | None = None) -> str:
         if not (isinstance(why, dict) and isinstance(why.get("scale"), dict) and why["scale"].get("rows")
                 and len(why.get("examples") or []) == len(why["scale"]["rows"])):
             raise ValueError("why: expected why_data()'s dict (the scale experiment and one example row per d_k)")
-        strings.update(locales.strings(lang, "lab."))
-        why = dict(why, paragraph=lab.paragraph("scale", why["scale"], lang))
+        lab_words = locales.strings(lang, "lab.")
+        why = dict(why, paragraph=lab.paragraph("scale", why["scale"], lang),
+                   strings={k: lab_words[k] for k in WHY_LAB_KEYS})
     payload = {"digits": DIGITS, "lang": lang, "strings": strings, "notices": notices,
                **{k: data.get(k) for k in _PARTS}, "playground": playground, "why": why}
     css, js = _asset("page.css"), _asset("page.js")

@@ -1227,6 +1227,7 @@
   function renderWhy(W) {
     var sec = document.getElementById("why");
     sec.hidden = false;
+    Object.keys(W.strings || {}).forEach(function (k) { STRINGS[k] = W.strings[k]; });   // the lab's own labels
     sec.setAttribute("aria-label", msg("page.why_title"));
     var rows = W.scale.rows, examples = W.examples, keys = W.scale.settings.keys, theory = W.scale.theory;
     sec.appendChild(el("h2", null, msg("page.why_title")));
