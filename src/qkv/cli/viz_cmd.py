@@ -283,6 +283,10 @@ def view_cmd(file, example, tokens, model_opt, text, prompt, max_new_tokens, tem
         data["model"] = _model_view_data(viz, name, text, lang)
     for n in data.get("notices") or []:
         _note(n["key"], lang, n["args"])
+    fl = (data.get("model") or {}).get("flow_limit")
+    if fl:                                                         # the page says it too, beside the rollout
+        _note("page.flow_missing" if fl["reason"] == "networkx" else "page.flow_too_big", lang,
+              {"limit": fl["limit"], "layers": fl["layers"], "tokens": data["model"]["T"]})
     try:
         _write(lambda p: viz.write_page(p, data, lang=lang), output)
     except viz.PageTooLarge as exc:
