@@ -164,6 +164,18 @@ def test_without_the_extra_mkl_is_a_value_error_and_auto_is_numpy(monkeypatch):
     assert np.array_equal(gemm.matmul(a, a), a @ a)
 
 
+def test_qkv_gemm_environment_variable_sets_the_first_choice(monkeypatch):
+    monkeypatch.setenv("QKV_GEMM", "numpy")
+    assert gemm.Gemm().choice == "numpy"
+    monkeypatch.setenv("QKV_GEMM", "blis")
+    with pytest.warns(RuntimeWarning, match=r"QKV_GEMM: expected one of .* got 'blis'; using 'auto'"):
+        assert gemm.Gemm().choice == "auto"
+    monkeypatch.setenv("QKV_GEMM", "mkl")
+    monkeypatch.setattr(gemm, "_mkl_library_path", lambda: None)
+    with pytest.raises(ValueError, match=r"QKV_GEMM: 'mkl' needs Intel MKL.*pip install 'qkv\[mkl\]'"):
+        gemm.Gemm().get()
+
+
 def test_numpy_provider_is_np_matmul(restore_gemm, rng):
     qkv.set_gemm("numpy")
     assert qkv.get_gemm() == "numpy" and RUNTIME.get_gemm() == "numpy"

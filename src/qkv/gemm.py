@@ -15,6 +15,9 @@ projections goes through :func:`matmul`, which asks the provider chosen with :fu
   it is as fast (on the AMD EPYC test machine, OpenBLAS's Haswell kernels beat MKL by 5–70 % on these shapes;
   on an Intel Xeon with AVX-512 the issue measured MKL 114–125 GFLOP/s against OpenBLAS's 85–92).
 
+The first choice may come from the environment, ``QKV_GEMM=numpy|mkl|auto``, for scripts without an option
+for it (``QKV_GEMM=mkl python benchmarks/bench_model.py``).
+
 Threads: the engine's workers each run one single-threaded matmul at a time. NumPy's BLAS is held to one
 thread process-wide by :class:`qkv.backends.runtime.Runtime`; MKL is held to one thread *per calling
 thread* with ``mkl_set_num_threads_local(1)`` in the engine's workers and in a caller running tasks inline
@@ -376,7 +379,16 @@ class Gemm:
 
     def __init__(self):
         self._lock = threading.Lock()
+        #: The choice: ``auto`` unless the environment variable QKV_GEMM names another (e.g. ``QKV_GEMM=mkl``
+        #: for a script that has no option for it); an unknown name there is ignored with a warning.
         self.choice = "auto"
+        env = os.environ.get("QKV_GEMM", "").strip()
+        if env in PROVIDERS:
+            self.choice = env
+        elif env and env != "auto":
+            import warnings
+            warnings.warn(f"QKV_GEMM: expected one of {('auto',) + PROVIDERS}, got {env!r}; using 'auto'",
+                          RuntimeWarning, stacklevel=2)
         self._numpy = NumpyGemm()
         self._mkl = None                                   # MklGemm once loaded; False: not installed
         self._active = None                                # the provider matmul uses; None: not resolved
@@ -440,6 +452,8 @@ class Gemm:
 
     def _resolve(self):
         mkl = self.mkl()
+        if self.choice == "mkl" and mkl is None:            # QKV_GEMM=mkl without the extra
+            raise ValueError(f"QKV_GEMM: 'mkl' needs Intel MKL, which is not installed: {_MKL_INSTALL}")
         with self._lock:
             if self._active is not None:
                 return self._active
