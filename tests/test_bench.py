@@ -97,6 +97,17 @@ def test_bench_gemm_mkl_without_the_extra_is_one_line(monkeypatch, capsys):
     assert "pip install 'qkv[mkl]'" in err and len(err.strip().splitlines()) == 1
 
 
+def test_gemm_share_times_the_forward_against_its_own_gemms():
+    rows = bench.gemm_share(256, heads=1, dim=16, repeats=1)
+    assert [r["mode"] for r in rows] == ["forward", "causal"]
+    for r in rows:
+        assert 0 < r["gemm_s"] < r["cpu_s"]                      # the GEMMs are part of the call, not all of it
+        assert r["share"] == pytest.approx(r["gflops"] / r["gemm_gflops"])
+        assert r["gflops"] == pytest.approx(bench.flops(r["mode"], 1, 1, 256, 16) / r["cpu_s"] / 1e9)
+    lines = bench.gemm_share_lines(rows)
+    assert len(lines) == 2 + len(rows) and lines[2].startswith(f"| {rows[0]['gemm']} | forward | 256 |")
+
+
 def test_bench_long_sequence_reports_peak_rss():
     res = bench.long_sequence(2048, heads=1, dim=8, threads=1)
     assert res["n"] == 2048 and res["finite"] and res["peak_rss_mb"] > 0 and res["seconds"] > 0

@@ -141,6 +141,27 @@ def test_mkl_out_overlapping_an_operand_is_still_right(mkl, rng):
     np.testing.assert_allclose(a, ref, rtol=1e-5, atol=1e-4)
 
 
+@needs_mkl
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_mkl_exp_equals_numpy_to_rounding_with_numpys_special_values(mkl, rng, dt):
+    x = (rng.standard_normal((300, 200)) * 20).astype(dt)
+    x[0, :4] = [np.inf, -np.inf, np.nan, 1000]                  # inf, 0, nan, overflow to inf (no warning)
+    with np.errstate(over="ignore"):
+        ref = np.exp(x.astype(np.float64))
+    with np.errstate(over="raise"):
+        got = mkl.exp(x)
+    assert got.dtype == dt
+    rtol = 4e-7 if dt == np.float32 else 1e-15
+    finite = np.isfinite(ref) & (ref < np.finfo(dt).max)
+    np.testing.assert_allclose(got[finite], ref[finite].astype(dt), rtol=rtol)
+    assert got[0, 0] == np.inf and got[0, 1] == 0 and np.isnan(got[0, 2]) and got[0, 3] == np.inf
+    y = x.copy()
+    assert mkl.exp(y, out=y) is y                               # in place, as the engine calls it
+    np.testing.assert_array_equal(y, got)
+    strided = x[:, ::2]                                          # not contiguous: NumPy's exp
+    np.testing.assert_array_equal(mkl.exp(strided), np.exp(strided))
+
+
 # ---------------------------------------------------------------------------------------------- the choice
 def test_set_gemm_rejects_bad_names_naming_the_argument(restore_gemm):
     with pytest.raises(ValueError, match=r"name: expected one of \('auto', 'numpy', 'mkl'\), got 'blis'"):
@@ -194,6 +215,8 @@ def test_auto_calibrates_once_and_picks_by_time(restore_gemm, monkeypatch):
     name = qkv.get_gemm()
     cal = fresh.calibration
     assert name == cal["chosen"] and name in gemm.PROVIDERS
+    assert fresh.exp_provider() == cal["exp"]["chosen"]             # exp is calibrated apart
+    assert set(cal["exp"]["seconds"]) == {"numpy", "mkl"}
     assert set(cal["seconds"]) == {"numpy", "mkl"} and all(t > 0 for t in cal["seconds"].values())
     assert (name == "mkl") == (cal["seconds"]["mkl"] < (1 - gemm.AUTO_MARGIN) * cal["seconds"]["numpy"])
     qkv.set_gemm("numpy")
@@ -211,6 +234,9 @@ def test_mkl_runs_on_one_thread_in_the_engines_workers_only(mkl, restore_gemm):
     lib = mkl._lib
     lib.MKL_Get_Max_Threads.restype = ctypes.c_int
     lib.MKL_Set_Num_Threads.argtypes = [ctypes.c_int]
+    qkv.set_gemm("mkl")
+    a = np.ones((64, 64), np.float32)
+    gemm.matmul(a, a)                                            # outside the engine: this thread's own setting
     saved = lib.MKL_Get_Max_Threads()
     lib.MKL_Set_Num_Threads(2)
     own = lib.MKL_Get_Max_Threads()                              # MKL caps it at the cores it sees
@@ -218,8 +244,6 @@ def test_mkl_runs_on_one_thread_in_the_engines_workers_only(mkl, restore_gemm):
         lib.MKL_Set_Num_Threads(saved)
         pytest.skip("MKL sees one core: one thread everywhere")
     try:
-        qkv.set_gemm("mkl")
-        a = np.ones((64, 64), np.float32)
         seen = {}
 
         def task(i):
@@ -240,15 +264,27 @@ def test_mkl_runs_on_one_thread_in_the_engines_workers_only(mkl, restore_gemm):
 # ---------------------------------------------------------------------------------------------- every path
 @pytest.fixture
 def counted_mkl(mkl, monkeypatch, restore_gemm):
-    """MKL chosen, its matmul counted (so a path that bypasses the provider fails, not passes vacuously)."""
-    calls = []
-    real = mkl.matmul
+    """MKL chosen, its matmul counted (so a path that bypasses the provider fails, not passes vacuously);
+    its exp calls counted in ``calls.exps``."""
+    calls = _Calls()
+    real, real_exp = mkl.matmul, mkl.exp
 
     def counting(a, b, out=None):
         calls.append((np.shape(a), np.shape(b)))
         return real(a, b, out=out)
+
+    def counting_exp(x, out=None):
+        calls.exps.append(np.shape(x))
+        return real_exp(x, out=out)
     monkeypatch.setattr(mkl, "matmul", counting)
+    monkeypatch.setattr(mkl, "exp", counting_exp)
     return calls
+
+
+class _Calls(list):
+    def __init__(self):
+        super().__init__()
+        self.exps = []
 
 
 def _both(fn):
@@ -292,6 +328,7 @@ def test_tiled_forward_through_mkl_equals_numpy(counted_mkl, rng, dt, case):
         q = q * 8                                                  # lazy rescaling, not shift-free
     ref, got = _both(lambda: tiled.forward(q, k, v, **kw))
     assert counted_mkl, "the tiled forward did not call the GEMM provider"
+    assert counted_mkl.exps, "the tiled forward's exps did not go through the provider"
     _close((got[0], got[2]), (ref[0], ref[2]), dt)
     expect = tiled.forward(q, k, v, **{**kw, "block_q": 1000, "block_k": 1000})
     _close(got[0], expect[0], dt)
@@ -306,6 +343,7 @@ def test_tiled_block_mask_bands_through_mkl_equal_numpy(counted_mkl, rng):
     bm = create_block_mask(mods.sliding_window(128), None, None, 1024, 1024, BLOCK_SIZE=64)
     ref, got = _both(lambda: tiled.forward(q, k, v, scale=0.25, block_mask=bm, return_lse=True))
     assert any(len(a) == 3 for a, _ in counted_mkl), "the bands did not go through the provider"
+    assert any(len(x) == 3 for x in counted_mkl.exps)
     _close((got[0], got[2]), (ref[0], ref[2]))
 
 
@@ -318,6 +356,7 @@ def test_tiled_backward_through_mkl_equals_numpy(counted_mkl, rng, dt, causal):
     kw = dict(scale=0.25, is_causal=causal, enable_gqa=True, block_q=64, block_k=48)
     ref, got = _both(lambda: tiled.backward(go, q, k, v, **kw))
     assert len(counted_mkl) > 20, "the tiled backward did not call the GEMM provider"
+    assert counted_mkl.exps
     _close(got, ref, dt)
 
 

@@ -326,6 +326,71 @@ def _with_gemm(name: str, fn):
     return call
 
 
+def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repeats: int = 3,
+               modes=("forward", "causal")) -> list:
+    """The tiled forward against its own GEMMs, on one thread: per provider and mode, the CPU time of the
+    call, the CPU time inside the provider's matmuls (each timed), their rate, and the forward's nominal rate
+    as a share of that rate — how close the engine runs to its GEMM (1.0: nothing but matmuls). CPU time
+    (``time.thread_time``), one thread, best of ``repeats``: what other jobs on a shared machine take is not
+    counted."""
+    from . import gemm
+    from .backends import tiled
+    from .backends.runtime import RUNTIME
+    saved = gemm.GEMM.choice
+    gemms = _check_gemms(gemms)
+    rng = np.random.default_rng(n)
+    q, k, v = (rng.standard_normal((1, heads, n, dim), dtype=np.float32) for _ in range(3))
+    rows = []
+    try:
+        for g in gemms:
+            gemm.set_gemm(g)
+            p = gemm.GEMM.active()
+            real = p.matmul
+            acc = {}
+
+            def timed(a, b, out=None):
+                t = time.thread_time()
+                r = real(a, b, out=out)
+                acc["s"] += time.thread_time() - t
+                acc["flops"] += 2 * np.size(a) * (np.shape(b)[-1] if np.ndim(b) > 1 else 1)
+                return r
+            for mode in modes:
+                causal = mode == "causal"
+                best = None
+                with RUNTIME.blas_single_threaded():
+                    tiled.forward(q, k, v, scale=dim ** -0.5, is_causal=causal, threads=1)   # warm-up
+                    for _ in range(repeats):
+                        acc.update(s=0.0, flops=0.0)
+                        p.matmul = timed
+                        try:
+                            t = time.thread_time()
+                            tiled.forward(q, k, v, scale=dim ** -0.5, is_causal=causal, threads=1)
+                            total = time.thread_time() - t
+                        finally:
+                            del p.matmul                             # the class's method again
+                        if best is None or total < best[0]:
+                            best = (total, acc["s"], acc["flops"])
+                total, in_gemm, gflop = best
+                nominal = flops(mode, 1, heads, n, dim)
+                rate = gflop / in_gemm / 1e9
+                rows.append(dict(gemm=g, mode=mode, n=n, heads=heads, cpu_s=total, gemm_s=in_gemm,
+                                 gemm_gflops=rate, gflops=nominal / total / 1e9,
+                                 share=(nominal / total / 1e9) / rate))
+    finally:
+        gemm.set_gemm(saved)
+    return rows
+
+
+def gemm_share_lines(rows) -> list:
+    """Plain lines (also Markdown-table rows) of :func:`gemm_share`."""
+    out = ["| GEMM | mode | N | CPU ms | in GEMM ms | GEMM GFLOP/s | forward GFLOP/s | share of GEMM rate |",
+           "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        out.append(f"| {r['gemm']} | {r['mode']} | {r['n']} | {r['cpu_s'] * 1e3:.0f} | {r['gemm_s'] * 1e3:.0f} | "
+                   f"{r['gemm_gflops']:.0f} | {r['gflops']:.0f} | {100 * r['share']:.0f} % |")
+    return out
+
+
 def _progress(total: int, enabled: bool):
     if not enabled:
         return None

@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-__all__ = ["PROVIDERS", "Gemm", "GEMM", "get_gemm", "matmul", "set_gemm", "single_threaded"]
+__all__ = ["PROVIDERS", "Gemm", "GEMM", "exp", "get_gemm", "matmul", "set_gemm", "single_threaded"]
 
 #: The providers, in the order ``auto`` prefers them when equally fast.
 PROVIDERS = ("numpy", "mkl")
@@ -47,13 +47,15 @@ AUTO_MARGIN = 0.05
 #: The calibration's shapes ``(m, k, n)``: the forward's Q·Kᵀ and P·V blocks (1024 × 512 scores, E = 64) and
 #: a causal diagonal's quadrant.
 CALIBRATION_SHAPES = ((1024, 64, 512), (1024, 512, 64), (256, 64, 512))
-_CALIBRATION_REPEATS = 3
+_CALIBRATION_REPEATS = 5
 #: Before ``auto`` is resolved, products of fewer multiply-adds than this run on NumPy without resolving it.
 AUTO_RESOLVE_FLOPS = 1 << 20
 _MKL_INSTALL = "pip install 'qkv[mkl]'"
 
 # CBLAS enums
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+# VML: high accuracy (VML_HA), errors ignored (VML_ERRMODE_IGNORE): inf on overflow, 0 on underflow, no callback
+_VML_MODE = 0x2 | 0x100
 
 # threads of this process that must run MKL on one thread (the engine's workers, inline callers)
 _tl = threading.local()
@@ -88,6 +90,10 @@ class NumpyGemm:
     @staticmethod
     def matmul(a, b, out=None):
         return np.matmul(a, b, out=out)
+
+    @staticmethod
+    def exp(x, out=None):
+        return np.exp(x, out=out)
 
     @staticmethod
     def kernel() -> str:
@@ -186,6 +192,12 @@ class MklGemm:
                 batch.argtypes = [I, I, I, I, I, I, real, P, I, I, P, I, I, real, P, I, I, I]
                 batch.restype = None
             self._fns[np.dtype(dt)] = (gemm, gemv, batch)
+        self._vexp = {}
+        for dt, name in ((np.float32, "vmsExp"), (np.float64, "vmdExp")):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                fn.argtypes, fn.restype = [I, P, P, ctypes.c_int64], None
+                self._vexp[np.dtype(dt)] = fn
         self._lib = lib
         self.path = path
 
@@ -200,6 +212,23 @@ class MklGemm:
             return "mkl (version unknown)"
         proc = (v.processor or b"?").decode(errors="replace")
         return f"mkl {v.major}.{v.minor}.{v.update} ({proc})"
+
+    def exp(self, x, out=None):
+        """``np.exp(x, out=out)`` by MKL's vector math (VML ``vsExp``/``vdExp``, high-accuracy mode, errors
+        ignored: overflow gives inf as NumPy's) for contiguous float32/float64 arrays; else ``np.exp``."""
+        fn = self._vexp.get(x.dtype) if type(x) is np.ndarray else None
+        if (fn is None or not x.flags.c_contiguous or x.size >= 1 << 31
+                or (out is not None and (type(out) is not np.ndarray or out.dtype != x.dtype
+                                         or out.shape != x.shape or not out.flags.c_contiguous))):
+            return np.exp(x, out=out)
+        if out is None:
+            out = np.empty_like(x)
+        elif out is not x and np.may_share_memory(out, x):
+            return np.exp(x, out=out)
+        if x.size:
+            self._threads()
+            fn(x.size, x.ctypes.data, out.ctypes.data, _VML_MODE)
+        return out
 
     def threads(self, n: int):
         """A context in which this thread's MKL calls use ``n`` threads (``mkl_set_num_threads_local``), for
@@ -392,6 +421,7 @@ class Gemm:
         self._numpy = NumpyGemm()
         self._mkl = None                                   # MklGemm once loaded; False: not installed
         self._active = None                                # the provider matmul uses; None: not resolved
+        self._exp = None                                   # the provider exp uses (auto: calibrated apart)
         #: The calibration behind ``auto``: ``{"numpy": s, "mkl": s, "shapes": ..., "ms": ...}`` or None.
         self.calibration: dict | None = None
 
@@ -434,14 +464,25 @@ class Gemm:
         active = None if name == "auto" else self.provider(name)
         with self._lock:
             self.choice = name
+            self._active = self._exp = active
             if active is None and self.calibration is not None:
-                active = self._mkl if self.calibration["chosen"] == "mkl" else self._numpy
-            self._active = active
+                self._apply_calibration()
+
+    def _apply_calibration(self) -> None:
+        cal = self.calibration
+        self._active = self._mkl if cal["chosen"] == "mkl" else self._numpy
+        self._exp = self._mkl if cal["exp"]["chosen"] == "mkl" else self._numpy
 
     def get(self) -> str:
         """The provider in use (``"numpy"`` or ``"mkl"``): with ``auto``, what the calibration chose (it runs
         now if it has not yet)."""
         return self.active().name
+
+    def exp_provider(self) -> str:
+        """The provider of :func:`exp` (``auto`` calibrates it apart from the GEMM: on the AMD EPYC test
+        machine NumPy's GEMM but MKL's exp)."""
+        self.active()
+        return self._exp.name
 
     def active(self):
         """The provider :meth:`matmul` calls (resolving ``auto`` on first use)."""
@@ -457,13 +498,12 @@ class Gemm:
         with self._lock:
             if self._active is not None:
                 return self._active
-            if self.choice == "auto" and mkl is not None and self.calibration is None:
-                self.calibration = _calibrate(self._numpy, mkl)
-            if self.choice == "mkl" or (self.choice == "auto" and self.calibration
-                                        and self.calibration["chosen"] == "mkl"):
-                self._active = mkl
+            if self.choice == "auto" and mkl is not None:
+                if self.calibration is None:
+                    self.calibration = _calibrate(self._numpy, mkl)
+                self._apply_calibration()
             else:
-                self._active = self._numpy
+                self._active = self._exp = mkl if self.choice == "mkl" else self._numpy
             return self._active
 
     def matmul(self, a, b, out=None):
@@ -484,7 +524,9 @@ class Gemm:
 
 def _calibrate(numpy_p, mkl_p) -> dict:
     """Both providers on :data:`CALIBRATION_SHAPES` in float32, one thread each, alternating, best of
-    :data:`_CALIBRATION_REPEATS`; MKL is chosen when its total is below (1 − AUTO_MARGIN) × NumPy's."""
+    :data:`_CALIBRATION_REPEATS` in CPU time (``time.thread_time``: what other processes take on a shared
+    machine does not count); MKL is chosen when its total is below (1 − AUTO_MARGIN) × NumPy's. Likewise
+    ``exp`` over a 1024 × 512 block, chosen apart."""
     from .backends.runtime import RUNTIME                # NumPy's BLAS on one thread: the runtime owns that
 
     t0 = time.perf_counter()
@@ -500,13 +542,27 @@ def _calibrate(numpy_p, mkl_p) -> dict:
                 p.matmul(a, b, out=c)                      # warm-up (MKL's first call initializes it)
             for _ in range(_CALIBRATION_REPEATS):
                 for p in (numpy_p, mkl_p):
-                    t = time.perf_counter()
+                    t = time.thread_time()
                     p.matmul(a, b, out=c)
-                    times[p.name].append(time.perf_counter() - t)
+                    times[p.name].append(time.thread_time() - t)
             for name, ts in times.items():
                 best[name] += min(ts)
                 rates[name].append(2 * m * k * n / min(ts) / 1e9)
+        # exp over one 1024 × 512 block of scores (the engine's other big pass)
+        src = np.linspace(-30, 0, 1024 * 512, dtype=np.float32).reshape(1024, 512)   # scores minus their max
+        s = np.empty_like(src)
+        times = {"numpy": [], "mkl": []}
+        for p in (numpy_p, mkl_p):
+            p.exp(src, out=s)
+        for _ in range(_CALIBRATION_REPEATS):
+            for p in (numpy_p, mkl_p):
+                np.copyto(s, src)
+                t = time.thread_time()
+                p.exp(s, out=s)
+                times[p.name].append(time.thread_time() - t)
+        exp_best = {name: min(ts) for name, ts in times.items()}
     return {"chosen": _choose(best), "seconds": best, "gflops_per_thread": rates, "shapes": CALIBRATION_SHAPES,
+            "exp": {"chosen": _choose(exp_best), "seconds": exp_best, "shape": s.shape},
             "ms": (time.perf_counter() - t0) * 1e3}
 
 
@@ -530,6 +586,15 @@ def get_gemm() -> str:
     """The GEMM provider in use: ``"numpy"`` or ``"mkl"`` (``auto`` resolved; its calibration runs now if
     it has not yet)."""
     return GEMM.get()
+
+
+def exp(x, out=None):
+    """``np.exp(x, out=out)`` by the chosen provider (MKL's vector math for contiguous float32/float64 arrays,
+    where ``auto`` measured it faster); the engine's exponentials of a block of scores."""
+    p = GEMM._exp
+    if p is None:
+        p = GEMM._numpy if GEMM.choice == "auto" and np.size(x) < AUTO_RESOLVE_FLOPS else (GEMM.active() and GEMM._exp)
+    return p.exp(x, out=out)
 
 
 def matmul(a, b, out=None):

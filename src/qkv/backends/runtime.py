@@ -179,13 +179,22 @@ class Runtime:
 
     # ------------------------------------------------------------------------------------------ BLAS
     def _blas_controller(self):
-        """The threadpoolctl controller (made once: it scans the loaded libraries), None without it."""
+        """The threadpoolctl controller of NumPy's BLAS (made once: it scans the loaded libraries), None
+        without threadpoolctl. MKL loaded as the GEMM provider is left out: its threads are set per thread
+        (:mod:`qkv.gemm`), and its process-wide setting is per OpenMP thread, so a limit set by one caller
+        and restored by another would leave it changed on the first."""
         if self._controller is None:
             try:
                 import threadpoolctl
             except ImportError:
                 return None
-            self._controller = threadpoolctl.ThreadpoolController()
+            controller = threadpoolctl.ThreadpoolController()
+            mkl = self.gemm._mkl
+            if mkl:
+                keep = [c.filepath for c in controller.lib_controllers
+                        if os.path.realpath(c.filepath) != os.path.realpath(mkl.path)]
+                controller = controller.select(filepath=keep)
+            self._controller = controller
         return self._controller
 
     @contextlib.contextmanager

@@ -89,7 +89,7 @@ import numpy as np
 
 from .. import _checks
 from .. import shapes
-from ..gemm import matmul as _mm              # every matmul through the runtime's GEMM provider (qkv.gemm)
+from ..gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
 from ..merge import merge_partials
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
 from .base import Backend
@@ -1060,7 +1060,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
         if shift_free:
             sc(s, a0, a1, j0, j1, kind, fold_col=fold_col)   # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked
-            np.exp(s, out=s)                                 # p = exp(s − 0)
+            _exp(s, out=s)                                    # p = exp(s − 0)
             if sc.col_exp is not None:                       # ALiBi's column factor e^{c_j}: into V, row sums
                 Vb = v_buf[:w]
                 np.multiply(V[j0:j1], sc.col_exp[:, None], out=Vb)
@@ -1078,7 +1078,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         else:
             sc(s, a0, a1, j0, j1, kind, m=m_i[rs])           # s − m_i
             if lazy and all_seen:
-                np.exp(s, out=s)                             # p = exp(s − m_i), m_i unchanged
+                _exp(s, out=s)                                # p = exp(s − m_i), m_i unchanged
                 lb = l_blk[rs]
                 _mm(s, ones[:w], out=lb)                     # (Bq, bk) x (bk,) -> (Bq,) row sums
                 if np.all(lb <= row_limit):                  # (NaN/inf fail too)
@@ -1094,7 +1094,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             seen_r = seen[rs]
             shift = np.where(seen_r, np.maximum(m_blk, 0.0), np.where(hit, m_blk, 0.0)).astype(P.cdt)
             np.subtract(s, shift[:, None], out=s)
-            np.exp(s, out=s)                                 # p = exp(s − m_i)
+            _exp(s, out=s)                                    # p = exp(s − m_i)
             alpha = np.where(seen_r, np.exp(-shift), 0.0)    # exp(m_old − m_new); nothing yet: 0
             acc[rs] *= alpha[:, None]
             l_i[rs] *= alpha
@@ -1132,7 +1132,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             s = s_flat[:(r1 - r0) * w].reshape(r1 - r0, w)
             sc(s, i0 + r0, i0 + r1, j0, j1, kind)
             np.subtract(s, sub[r0:r1], out=s)
-            np.exp(s, out=s)
+            _exp(s, out=s)
             if gen is not None:
                 keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
                 np.multiply(s, keep, out=s)
@@ -1160,7 +1160,7 @@ def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, one
         np.multiply(s, sc.cap, out=s)
     if mask is not None:
         np.add(s, mask, out=s)                                              # −inf where masked
-    np.exp(s, out=s)
+    _exp(s, out=s)
     lb = _mm(s, ones[:w])                                                   # (nb, h) row sums
     l_i[r0:r0 + nb * h] += lb.reshape(-1)
     t = _mm(s, Vb)                                                          # (nb, h, Ev)
@@ -1343,7 +1343,7 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
                        grad=None if g_buf is None else g_buf[:m * n].reshape(m, n),
                        raw=None if raw_buf is None else raw_buf[:m * n].reshape(m, n))
                 np.add(s, lse_neg[i0:i1, None], out=s)
-                p = np.exp(s, out=s)                          # P = exp(S' − lse), recomputed
+                p = _exp(s, out=s)                             # P = exp(S' − lse), recomputed
                 o = c0 - j0
                 _mm(p.T, do[i0:i1], out=dv_t[:n])             # (bk, Bq) x (Bq, Ev) -> (bk, Ev)
                 dv_j[o:o + n] += dv_t[:n]

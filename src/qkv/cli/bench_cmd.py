@@ -90,8 +90,11 @@ def _words(text: str, name: str, allowed) -> list[str]:
 @click.option("--gemm", "gemm_names", default=None, metavar="NAMES",
               help="GEMM providers for the tiled engine, comma-separated, side by side in one run: any of numpy, "
                    "mkl (pip install 'qkv[mkl]'), auto (default: the one in use, qkv.get_gemm()).")
+@click.option("--gemm-share", "share", is_flag=True,
+              help="Also: the tiled forward and causal forward at the largest N on one thread against the GEMMs "
+                   "inside them (CPU time): the share of the GEMM's rate the forward reaches, per provider.")
 def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, long_n, json_out, plot_out,
-          markdown, progress, variants, cases, gemm_names):
+          markdown, progress, variants, cases, gemm_names, share):
     """Time qkv's tiled engine, its reference path and torch's SDPA side by side (float32).
 
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
@@ -158,6 +161,8 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
                    gemms=gemms)
     if long_n is not None:
         result["long"] = B.long_sequence(long_n, dim=dim, threads=threads)
+    if share:
+        result["gemm_share"] = B.gemm_share(max(n_list), dim=dim, gemms=gemms, repeats=max(3, min(repeats, 5)))
     if plot_out:
         try:
             import matplotlib  # noqa: F401
@@ -174,6 +179,10 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         click.echo(B.markdown(result))
     else:
         _print_table(result, impl_list)
+    if share:
+        click.echo("")
+        for line in B.gemm_share_lines(result["gemm_share"]):
+            click.echo(line)
     if plot_out:
         click.echo(f"plot: {plot_out}")
     if json_out:
