@@ -60,15 +60,18 @@ def test_bench_header_names_cpu_gemm_provider_kernel_and_rate(capsys):
     import qkv
     assert main(["bench", *TINY, "--modes", "forward", "--impls", "tiled", "--no-memory", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
+    from qkv import gemm
     m = res["machine"]
-    assert m["gemm"] == qkv.get_gemm() and res["config"]["gemms"] == [m["gemm"]]
-    prov = m["gemms"][m["gemm"]]
+    choice = gemm.GEMM.choice                                    # the current choice (auto unless set)
+    assert m["gemm"] == qkv.get_gemm() and res["config"]["gemms"] == [choice]
+    prov = m["gemms"][choice]
+    assert prov["gemm"] == qkv.get_gemm() and prov["exp"] in gemm.PROVIDERS
     assert prov["matmul_gflops"] > 0 and prov["kernel"]
     assert m["cpu"] == bench.cpu_model() and m["cpu"]
     line = bench.header(res)
     for part in (m["cpu"], f"GEMM {m['gemm']} in use", prov["kernel"], f"{prov['matmul_gflops']:.0f} GFLOP/s"):
         assert part in line
-    assert all(r["gemm"] == m["gemm"] for r in res["rows"])
+    assert all(r["gemm"] == choice for r in res["rows"])
 
 
 def test_bench_gemm_providers_side_by_side(capsys):
@@ -77,12 +80,14 @@ def test_bench_gemm_providers_side_by_side(capsys):
         pytest.skip("the mkl extra is not installed: pip install 'qkv[mkl]'")
     saved = gemm.GEMM.choice
     assert main(["bench", *TINY, "--modes", "forward", "--impls", "tiled,reference", "--no-memory",
-                 "--gemm", "numpy,mkl", "--json"]) == 0
+                 "--gemm", "numpy,mkl,auto", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert gemm.GEMM.choice == saved                           # the run restores the choice
     assert [(r["impl"], r["gemm"]) for r in res["rows"]] == [("tiled (numpy)", "numpy"), ("tiled (mkl)", "mkl"),
-                                                             ("reference", None)] * 2
-    assert set(res["machine"]["gemms"]) == {"numpy", "mkl"}
+                                                             ("tiled (auto)", "auto"), ("reference", None)] * 2
+    assert set(res["machine"]["gemms"]) == {"numpy", "mkl", "auto"}
+    auto = res["machine"]["gemms"]["auto"]
+    assert (auto["gemm"], auto["exp"]) == gemm.GEMM.auto_choice()
     for r in res["rows"]:
         base = res["machine"]["gemms"][r["gemm"]]["matmul_gflops"] if r["gemm"] else res["machine"]["matmul_gflops"]
         assert r["pct_matmul"] == pytest.approx(100 * r["gflops"] / base)

@@ -85,25 +85,27 @@ def cpu_model() -> str:
 
 
 def gemm_info(threads: int, gemms, n: int = 2048) -> dict:
-    """Per GEMM provider: its BLAS kernel and matmul rate on ``threads`` threads (``n`` × ``n`` float32)."""
+    """Per GEMM choice (``numpy``, ``mkl``, ``auto``): its BLAS kernel, exp provider and matmul rate on
+    ``threads`` threads (``n`` × ``n`` float32)."""
     from . import gemm
     out = {}
     for g in gemms:
-        p = gemm.GEMM.provider(g)
-        out[g] = dict(kernel=p.kernel(), matmul_gflops=matmul_rate(threads, n, provider=g))
+        name, exp = gemm.GEMM.auto_choice() if g == "auto" else (g, g)
+        p = gemm.GEMM.provider(name)
+        out[g] = dict(gemm=name, exp=exp, kernel=p.kernel(), matmul_gflops=matmul_rate(threads, n, provider=name))
     return out
 
 
 def _check_gemms(gemms) -> list:
-    """The providers asked for (None: the one in use), validated; ValueError for unknown or missing ones."""
+    """The GEMM choices asked for (None: the current one), validated; ValueError for unknown or missing ones."""
     from . import gemm
     if gemms is None:
-        return [gemm.get_gemm()]
-    gemms = [gemm.get_gemm() if g == "auto" else g for g in gemms]
+        return [gemm.GEMM.choice]
     if not gemms:
-        raise ValueError("gemms: expected at least one of ('numpy', 'mkl'), got none")
+        raise ValueError("gemms: expected at least one of ('auto', 'numpy', 'mkl'), got none")
     for g in gemms:
-        gemm.GEMM.provider(g)                      # ValueError: unknown, or mkl without its extra
+        if g != "auto":
+            gemm.GEMM.provider(g)                  # ValueError: unknown, or mkl without its extra
     return list(dict.fromkeys(gemms))
 
 
@@ -416,11 +418,14 @@ def header(result: dict) -> str:
     """The line above a table: shape, threads, repeats, CPU, the GEMM provider(s) with kernel and rate."""
     m, c = result["machine"], result["config"]
     provs = m.get("gemms") or {"numpy": dict(kernel=m["blas"], matmul_gflops=m["matmul_gflops"])}
-    gem = "; ".join(f"{g} matmul {p['matmul_gflops']:.0f} GFLOP/s ({p['kernel']})" for g, p in provs.items())
+    parts = []
+    for g, p in provs.items():
+        what = f"{g}" if p.get("gemm", g) == g else f"{g} (GEMM {p['gemm']}, exp {p['exp']})"
+        parts.append(f"{what} matmul {p['matmul_gflops']:.0f} GFLOP/s ({p['kernel']})")
     torch_part = f"; torch {m['torch']}" if m.get("torch") else ""
     return (f"B={c.get('batch', 1)} H={c['heads']} E={c['dim']} float32, {c['threads']} threads, median of "
-            f"{c['repeats']}; CPU {m.get('cpu', '?')}; GEMM {m.get('gemm', 'numpy')} in use; {gem}{torch_part}; "
-            f"{m['date']}")
+            f"{c['repeats']}; CPU {m.get('cpu', '?')}; GEMM {m.get('gemm', 'numpy')} in use; "
+            f"{'; '.join(parts)}{torch_part}; {m['date']}")
 
 
 def long_sequence(n: int = 65536, *, heads: int = 1, dim: int = 64, threads: int | None = None) -> dict:

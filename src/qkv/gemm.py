@@ -478,6 +478,17 @@ class Gemm:
         now if it has not yet)."""
         return self.active().name
 
+    def auto_choice(self) -> tuple:
+        """What ``auto`` takes here, ``(GEMM provider, exp provider)``, calibrating now if it has not yet
+        (whatever the current choice)."""
+        mkl = self.mkl()
+        if mkl is None:
+            return "numpy", "numpy"
+        with self._lock:
+            if self.calibration is None:
+                self.calibration = _calibrate(self._numpy, mkl)
+        return self.calibration["chosen"], self.calibration["exp"]["chosen"]
+
     def exp_provider(self) -> str:
         """The provider of :func:`exp` (``auto`` calibrates it apart from the GEMM: on the AMD EPYC test
         machine NumPy's GEMM but MKL's exp)."""
