@@ -175,6 +175,30 @@ def _suite(rank, P, N, group=None):
     return res
 
 
+def _staged(rank, P):
+    """The ring with every transfer staged through a torch device, as under NCCL (there: the process's CUDA
+    device; here "cpu", so that gloo runs the same copies): the same numbers, and every block was staged."""
+    import torch
+
+    from qkv.distributed import _ring, ring_attention, ring_attention_backward
+    q, k, v, do = _inputs(16, np.float32, 4, 2)
+    out_ref, lse_ref, g_ref = _single(q, k, v, do, True, True)
+    sh = [shard(x, rank, P) for x in (q, k, v, do)]
+    _ring._STAGE_DEVICE = torch.device("cpu")
+    try:
+        st_f, st_b = {}, {}
+        out, lse = ring_attention(*sh[:3], is_causal=True, enable_gqa=True, return_lse=True, stats=st_f,
+                                  timeout=TIMEOUT)
+        g = ring_attention_backward(sh[3], *sh[:3], out, lse, is_causal=True, enable_gqa=True, stats=st_b,
+                                    timeout=TIMEOUT)
+    finally:
+        _ring._STAGE_DEVICE = None
+    want = [shard(x, rank, P) for x in (out_ref,) + tuple(g_ref)]
+    return {"err": max(float(np.abs(a - b).max()) for a, b in zip((out,) + tuple(g), want)),
+            "staged_f": st_f["staged"], "messages_f": st_f["messages"],
+            "staged_b": st_b["staged"], "messages_b": st_b["messages"]}
+
+
 def _all(rank, world):
     """The launched suite on 4 processes: P = 2 on two groups of 2 at once ([0, 1] and [2, 3], so group ranks
     differ from global ranks), then P = 4 on the default group, then a rank that never calls."""
@@ -184,6 +208,7 @@ def _all(rank, world):
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     g = pairs[rank // 2]
     out = {"ring2": _suite(dist.get_rank(g), 2, 16, g), "ring4": _suite(rank, 4, 16)}
+    out["staged"] = _staged(rank, 4)
     # a rank that never calls: its peer raises after the timeout (last: that group is broken afterwards)
     sh = [shard(x, rank % 2, 2, layout="contiguous") for x in _inputs(16, np.float64)[:3]]
     t0 = time.monotonic()
@@ -213,6 +238,13 @@ def test_ring_attention_on_2_and_4_processes():
         _check_bad_input_is_one_clear_error_on_every_rank(ranks)
     _check_masks_skip_empty_steps_and_stop_the_ring_early(ring4)
     _check_a_rank_that_never_calls_is_an_error_after_the_timeout(launched)
+    for res in launched:                          # staged through a device (NCCL's way): same numbers
+        st = res["staged"]
+        assert st["err"] <= 1e-5, st
+        # every message sent and every one received went through the device (a send and a receive a block)
+        assert st["staged_f"] == 2 * st["messages_f"] == 2 * 3 and st["staged_b"] == 2 * st["messages_b"] == 2 * 7
+    for res in ring4:                             # gloo alone: nothing staged
+        assert res["f64-zigzag-causal"]["stats_f"]["staged"] == 0
 
 
 def _check_equal_to_the_single_process_engine(P, ranks):

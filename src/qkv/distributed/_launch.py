@@ -37,6 +37,9 @@ def _entry(rank, fn, nproc, port, queue, args, timeout, backend):
     import torch.distributed as dist
     ok, res = False, None
     try:
+        if backend == "nccl":                                 # one CUDA device per process, round robin
+            import torch
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc,
                                 timeout=datetime.timedelta(seconds=timeout))
         res = fn(rank, nproc, *args)

@@ -6,7 +6,8 @@ r − s: it posts ``isend`` of that block to rank r + 1 and ``irecv`` of the nex
 its queries against the held block with the tiled engine (``return_lse``), merges the partial result into its
 running output by log-sum-exp (:func:`qkv.merge.merge_partials`, the one merge), and only then waits for the
 transfer — so the next block travels while this one is computed. K and V travel as one message (one
-contiguous buffer; NumPy and torch share it through ``torch.from_numpy``, no copies): P − 1 messages of
+contiguous buffer; NumPy and torch share it through ``torch.from_numpy``, no copies; under NCCL, which
+moves CUDA tensors only, staged through the process's CUDA device): P − 1 messages of
 ``(|K| + |V|)·itemsize`` bytes per rank, fewer when a mask leaves the last steps empty for every rank.
 
 Backward (FlashAttention-2 in a ring): each rank keeps its queries, dO, the final output O and log-sum-exp;
@@ -41,6 +42,11 @@ TAG_KV, TAG_DKV, TAG_HOME = 11, 12, 13
 _DTYPES = {np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.float64): 3}
 _MSG_BYTES = 480
 _NDIM = 8
+
+
+#: Stage every transfer through this torch device (None: through the process's CUDA device under NCCL,
+#: not at all under gloo). Tests set "cpu" to run the staging on gloo; nothing else needs it.
+_STAGE_DEVICE = None
 
 
 class RingError(RuntimeError):
@@ -78,35 +84,51 @@ class _Comm:
         self.timeout = float(timeout)
         self.td = datetime.timedelta(seconds=self.timeout)
         self.rank = dist.get_rank(group)
+        # NCCL moves CUDA tensors only: the engine's NumPy blocks are staged through the process's current
+        # CUDA device (a copy there before a send, a copy back after a receive); gloo sends them as they are.
+        self.device = _STAGE_DEVICE
+        if self.device is None and dist.get_backend(group) == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if self.rank < 0:
             raise RuntimeError(f"{fn}: this process is not a member of the given group")
         self.size = dist.get_world_size(group)
         self.messages = 0
         self.bytes = 0
         self.wait_s = 0.0
+        self.staged = 0                                           # tensors staged through self.device
 
     def global_rank(self, r: int) -> int:
         if self.group is None or self.group is self.dist.group.WORLD:
             return r
         return self.dist.get_global_rank(self.group, r)
 
+    def _tensor(self, arr: np.ndarray, fill: bool):
+        t = self.torch.from_numpy(arr)
+        if self.device is None:
+            return t                                              # shares arr's memory: no copy
+        self.staged += 1
+        return t.to(self.device, copy=True) if fill else self.torch.empty(t.shape, dtype=t.dtype, device=self.device)
+
     def isend(self, arr: np.ndarray, dst: int, tag: int):
         self.messages += 1
         self.bytes += arr.nbytes
-        return (self.dist.isend(self.torch.from_numpy(arr), dst=self.global_rank(dst), group=self.group, tag=tag),
-                "send", dst, tag)
+        t = self._tensor(arr, True)
+        return (self.dist.isend(t, dst=self.global_rank(dst), group=self.group, tag=tag), "send", dst, tag, t, None)
 
     def irecv(self, arr: np.ndarray, src: int, tag: int):
-        return (self.dist.irecv(self.torch.from_numpy(arr), src=self.global_rank(src), group=self.group, tag=tag),
-                "receive", src, tag)
+        t = self._tensor(arr, False)
+        return (self.dist.irecv(t, src=self.global_rank(src), group=self.group, tag=tag), "receive", src, tag, t,
+                None if self.device is None else arr)
 
     def wait(self, op):
         if op is None:
             return
-        work, what, peer, tag = op
+        work, what, peer, tag, t, home = op
         t0 = time.perf_counter()
         try:
             work.wait(self.td)
+            if home is not None:                                  # staged on a device: back into the array
+                np.copyto(home, t.cpu().numpy())
         except RuntimeError as exc:
             kind = {TAG_KV: "K/V block", TAG_DKV: "dK/dV block", TAG_HOME: "dK/dV block"}.get(tag, "message")
             raise RingError(f"{self.fn}: rank {self.rank}: the {what} of a {kind} {'to' if what == 'send' else 'from'} "
@@ -120,6 +142,8 @@ class _Comm:
         """Every rank's int64 record, (P, len(rec)); bounded by the timeout."""
         torch = self.torch
         mine = torch.from_numpy(np.ascontiguousarray(rec, dtype=np.int64))
+        if self.device is not None:
+            mine = mine.to(self.device)
         outs = [torch.zeros_like(mine) for _ in range(self.size)]
         try:
             work = self.dist.all_gather(outs, mine, group=self.group, async_op=True)
@@ -128,7 +152,7 @@ class _Comm:
             raise RingError(f"{self.fn}: rank {self.rank}: the check before the ring did not complete within "
                             f"{self.timeout:g} s (does every rank of the group call {self.fn}?); the process "
                             f"group cannot be reused: {' '.join(str(exc).split())[:300]}") from None
-        return np.stack([o.numpy() for o in outs])
+        return np.stack([o.cpu().numpy() for o in outs])
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -356,7 +380,8 @@ def ring_attention(query, key, value, *, is_causal=False, scale=None, enable_gqa
         wait_s.append(comm.wait_s - w0)
     if stats is not None:
         stats.clear()
-        stats.update(steps=n_steps, messages=comm.messages, bytes=comm.bytes, compute_s=compute_s, wait_s=wait_s,
+        stats.update(steps=n_steps, messages=comm.messages, bytes=comm.bytes, staged=comm.staged,
+                     compute_s=compute_s, wait_s=wait_s,
                      skipped=skipped, blocks=n_blocks, world_size=P, rank=rank)
     out = acc.astype(in_dt, copy=False)
     return (out, acc_lse) if return_lse else out
@@ -468,7 +493,8 @@ def ring_attention_backward(grad_out, query, key, value, out, lse, *, is_causal=
         mine = dkv[n_steps % 2]
     if stats is not None:
         stats.clear()
-        stats.update(steps=n_steps, messages=comm.messages, bytes=comm.bytes, compute_s=compute_s, wait_s=wait_s,
+        stats.update(steps=n_steps, messages=comm.messages, bytes=comm.bytes, staged=comm.staged,
+                     compute_s=compute_s, wait_s=wait_s,
                      skipped=skipped, world_size=P, rank=rank)
     dk = mine[:nk].reshape(k_shape)
     dv = mine[nk:].reshape(v_shape)
