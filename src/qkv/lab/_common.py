@@ -21,12 +21,12 @@ from __future__ import annotations
 import functools
 import math
 import os
-import tempfile
 
 import numpy as np
 
 import qkv
 from qkv import mods
+from qkv._files import atomic_write
 
 #: Plot formats, by the file name's suffix.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -258,19 +258,9 @@ def save_atomic(fig, path) -> str:
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in PLOT_SUFFIXES:
         raise ValueError(f"plot: expected a file name ending in {', '.join(PLOT_SUFFIXES)}, got {path!r}")
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".qkv-lab-", suffix=suffix, dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh, warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Glyph .* missing from")
-            fig.savefig(fh, format=suffix[1:], dpi=120, metadata=_metadata(suffix))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_write(path, "wb") as fh, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from")
+        fig.savefig(fh, format=suffix[1:], dpi=120, metadata=_metadata(suffix))
     return path
 
 

@@ -18,14 +18,14 @@ leaves no empty or half-written file behind.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
-import tempfile
 import warnings
 
 import numpy as np
+
+from .._files import atomic_write
 
 #: CJK families to prefer, best first; any other installed family whose name contains "CJK" comes next.
 CJK_FAMILIES = (
@@ -360,39 +360,6 @@ def heads_grid(weights, row_labels=None, col_labels=None, *, titles=None, ncols:
         style, drawable = _text_style([text])
         fig.suptitle(drawable(text.strip()), **style)
     return fig
-
-
-def _default_mode() -> int:
-    """The permission bits a new file gets here (0o666 less the umask)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-@contextlib.contextmanager
-def atomic_write(path, mode: str = "wb", **kw):
-    """Open a temporary file in ``path``'s folder for writing; on success it replaces ``path`` (``os.replace``,
-    atomic on one file system), on any failure (an exception, MemoryError, Ctrl-C) it is removed. A reader
-    sees the old file or the whole new one, never an empty or half-written one. The new file gets the usual
-    permissions (those of the file it replaces, else 0o666 less the umask)."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **kw) as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            perm = os.stat(path).st_mode & 0o7777
-        except OSError:
-            perm = _default_mode()
-        os.chmod(tmp, perm)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def save(fig, path) -> str:

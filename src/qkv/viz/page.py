@@ -18,11 +18,12 @@ import hashlib
 import html
 import json
 import math
-import os
 import re
 from importlib import resources
 
 import numpy as np
+
+from .._files import atomic_write
 
 #: Decimals shown in the playground's cells (the browser tests compare at this precision).
 DIGITS = 4
@@ -817,23 +818,7 @@ def write_page(path, data: dict, *, lang: str | None = None) -> str:
     """Write the page to ``path`` (UTF-8) in ``lang`` (see :func:`render_page`); returns the path. OSError when
     it cannot be written. The write is atomic (a temporary file in the same folder, then renamed): a failure
     leaves no half-written page behind."""
-    import tempfile
-
-    path = os.fspath(path)
     text = render_page(data, lang=lang)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".qkv-", suffix=".html.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)                          # as open() would have made it (mkstemp: 0600)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_write(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
     return path
