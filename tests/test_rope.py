@@ -140,6 +140,62 @@ def test_cos_sin_and_angles():
     np.testing.assert_allclose(np.linalg.norm(rope(x, np.arange(6) * 37), axis=-1), np.linalg.norm(x, axis=-1))
 
 
+def _direct_cos_sin(p, E, theta):
+    """cos, sin of position × θ_i computed anew (float64), what the tables must equal bit for bit."""
+    angles = np.asarray(p).astype(np.float64)[..., None] * qkv.positions.inv_freq(E, theta)
+    return np.cos(angles), np.sin(angles)
+
+
+def test_cos_sin_comes_from_a_kept_table_equal_to_computing_it_again(monkeypatch):
+    from qkv import positions
+
+    tables = positions._AngleTables()
+    monkeypatch.setattr(positions, "ANGLE_TABLES", tables)
+    E, theta = 64, 100000.0
+
+    def check(p, dtype=np.float64):
+        cos, sin = qkv.RoPE(theta).cos_sin(p, E, dtype)
+        c, s = _direct_cos_sin(p, E, theta)
+        assert cos.shape == sin.shape == np.shape(p) + (E // 2,) and cos.dtype == dtype
+        np.testing.assert_array_equal(cos, c.astype(dtype))
+        np.testing.assert_array_equal(sin, s.astype(dtype))
+
+    check(np.arange(10))
+    assert (tables.builds, tables.hits) == (1, 0)
+    check(np.array([[3, 7, 1023], [0, 1, 2]]), np.float32)             # within the table: looked up
+    assert (tables.builds, tables.hits) == (1, 1)
+    check(np.array([5000, 4999, 2]))                                    # beyond it: the table grows (8192)
+    assert tables.builds == 2 and tables._tables[(E, theta)][0].shape == (8192, E // 2)
+    check(np.arange(0, 8192, 7))                                        # old and new positions, one table
+    check(np.array([0]))
+    assert (tables.builds, tables.hits) == (2, 3)
+    check(np.arange(5), np.float32)
+    rope_x = np.random.default_rng(0).standard_normal((2, 3, 5, E)).astype(np.float32)
+    pos = np.array([[4, 9, 100, 2, 8191], [0, 1, 2, 3, 4]])            # (B, T): Hugging Face's position_ids
+    c, s = _direct_cos_sin(pos[:, None, :], E, theta)
+    np.testing.assert_array_equal(qkv.RoPE(theta)(rope_x, pos),
+                                  qkv.stages.rope(rope_x, c, s, style="neox"))   # rope() uses the table too
+    assert tables.builds == 2 and tables.hits == 5
+
+
+def test_cos_sin_tables_per_width_and_theta_bounded(monkeypatch):
+    from qkv import positions
+
+    tables = positions._AngleTables()
+    monkeypatch.setattr(positions, "ANGLE_TABLES", tables)
+    monkeypatch.setattr(tables, "MAX_TABLES", 2)
+    for E, theta in ((64, 10000.0), (32, 10000.0), (64, 500000.0)):   # the third drops the least recent
+        cos, _ = positions.cos_sin(np.arange(20), E, theta=theta)
+        np.testing.assert_array_equal(cos, _direct_cos_sin(np.arange(20), E, theta)[0])
+    assert list(tables._tables) == [(32, 10000.0), (64, 500000.0)] and tables.builds == 3
+    far = np.array([10**7, 3])                                          # a table this long is not kept
+    cos, sin = positions.cos_sin(far, 64, theta=10000.0)
+    np.testing.assert_array_equal(sin, _direct_cos_sin(far, 64, 10000.0)[1])
+    assert tables.builds == 3 and (64, 10000.0) not in tables._tables
+    cos, sin = positions.cos_sin(np.zeros((0,), np.int64), 64)         # no positions: no table
+    assert cos.shape == (0, 32) and tables.builds == 3
+
+
 # ------------------------------------------------------------------------------------- relative positions
 @pytest.mark.parametrize("style", ["neox", "interleaved"])
 def test_dot_product_depends_only_on_offset(style, rng):
