@@ -456,6 +456,78 @@ def test_many_rows_run_in_blocks_on_the_runtime_with_the_same_result(tiny, monke
     assert np.abs(blocks[0] - hf_llama_logits(ref, ids)).max() < 2e-4
 
 
+def test_a_padded_batch_in_blocks_that_straddle_its_texts_gives_the_same_logits(tiny, monkeypatch):
+    model, ref, _ = tiny
+    texts = ["hello the world, hello!", "hi the", "the world hello"]
+    out = model.run(texts)                                            # through MultiHeadAttention
+    one_piece = model.forward(out.input_ids, out.attention_mask)
+    monkeypatch.setattr(model, "ROW_BLOCK", 5)                        # blocks cross from one text to the next
+    monkeypatch.setattr(model, "MIN_PARALLEL_ROWS", 2)
+    monkeypatch.setattr(qkv.backends.runtime.RUNTIME, "threads", 2)
+    blocks = model.forward(out.input_ids, out.attention_mask)
+    real = out.attention_mask
+    assert np.abs(blocks - one_piece)[real].max() < 1e-4
+    assert np.abs(blocks - out.logits)[real].max() < 1e-4
+    for b, text in enumerate(texts):
+        ids = model.encode(text)
+        assert np.abs(blocks[b, :len(ids)] - hf_llama_logits(ref, ids)).max() < 2e-4
+
+
+def test_in_place_rope_is_bit_for_bit_the_rope_stage(rng):
+    from qkv.models.llama import rope_neox_
+
+    x = rng.standard_normal((7, 12, 64)).astype(np.float32) * 3        # (rows, H + Hk, E): Q and K together
+    cos, sin = qkv.positions.cos_sin(np.arange(100, 107), 64, theta=100000.0, dtype=np.float32)
+    cos, sin = cos[:, None, :], sin[:, None, :]                         # (rows, 1, E/2)
+    expected = qkv.stages.rope(x, cos, sin, style="neox")
+    got = x.copy()
+    assert rope_neox_(got, cos, sin) is got
+    np.testing.assert_array_equal(got, expected)
+    strided = np.zeros((7, 12 * 64 + 5), np.float32)                   # a view with a row stride, as Q|K in QKV
+    strided[:, :768] = x.reshape(7, 768)
+    rope_neox_(strided[:, :768].reshape(7, 12, 64), cos, sin, np.empty((2, 7, 12, 32), np.float32))
+    np.testing.assert_array_equal(strided[:, :768].reshape(7, 12, 64), expected)
+    assert np.all(strided[:, 768:] == 0)
+
+
+def test_swiglu_and_rms_norm_against_float64(rng):
+    from qkv.models.llama import rms_norm, swiglu_
+
+    gu = (rng.standard_normal((5, 2 * 96)) * 4).astype(np.float32)
+    gu[0, :3] = [-100.0, 100.0, 0.0]                                   # e^(−g) = inf: silu → −0; large g: g
+    g64, u64 = gu[:, :96].astype(np.float64), gu[:, 96:].astype(np.float64)
+    expected = g64 / (1 + np.exp(-g64)) * u64
+    with np.errstate(over="raise", divide="raise", invalid="raise"):   # no warning leaks out
+        got = swiglu_(gu.copy(), np.empty((5, 96), np.float32))
+    assert got.shape == (5, 96) and got.dtype == np.float32
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-30)
+    x = (rng.standard_normal((4, 64)) * 50).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(rms_norm(x, w, 1e-5), ref, rtol=1e-6, atol=1e-6)
+    out = np.empty_like(x)
+    assert rms_norm(x, w, 1e-5, out=out) is out
+
+
+def test_work_arrays_are_reused_per_thread():
+    import threading
+
+    from qkv.models.llama import _Scratch
+
+    s = _Scratch()
+    a = s.get("h", (4, 8))
+    b = s.get("h", (2, 8))                                             # smaller: the same memory
+    assert a.shape == (4, 8) and b.shape == (2, 8) and np.shares_memory(a, b)
+    c = s.get("h", (16, 8))                                            # larger: a new array, kept from now on
+    assert not np.shares_memory(a, c) and np.shares_memory(c, s.get("h", (3, 3)))
+    other = []
+    t = threading.Thread(target=lambda: other.append(s.get("h", (4, 8))))
+    t.start()
+    t.join()
+    assert not np.shares_memory(other[0], c)                           # another thread, other arrays
+
+
 # ---------------------------------------------------------------------------------------------- the command
 pytest.importorskip("click")
 from qkv.cli import main  # noqa: E402

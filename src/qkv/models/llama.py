@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .. import masks, stages
+from .. import masks
 from ..backends.runtime import RUNTIME
 from ..cache import KVCache
 from ..mha import MultiHeadAttention
@@ -160,12 +160,15 @@ class _Layer:
 
 
 # ---------------------------------------------------------------------------------------------- math
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """RMSNorm over the last axis: ``x / √(mean(x²) + eps) · weight`` (Llama's; float32 in, float32 out)."""
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, *, out: np.ndarray | None = None) -> np.ndarray:
+    """RMSNorm over the last axis: ``x · (1 / √(mean(x²) + eps)) · weight`` (Llama's, as transformers writes
+    it: ``x * rsqrt(variance + eps) * weight``; float32 in, float32 out). ``out``: where to write it."""
     ms = np.einsum("...d,...d->...", x, x)[..., None]             # Σ x², (..., 1)
     ms *= x.dtype.type(1.0 / x.shape[-1])
     ms += x.dtype.type(eps)
-    out = x / np.sqrt(ms)
+    np.sqrt(ms, out=ms)
+    np.divide(1, ms, out=ms)                                       # 1 / rms, (..., 1)
+    out = np.multiply(x, ms, out=out)
     out *= weight
     return out
 
@@ -177,6 +180,73 @@ def silu_(h: np.ndarray) -> np.ndarray:
     e += 1
     h /= e
     return h
+
+
+def swiglu_(gate_up: np.ndarray, e: np.ndarray | None = None) -> np.ndarray:
+    """``silu(g) ⊙ u`` from ``gate_up`` = [g | u] (N, 2F), written over g, which it returns (N, F), as
+    ``(g ⊙ u) / (1 + e^(−g))``: four passes over (N, F), no temporary when ``e`` (N, F) is given."""
+    F = gate_up.shape[-1] // 2
+    g, u = gate_up[..., :F], gate_up[..., F:]
+    e = np.negative(g, out=e)
+    with np.errstate(over="ignore"):                               # e^(−g) = inf for g < −88: g·u / inf = ±0
+        np.exp(e, out=e)
+    e += 1
+    g *= u
+    g /= e
+    return g
+
+
+def rope_neox_(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, tmp: np.ndarray | None = None) -> np.ndarray:
+    """RoPE ("neox" pairs i, i + E/2) in place on x (..., E) float32, cos/sin broadcastable to (..., E/2):
+    ``a' = a·cos − b·sin``, ``b' = b·cos + a·sin`` — the same operations, in the same order, as
+    :func:`qkv.stages.rope` (bit for bit equal), without its four temporaries. ``tmp``: (2, …, E/2) scratch."""
+    half = x.shape[-1] // 2
+    a, b = x[..., :half], x[..., half:]                            # (..., E/2) each, views of x
+    if tmp is None:
+        tmp = np.empty((2,) + a.shape, x.dtype)
+    bs = np.multiply(b, sin, out=tmp[0])                           # b·sin
+    as_ = np.multiply(a, sin, out=tmp[1])                          # a·sin
+    a *= cos
+    a -= bs
+    b *= cos
+    b += as_
+    return x
+
+
+def _view(a: np.ndarray, shape: tuple) -> np.ndarray:
+    """``a`` reshaped without a copy (an error, not a silent copy, if its strides do not allow it)."""
+    v = a.view()
+    v.shape = shape
+    return v
+
+
+def _heads_to_rows(o: np.ndarray, rows: slice, out: np.ndarray) -> np.ndarray:
+    """Rows ``rows`` of the flattened (B·L) tokens of o (B, H, L, E), heads side by side: out (len(rows), H·E)."""
+    B, H, L, E = o.shape
+    out3 = _view(out, (out.shape[0], H, E))
+    i = rows.start
+    while i < rows.stop:                                           # one piece per text the rows touch
+        b, t = divmod(i, L)
+        j = min(rows.stop, (b + 1) * L)
+        np.copyto(out3[i - rows.start:j - rows.start], o[b, :, t:t + j - i].transpose(1, 0, 2))
+        i = j
+    return out
+
+
+class _Scratch(threading.local):
+    """Work arrays kept per thread (the caller's and each runtime worker's) and reused from call to call:
+    a fresh multi-megabyte NumPy array costs its page faults every time (measured 0.75 ms for a product of
+    two (256, 1536) float32 arrays into a new array, 0.18 ms into an existing one)."""
+
+    def __init__(self):
+        self.arrays: dict = {}
+
+    def get(self, name: str, shape: tuple, dtype=np.float32) -> np.ndarray:
+        size = math.prod(shape)
+        a = self.arrays.get(name)
+        if a is None or a.size < size or a.dtype != dtype:
+            a = self.arrays[name] = np.empty(size, dtype)
+        return _view(a[:size], shape)
 
 
 # ---------------------------------------------------------------------------------------------- input
@@ -332,6 +402,7 @@ class LlamaModel:
         self._lm_head_t = lm_head_t       # (D, V): logits = h · lm_head_t (contiguous: one GEMV per token)
         self._embed = embeddings          # (V, D), or None when tied: the rows are lm_head_t's columns
         self._template = None
+        self._scratch = _Scratch()        # per-thread work arrays of the decoding path
         E = config.head_dim
         # RoPE's cos/sin for every position of the context, once (qkv.positions.cos_sin: float64 angles)
         self._cos, self._sin = RoPE(config.rope_theta, "neox").cos_sin(
@@ -415,15 +486,13 @@ class LlamaModel:
         """SwiGLU: ``(silu(h · W_gate) ⊙ (h · W_up)) · W_down``. (…, D) → (…, D)."""
         shape = h.shape
         h2 = h.reshape(-1, shape[-1])                                  # (N, D)
-        F = layer.w_down.shape[0]
-        gu = h2 @ layer.w_gate_up                                      # (N, 2F)
-        g = silu_(gu[:, :F])
-        g *= gu[:, F:]
+        g = swiglu_(h2 @ layer.w_gate_up)                              # (N, 2F) → (N, F)
         return (g @ layer.w_down).reshape(shape)                       # (N, F) x (F, D)
 
     #: At most this many rows per task when the row-wise work (projections, RoPE, feed-forward, LM head) of
     #: many tokens is spread over the runtime's workers (measured at 512 tokens on 2 cores: 256 rows 1.70 s,
-    #: 128 rows 1.74 s, 64 rows 1.83 s, one multi-threaded BLAS call per matmul 2.09 s).
+    #: 128 rows 1.74 s, 64 rows 1.83 s, one multi-threaded BLAS call per matmul 2.09 s); on one thread the
+    #: rows go in blocks of this size too, so the work arrays stay small.
     ROW_BLOCK = 256
     #: Fewer rows than this run in one piece, on the calling thread.
     MIN_PARALLEL_ROWS = 64
@@ -435,26 +504,30 @@ class LlamaModel:
             return 1
         return workers
 
-    def _rows(self, fn, n: int, width: int, dtype=np.float32) -> np.ndarray:
-        """``fn(rows)`` for row slices of 0 … n−1, each giving (len(rows), width), gathered into (n, width).
+    def _rows(self, fn, n: int, width: int, dtype=np.float32, out: np.ndarray | None = None) -> np.ndarray:
+        """``fn(rows, out[rows])`` for row slices of 0 … n−1, each writing its (len(rows), width) rows of
+        ``out`` (n, width) (a new array when None), which it returns.
 
         Many rows (prefill): even blocks of at most :attr:`ROW_BLOCK` rows on the engine's runtime
         (:data:`RUNTIME`), each worker with single-threaded BLAS — NumPy's elementwise work (RMSNorm, RoPE,
         SiLU) runs on every core too, and no matmul waits for a busy core. Few rows (decoding): one call, here.
         """
+        if out is None:
+            out = np.empty((n, width), dtype)
         workers = self._workers(n)
-        if workers == 1:
-            return fn(slice(0, n))
-        count = max(workers, -(-n // self.ROW_BLOCK))
-        count = -(-count // workers) * workers                         # a multiple of the workers
+        count = -(-n // self.ROW_BLOCK)
+        if workers > 1:
+            count = -(-max(workers, count) // workers) * workers       # a multiple of the workers
+        if count == 1:
+            fn(slice(0, n), out)
+            return out
         bounds = np.linspace(0, n, count + 1).round().astype(int)
         blocks = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
-        out = np.empty((n, width), dtype)
-
-        def task(rows):
-            out[rows] = fn(rows)
-
-        for _ in RUNTIME.map(task, blocks, workers):
+        if workers == 1:
+            for rows in blocks:
+                fn(rows, out[rows])
+            return out
+        for _ in RUNTIME.map(lambda rows: fn(rows, out[rows]), blocks, workers):
             pass
         return out
 
@@ -472,11 +545,13 @@ class LlamaModel:
         """One decoder layer on the decoding path: the arithmetic of its :class:`~qkv.MultiHeadAttention`
         (tests hold them equal) in fewer steps per call. x (B, L, D) → (B, L, D).
 
-        Row-wise (tokens independent): RMSNorm, one matmul for Q, K and V, and :func:`qkv.stages.rope` on Q
-        and K with the precomputed :func:`qkv.positions.cos_sin` at positions ``cache.offset`` + 0 … L−1.
+        Row-wise (tokens independent): RMSNorm, one matmul for Q, K and V, and RoPE on Q and K in place
+        (:func:`rope_neox_`, bit for bit :func:`qkv.stages.rope`) with the precomputed
+        :func:`qkv.positions.cos_sin` at positions ``cache.offset`` + 0 … L−1.
         Then the keys and values go into the :class:`qkv.KVCache`, and :func:`qkv.scaled_dot_product_attention`
         (grouped-query heads) attends over every cached token, causal, padding keys masked. Row-wise again:
-        concat · W_O, + x, RMSNorm, SwiGLU, + residual.
+        concat · W_O, + x, RMSNorm, SwiGLU, + residual. The row-wise steps write into the output and into
+        work arrays kept per thread (:class:`_Scratch`), not into new arrays.
         """
         c = self.config
         B, L, D = x.shape
@@ -490,22 +565,25 @@ class LlamaModel:
         pos = np.tile(np.arange(offset, offset + L), B)                # (B·L,) each row's position
         cos, sin = self._cos[pos][:, None, :], self._sin[pos][:, None, :]           # (B·L, 1, E/2)
         nq, nk = H * E, (H + Hk) * E
+        F = layer.w_down.shape[0]
+        scratch = self._scratch                                        # the running thread's work arrays
 
-        def head_rows(r):
-            y = rms_norm(x2[r], layer.attn_norm, eps) @ layer.w_qkv  # (rows, (H + 2·Hk)·E)
-            n = y.shape[0]
-            y[:, :nq] = stages.rope(y[:, :nq].reshape(n, H, E), cos[r], sin[r], style="neox",
-                                    name=stages.Names.Q_ROT).reshape(n, nq)
-            y[:, nq:nk] = stages.rope(y[:, nq:nk].reshape(n, Hk, E), cos[r], sin[r], style="neox",
-                                      name=stages.Names.K_ROT).reshape(n, nk - nq)
-            return y
+        def head_rows(r, out):                                         # out: (rows, (H + 2·Hk)·E)
+            n = out.shape[0]
+            h = rms_norm(x2[r], layer.attn_norm, eps, out=scratch.get("h", (n, D)))
+            np.matmul(h, layer.w_qkv, out=out)                         # (rows, D) x (D, (H + 2·Hk)·E)
+            # Q and K side by side, (rows, H + Hk, E): one rotation for both (same positions)
+            rope_neox_(_view(out[:, :nk], (n, H + Hk, E)), cos[r], sin[r],
+                       scratch.get("rope", (2, n, H + Hk, E // 2)))
 
-        qkv_ = self._rows(head_rows, B * L, layer.w_qkv.shape[1])     # (B·L, (H + 2·Hk)·E), Q and K rotated
+        width = layer.w_qkv.shape[1]
+        qkv_ = self._rows(head_rows, B * L, width,                     # (B·L, (H + 2·Hk)·E), Q and K rotated
+                          out=scratch.get("qkv", (B * L, width)))     # (dead once the attention has run)
         q = qkv_[:, :nq].reshape(B, L, H, E).transpose(0, 2, 1, 3)                 # (B, H, L, E)
         k = qkv_[:, nq:nk].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)              # (B, Hk, L, E)
         v = qkv_[:, nk:].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)                # (B, Hk, L, E)
         if cache is not None:
-            k, v = cache.append(k, v)                                  # (B, Hk, S, E), S = offset + L
+            k, v = cache.append(k, v)                                  # (B, Hk, S, E), S = offset + L (copies)
         S = k.shape[2]
         mask, causal = None, False
         if L > 1 and S == L and key_mask is None:
@@ -515,14 +593,17 @@ class LlamaModel:
         if key_mask is not None:
             mask = masks.combine(mask, key_mask.reshape(B, 1, 1, S))  # (B, 1, L, S)
         o = self._attention(q, k, v, mask, causal)                     # (B, H, L, E)
-        concat = o.transpose(0, 2, 1, 3).reshape(B * L, H * E)         # (B·L, H·E)
 
-        def tail(r):
-            y = concat[r] @ layer.w_o                                  # (rows, D)
-            y += x2[r]                                                 # residual
-            m = self._mlp(rms_norm(y, layer.ffn_norm, eps), layer)
-            m += y                                                     # residual
-            return m
+        def tail(r, out):                                              # out: (rows, D)
+            n = out.shape[0]
+            concat = _heads_to_rows(o, r, scratch.get("concat", (n, H * E)))        # (rows, H·E)
+            np.matmul(concat, layer.w_o, out=out)                      # (rows, H·E) x (H·E, D)
+            out += x2[r]                                               # residual
+            h = rms_norm(out, layer.ffn_norm, eps, out=scratch.get("h", (n, D)))
+            gu = np.matmul(h, layer.w_gate_up, out=scratch.get("gate_up", (n, 2 * F)))  # (rows, 2F)
+            g = swiglu_(gu, scratch.get("silu", (n, F)))               # (rows, F), a view of gu
+            out += np.matmul(g, layer.w_down, out=scratch.get("down", (n, D)))        # residual
+            return out
 
         return self._rows(tail, B * L, D).reshape(B, L, D)
 
@@ -549,8 +630,11 @@ class LlamaModel:
         eps = self.config.rms_norm_eps
         if h2.shape[0] == 1:                                           # one row: a GEMV (threads well)
             return (rms_norm(h2[0], self._norm, eps) @ self._lm_head_t).reshape(shape[:-1] + (-1,))
-        out = self._rows(lambda r: rms_norm(h2[r], self._norm, eps) @ self._lm_head_t, h2.shape[0],
-                         self._lm_head_t.shape[1])
+        def head(r, out):                                              # out: (rows, V)
+            h = rms_norm(h2[r], self._norm, eps, out=self._scratch.get("h", (out.shape[0], h2.shape[1])))
+            np.matmul(h, self._lm_head_t, out=out)                     # (rows, D) x (D, V)
+
+        out = self._rows(head, h2.shape[0], self._lm_head_t.shape[1])
         return out.reshape(shape[:-1] + (out.shape[-1],))
 
     def embed(self, ids) -> np.ndarray:
