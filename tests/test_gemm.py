@@ -162,6 +162,26 @@ def test_mkl_exp_equals_numpy_to_rounding_with_numpys_special_values(mkl, rng, d
     np.testing.assert_array_equal(mkl.exp(strided), np.exp(strided))
 
 
+@needs_mkl
+@pytest.mark.parametrize("dt", [np.float32, np.float64])
+def test_mkl_exp_leaves_underflowing_blocks_to_numpy(mkl, rng, dt, monkeypatch):
+    # VML is several times slower than NumPy where results underflow (ALiBi's far keys, masked cells): a block
+    # whose least value is below ln(smallest normal) goes to np.exp (bit-equal), the others to VML (counted).
+    calls = []
+    real = mkl._vexp[np.dtype(dt)]
+    monkeypatch.setitem(mkl._vexp, np.dtype(dt), lambda *a: (calls.append(a[0]), real(*a)))
+    fine = (-rng.random((64, 128)) * 80).astype(dt)                 # ≥ −80: every result a normal float
+    mkl.exp(fine)
+    assert calls == [fine.size]
+    low = -90.0 if dt == np.float32 else -720.0
+    for bad in (low, -np.inf, np.nan):
+        x = fine.copy()
+        x[5, 7] = bad
+        got = mkl.exp(x.copy())
+        np.testing.assert_array_equal(got, np.exp(x))
+    assert calls == [fine.size]                                     # none of the three went to VML
+
+
 # ---------------------------------------------------------------------------------------------- the choice
 def test_set_gemm_rejects_bad_names_naming_the_argument(restore_gemm):
     with pytest.raises(ValueError, match=r"name: expected one of \('auto', 'numpy', 'mkl'\), got 'blis'"):
