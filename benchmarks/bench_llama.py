@@ -1,7 +1,7 @@
 """qkv's SmolLM2 decoder vs transformers on the same GGUF file, side by side in one run (CPU, float32).
 
     .venv/bin/python benchmarks/bench_llama.py [--repeats 5] [--threads N] [--new-tokens 64] [--prefill 512]
-                                               [--skip-load]
+                                               [--skip-load] [--only generate,prefill,forward]
 
 What is timed (each side once to warm up, then ``--repeats`` times alternately, each call after a ``--settle``
 pause so the other side's idle threads stop spinning; the medians and their ratio qkv / transformers):
@@ -82,6 +82,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--settle", type=float, default=0.5, help="seconds of pause before each timed call")
     ap.add_argument("--skip-load", action="store_true", help="skip the load-time and memory measurements")
+    ap.add_argument("--only", default="generate,prefill,forward",
+                    help="which of generate, prefill, forward to time (comma-separated)")
     args = ap.parse_args()
 
     import numpy as np
@@ -143,6 +145,11 @@ def main() -> None:
 
     pairs = {"generate": (q_gen, h_gen), "prefill (last logits)": (q_prefill, h_prefill),
              "forward (all logits)": (q_forward, h_forward)}
+    only = {w.strip() for w in args.only.split(",")}
+    unknown = only - {name.split()[0] for name in pairs}
+    if unknown:
+        ap.error(f"--only: unknown {sorted(unknown)}; expected some of generate, prefill, forward")
+    pairs = {name: fns for name, fns in pairs.items() if name.split()[0] in only}
     times = {k: ([], []) for k in pairs}
     with threadpool_limits(limits=args.threads, user_api="blas"):
         for name, (fq, fh) in pairs.items():
@@ -150,11 +157,13 @@ def main() -> None:
             for _ in range(args.repeats):
                 times[name][0].append(_timed(fq, args.settle))
                 times[name][1].append(_timed(fh, args.settle))
-    same = results["q_gen"] == results["h_gen"]
-    print(f"prompt {len(prompt_ids)} tokens; generated {len(results['q_gen'])} tokens, identical to "
-          f"transformers': {same}; prefill {args.prefill} tokens, max |Δ logits| "
-          f"{np.abs(results['q_pre'] - results['h_pre']).max():.1e} (last), "
-          f"{np.abs(results['q_fwd'] - results['h_fwd']).max():.1e} (all)")
+    if "q_gen" in results:
+        print(f"prompt {len(prompt_ids)} tokens; generated {len(results['q_gen'])} tokens, identical to "
+              f"transformers': {results['q_gen'] == results['h_gen']}")
+    for key, what in (("pre", "last"), ("fwd", "all")):
+        if f"q_{key}" in results:
+            print(f"{args.prefill} tokens, max |Δ logits| {np.abs(results[f'q_{key}'] - results[f'h_{key}']).max():.1e} "
+                  f"({what})")
     for name, (tq, th) in times.items():
         mq, mh = statistics.median(tq), statistics.median(th)
         extra = f", {args.new_tokens / mq:.1f} vs {args.new_tokens / mh:.1f} tokens/s" if name == "generate" else ""
