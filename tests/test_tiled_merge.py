@@ -14,7 +14,9 @@ TILED = tiled.TILED
 
 @pytest.fixture
 def merges(monkeypatch):
-    """Count the engine's calls of merge_partials (still the real one)."""
+    """Count the engine's calls of merge_partials (still the real one); split-K allowed on parts of 1024 keys
+    (by default it waits for 65536 per part, where it pays for itself: test sizes stay small)."""
+    monkeypatch.setattr(tiled, "SPLIT_K_MIN_PART_KEYS", 1024)
     calls = []
 
     def counting(*a, **k):
@@ -63,7 +65,7 @@ def test_split_k_in_more_parts_with_more_workers(merges, rng):
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
 
 
-def test_split_k_not_taken_when_every_worker_has_a_task_or_the_parts_are_too_small(merges, rng):
+def test_split_k_not_taken_when_every_worker_has_a_task_or_the_parts_are_too_small(merges, rng, monkeypatch):
     q, k, v = _inputs(rng, H=4, Hk=4, L=64, S=8192)
     TILED.forward(q, k, v, scale=0.125, threads=2)              # 4 tasks for 2 workers
     q, k, v = _inputs(rng, L=8, S=1024, E=16)
@@ -71,6 +73,8 @@ def test_split_k_not_taken_when_every_worker_has_a_task_or_the_parts_are_too_sma
     q, k, v = _inputs(rng, L=64, S=8192)
     TILED.forward(q, k, v, scale=0.125, threads=2, return_weights=True)   # weights: a second pass
     TILED.forward(q, k, v, scale=0.125, threads=2, dropout_p=0.5, rng=np.random.default_rng(0))
+    monkeypatch.setattr(tiled, "SPLIT_K_MIN_PART_KEYS", 1 << 16)
+    TILED.forward(q, k, v, scale=0.125, threads=2)              # parts of 4096 keys: under the default minimum
     assert not merges
 
 

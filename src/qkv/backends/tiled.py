@@ -286,6 +286,37 @@ class _Problem:
                     self._kv[src] = got
         return got
 
+    def prepare_kv_split(self, idxs, bounds: list, threads: int) -> None:
+        """What :meth:`kv` prepares, for the key/value heads of lead indices ``idxs``, by key ranges ``bounds``
+        in parallel (split-K: with few query rows the per-head preparation — copies, Kᵀ, norms — costs as
+        much as the attention, and one worker preparing while the others wait would undo the split)."""
+        E, S = self.E, self.S
+        heads = {}
+        for idx in idxs:
+            kv_idx = self.kv_index(idx)
+            src = (_src(kv_idx, self.key.shape[:-2]), _src(kv_idx, self.value.shape[:-2]))
+            if src not in heads and src not in self._kv:
+                n = len(bounds) - 1
+                heads[src] = (np.empty((S, E), self.cdt), np.empty((S, self.Ev), self.cdt),
+                              np.empty((E + 1, S), self.cdt), np.zeros(n), np.zeros(n))
+
+        def fill(src, c):
+            k, v, k_t, k_norms, v_maxes = heads[src]
+            j0, j1 = bounds[c], min(bounds[c + 1], S)
+            if j0 >= j1:
+                return
+            k[j0:j1] = self.key[src[0]][j0:j1]
+            v[j0:j1] = self.value[src[1]][j0:j1]
+            for j in range(j0, j1, 128):                    # in chunks that stay in cache, as kv()
+                k_t[:E, j:min(j + 128, j1)] = k[j:min(j + 128, j1)].T
+            k_t[E, j0:j1] = 1.0
+            k_norms[c] = np.einsum("se,se->s", k[j0:j1], k[j0:j1]).max()
+            v_maxes[c] = max(v[j0:j1].max(), -v[j0:j1].min())
+        RUNTIME.run([(src, c) for src in heads for c in range(len(bounds) - 1)], fill, threads)
+        with self._kv_lock:
+            for src, (k, v, k_t, k_norms, v_maxes) in heads.items():
+                self._kv[src] = (k, v, float(np.sqrt(k_norms.max())), float(v_maxes.max()), k_t)
+
     def q_rows(self, idx: tuple, i0: int, i1: int) -> np.ndarray:
         """Scaled query rows ``Q[i0:i1]·scale`` (Bq, E) in the compute dtype: the scale folded in once (with a
         softcap, ``scale / cap``: the block's tanh then reads its argument straight from the matmul)."""
@@ -1232,8 +1263,13 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
 
 #: Split-K (flash-decoding): with fewer (head, query block) tasks than workers, the key range is split among
 #: the workers, each part returning ``(out, lse)``, merged by :func:`qkv.merge.merge_partials`, when there
-#: are at least this many key blocks to share.
+#: are at least this many key blocks to share…
 SPLIT_K_MIN_BLOCKS = 2
+#: …and each part gets at least this many keys. Few query rows make the work memory-bound, and a split's fixed
+#: costs (the hand-off to the workers, the parts' buffers, the merge) must be paid back: measured on the
+#: 2-core test machine (L = 64, one head, 2 workers, others' jobs running), S = 65536 in two parts of 32768
+#: was 1.3× slower than unsplit, S = 262144 (parts of 131072) 0.7×.
+SPLIT_K_MIN_PART_KEYS = 1 << 16
 
 
 def _key_splits(P: _Problem, n_tasks: int, threads: int, bq: int, bk: int, dropout_p, weights: bool) -> int:
@@ -1243,7 +1279,7 @@ def _key_splits(P: _Problem, n_tasks: int, threads: int, bq: int, bk: int, dropo
     (SERIAL_BELOW_FLOPS)."""
     if threads <= 1 or n_tasks >= threads or dropout_p > 0 or weights:
         return 1
-    splits = min(-(-threads // n_tasks), -(-P.S // bk) // SPLIT_K_MIN_BLOCKS)
+    splits = min(-(-threads // n_tasks), -(-P.S // bk) // SPLIT_K_MIN_BLOCKS, P.S // SPLIT_K_MIN_PART_KEYS)
     while splits > 1 and 2 * min(bq, P.L) * (P.S / splits) * (P.E + P.Ev) < SERIAL_BELOW_FLOPS:
         splits -= 1
     return max(1, splits)
@@ -1260,6 +1296,7 @@ def _forward_split(P: _Problem, tasks: list, splits: int, bk: int, threads: int,
     lses = np.full((splits,) + P.lead + (P.L,), -np.inf, P.cdt)
     parts = [(P, idx, i0, i1, block_k, outs[c], lses[c], None, 0.0, 0, (bounds[c], bounds[c + 1]))
              for c in range(splits) for (_, idx, i0, i1, block_k, *_rest) in tasks]
+    P.prepare_kv_split({t[1] for t in tasks}, bounds, threads)
     RUNTIME.run(parts, _forward_task, threads)
     out, lse = outs[0], lses[0]
     for c in range(1, splits):
