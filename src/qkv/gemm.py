@@ -122,7 +122,7 @@ def _mkl_library_path() -> str | None:
         dist = metadata.distribution("mkl")
     except Exception:                                    # not installed (PackageNotFoundError), broken metadata
         return None
-    names = ("libmkl_rt.so", "libmkl_rt.dylib", "mkl_rt.dll")
+    names = ("libmkl_rt.so", "libmkl_rt.", "mkl_rt.")    # Linux, macOS (.dylib), Windows (mkl_rt.2.dll)
     found = [f for f in (dist.files or ()) if os.path.basename(str(f)).startswith(names)]
     found.sort(key=lambda f: len(str(f)))                # libmkl_rt.so.3 before anything longer
     for f in found:
