@@ -9,11 +9,14 @@ projections goes through :func:`matmul`, which asks the provider chosen with :fu
   called on the NumPy buffers themselves: a transposed or sliced view is passed as a transpose flag and a
   leading dimension, and only a view BLAS cannot describe (no unit stride, negative strides) is copied;
   ``out=`` is written in place. ctypes releases the GIL during the call, as ``np.matmul`` does.
-* ``"auto"`` (the default) — ``"numpy"`` when MKL is not installed; otherwise a one-time calibration (about
-  tens of milliseconds, the first time a matmul is asked for) times both on the engine's own block shapes on
-  one thread and takes MKL only when it is faster by more than :data:`AUTO_MARGIN`, so NumPy stays wherever
-  it is as fast (on the AMD EPYC test machine, OpenBLAS's Haswell kernels beat MKL by 5–70 % on these shapes;
-  on an Intel Xeon with AVX-512 the issue measured MKL 114–125 GFLOP/s against OpenBLAS's 85–92).
+* ``"auto"`` (the default) — ``"numpy"`` when MKL is not installed; otherwise a one-time calibration (the
+  first time a sizeable matmul is asked for; 150–250 ms of wall time on the loaded 2-core test machine, about
+  80 ms of it MKL's first call) times both on the engine's own block shapes on one thread, in CPU time, and
+  takes MKL only when it is faster by more than :data:`AUTO_MARGIN`, so NumPy stays wherever it is as fast (on
+  the AMD EPYC test machine, OpenBLAS's Haswell kernels beat MKL by 5–70 % on these shapes; on an Intel Xeon
+  with AVX-512 the issue measured MKL 114–125 GFLOP/s against OpenBLAS's 85–92). The blocks' ``exp``
+  (:func:`exp`) is calibrated apart: MKL's vector math where it is faster (on the EPYC it is, 0.65–0.9 ms
+  against 0.75–1.3 per 1024 × 512 block).
 
 The first choice may come from the environment, ``QKV_GEMM=numpy|mkl|auto``, for scripts without an option
 for it (``QKV_GEMM=mkl python benchmarks/bench_model.py``).
