@@ -113,6 +113,13 @@ def test_gemm_share_times_the_forward_against_its_own_gemms():
     assert len(lines) == 2 + len(rows) and lines[2].startswith(f"| {rows[0]['gemm']} | forward | 256 |")
 
 
+def test_bench_gemm_share_option_adds_its_rows(capsys):
+    assert main(["bench", *TINY, "--modes", "forward", "--impls", "tiled", "--no-memory", "--gemm-share",
+                 "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| GEMM | mode | N | CPU ms |" in out and "| forward | 33 |" in out and "| causal | 33 |" in out
+
+
 def test_bench_long_sequence_reports_peak_rss():
     res = bench.long_sequence(2048, heads=1, dim=8, threads=1)
     assert res["n"] == 2048 and res["finite"] and res["peak_rss_mb"] > 0 and res["seconds"] > 0
