@@ -15,8 +15,35 @@ F = torch.nn.functional
 
 @pytest.fixture(autouse=True)
 def _parallel_even_when_small(monkeypatch):
-    """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS); these tests want the pool."""
+    """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS) and, through the public function, on
+    whole arrays (BACKWARD_WHOLE_SCORES); these tests want the tiled engine and its pool."""
+    from qkv import engine
     monkeypatch.setattr(tiled, "SERIAL_BELOW_FLOPS", 0)
+    monkeypatch.setattr(engine, "BACKWARD_WHOLE_SCORES", 0)
+
+
+@pytest.mark.parametrize("lead, L, S, E, mask, expected", [((1, 2), 16, 16, 8, "causal", "reference"),
+                                                            ((2, 4), 64, 64, 16, "bool", "reference"),
+                                                            ((1, 2), 512, 512, 8, "causal", "tiled"),
+                                                            ((1, 1), 300, 1000, 8, None, "tiled")])
+def test_small_problems_run_whole_and_large_ones_tiled(rng, monkeypatch, lead, L, S, E, mask, expected):
+    # The public backward picks the reference backend up to BACKWARD_WHOLE_SCORES scores, the tiled engine
+    # beyond (counted); either way the gradients are torch's.
+    from qkv import backends, engine
+    monkeypatch.setattr(engine, "BACKWARD_WHOLE_SCORES", 1 << 18)
+    used = []
+    for name in ("reference", "tiled"):
+        b = backends.get(name)
+        monkeypatch.setattr(b, "backward", (lambda real, n: lambda *a, **kw: (used.append(n), real(*a, **kw))[1])(
+            b.backward, name))
+    q = rng.standard_normal(tuple(lead) + (L, E)).astype(np.float32)
+    k, v = (rng.standard_normal(tuple(lead) + (S, E)).astype(np.float32) for _ in range(2))
+    go = rng.standard_normal(tuple(lead) + (L, E)).astype(np.float32)
+    m = rng.random((L, S)) < 0.7 if mask == "bool" else None
+    got = qkv.scaled_dot_product_attention_backward(go, q, k, v, attn_mask=m, is_causal=mask == "causal")
+    assert used == [expected]
+    for g, w in zip(got, _torch_grads(go, q, k, v, mask=m, is_causal=mask == "causal")):
+        np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-4)
 
 
 def _torch_grads(go, q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
