@@ -134,3 +134,29 @@ def test_bench_bad_options_one_line(args, msg, capsys):
     assert main(["bench", *args, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    # --json and --plot go through the one atomic writer (counted); a failure while writing leaves nothing
+    pytest.importorskip("matplotlib")
+    import qkv._files
+    from qkv.cli import bench_cmd
+    real = qkv._files.atomic_write
+    names = []
+
+    def counting(path, *a, **kw):
+        names.append(str(path).rsplit("/", 1)[-1])
+        return real(path, *a, **kw)
+    monkeypatch.setattr(bench_cmd, "atomic_write", counting)
+    monkeypatch.setattr(qkv._files, "atomic_write", counting)
+    args = ["bench", *TINY, "--modes", "forward", "--impls", "tiled", "--no-memory"]
+    assert main([*args, "--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.svg")]) == 0
+    assert sorted(names) == ["b.json", "b.svg"]
+    assert json.loads((tmp_path / "b.json").read_text())["rows"]
+    assert (tmp_path / "b.svg").read_text().lstrip().startswith(("<?xml", "<svg"))
+
+    def broken(result):
+        raise MemoryError
+    monkeypatch.setattr(bench, "dumps", broken)
+    assert main([*args, "--json", str(tmp_path / "c.json")]) != 0          # the CLI's one-line error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.svg"]

@@ -524,7 +524,10 @@ def plot(result: dict, path: str) -> None:
     c = result["config"]
     fig.suptitle(f"qkv bench: B={c['batch']} H={c['heads']} E={c['dim']} float32, {c['threads']} threads")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from ._files import atomic_write
+    fmt = os.path.splitext(os.fspath(path))[1].lower().lstrip(".") or "png"
+    with atomic_write(path, "wb") as fh:                 # whole or not at all
+        fig.savefig(fh, format=fmt, dpi=120)
     plt.close(fig)
 
 

@@ -8,6 +8,7 @@ import click
 
 from . import UserError
 from ._app import cli
+from .._files import atomic_write
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -141,7 +142,7 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
             click.echo(B.dumps(result))
             return 0
         if json_out:
-            with open(json_out, "w", encoding="utf-8") as f:
+            with atomic_write(json_out, "w", encoding="utf-8") as f:
                 f.write(B.dumps(result) + "\n")
         if markdown:
             click.echo(B.variants_markdown(result))
@@ -173,7 +174,7 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         click.echo(B.dumps(result))
         return 0
     if json_out:
-        with open(json_out, "w", encoding="utf-8") as f:
+        with atomic_write(json_out, "w", encoding="utf-8") as f:
             f.write(B.dumps(result) + "\n")
     if markdown:
         click.echo(B.markdown(result))
