@@ -654,3 +654,33 @@ def test_model_command_on_smollm2_matches_the_model(smol, capsys):
                    r"--layer: expected 0 … 29 \(the model has 30 layers\), got 30")
     one_line_error(*run_cli(capsys, "model", "--model", "smollm2", s, "--head", 9, "--token", "it")[::2],
                    r"--head: expected 0 … 8 \(the model has 9 heads\), got 9")
+
+
+def test_projections_and_lm_head_go_through_the_gemm_provider(tiny, monkeypatch):
+    # Issue 13: the decoder's projections use qkv.gemm (counted per weight); with MKL installed, the MKL
+    # provider's logits equal NumPy's to float32 rounding.
+    from qkv import gemm
+    model, _, _ = tiny
+    ids = model.encode("hello the world, hello!")
+    seen = []
+    real = gemm.matmul
+
+    def counting(a, b, out=None):
+        seen.append(id(b))
+        return real(a, b, out=out)
+    monkeypatch.setattr(gemm, "matmul", counting)
+    base = model.forward(ids)
+    weights = {id(model._lm_head_t)}
+    for layer in model._layers:
+        weights |= {id(layer.w_qkv), id(layer.w_o), id(layer.w_gate_up), id(layer.w_down)}
+    assert weights <= set(seen)
+    monkeypatch.setattr(gemm, "matmul", real)
+    before = gemm.GEMM.choice
+    try:
+        qkv.set_gemm("mkl")
+    except ValueError:
+        return                                                       # no mkl extra here: NumPy's only
+    try:
+        np.testing.assert_allclose(model.forward(ids), base, rtol=1e-4, atol=1e-4)
+    finally:
+        qkv.set_gemm(before)

@@ -33,7 +33,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .. import masks
+from .. import gemm, masks
 from ..backends.runtime import RUNTIME
 from ..cache import KVCache
 from ..mha import MultiHeadAttention
@@ -486,8 +486,8 @@ class LlamaModel:
         """SwiGLU: ``(silu(h · W_gate) ⊙ (h · W_up)) · W_down``. (…, D) → (…, D)."""
         shape = h.shape
         h2 = h.reshape(-1, shape[-1])                                  # (N, D)
-        g = swiglu_(h2 @ layer.w_gate_up)                              # (N, 2F) → (N, F)
-        return (g @ layer.w_down).reshape(shape)                       # (N, F) x (F, D)
+        g = swiglu_(gemm.matmul(h2, layer.w_gate_up))                  # (N, 2F) → (N, F)
+        return gemm.matmul(g, layer.w_down).reshape(shape)             # (N, F) x (F, D)
 
     #: At most this many rows per task when the row-wise work (projections, RoPE, feed-forward, LM head) of
     #: many tokens is spread over the runtime's workers (measured at 512 tokens on 2 cores: 256 rows 1.70 s,
@@ -571,7 +571,7 @@ class LlamaModel:
         def head_rows(r, out):                                         # out: (rows, (H + 2·Hk)·E)
             n = out.shape[0]
             h = rms_norm(x2[r], layer.attn_norm, eps, out=scratch.get("h", (n, D)))
-            np.matmul(h, layer.w_qkv, out=out)                         # (rows, D) x (D, (H + 2·Hk)·E)
+            gemm.matmul(h, layer.w_qkv, out=out)                       # (rows, D) x (D, (H + 2·Hk)·E)
             # Q and K side by side, (rows, H + Hk, E): one rotation for both (same positions)
             rope_neox_(_view(out[:, :nk], (n, H + Hk, E)), cos[r], sin[r],
                        scratch.get("rope", (2, n, H + Hk, E // 2)))
@@ -597,12 +597,12 @@ class LlamaModel:
         def tail(r, out):                                              # out: (rows, D)
             n = out.shape[0]
             concat = _heads_to_rows(o, r, scratch.get("concat", (n, H * E)))        # (rows, H·E)
-            np.matmul(concat, layer.w_o, out=out)                      # (rows, H·E) x (H·E, D)
+            gemm.matmul(concat, layer.w_o, out=out)                    # (rows, H·E) x (H·E, D)
             out += x2[r]                                               # residual
             h = rms_norm(out, layer.ffn_norm, eps, out=scratch.get("h", (n, D)))
-            gu = np.matmul(h, layer.w_gate_up, out=scratch.get("gate_up", (n, 2 * F)))  # (rows, 2F)
+            gu = gemm.matmul(h, layer.w_gate_up, out=scratch.get("gate_up", (n, 2 * F)))  # (rows, 2F)
             g = swiglu_(gu, scratch.get("silu", (n, F)))               # (rows, F), a view of gu
-            out += np.matmul(g, layer.w_down, out=scratch.get("down", (n, D)))        # residual
+            out += gemm.matmul(g, layer.w_down, out=scratch.get("down", (n, D)))        # residual
             return out
 
         return self._rows(tail, B * L, D).reshape(B, L, D)
@@ -629,10 +629,10 @@ class LlamaModel:
         h2 = h.reshape(-1, shape[-1])
         eps = self.config.rms_norm_eps
         if h2.shape[0] == 1:                                           # one row: a GEMV (threads well)
-            return (rms_norm(h2[0], self._norm, eps) @ self._lm_head_t).reshape(shape[:-1] + (-1,))
+            return gemm.matmul(rms_norm(h2[0], self._norm, eps), self._lm_head_t).reshape(shape[:-1] + (-1,))
         def head(r, out):                                              # out: (rows, V)
             h = rms_norm(h2[r], self._norm, eps, out=self._scratch.get("h", (out.shape[0], h2.shape[1])))
-            np.matmul(h, self._lm_head_t, out=out)                     # (rows, D) x (D, V)
+            gemm.matmul(h, self._lm_head_t, out=out)                   # (rows, D) x (D, V)
 
         out = self._rows(head, h2.shape[0], self._lm_head_t.shape[1])
         return out.reshape(shape[:-1] + (out.shape[-1],))
@@ -714,7 +714,7 @@ class LlamaModel:
             hidden.append(x)
         final = rms_norm(x, self._norm, self.config.rms_norm_eps)
         return LlamaOutput(tokens=[self.token_texts(e) for e in encoded], input_ids=ids, attention_mask=mask,
-                           logits=final @ self._lm_head_t, hidden_states=hidden, final_hidden_state=final,
+                           logits=gemm.matmul(final, self._lm_head_t), hidden_states=hidden, final_hidden_state=final,
                            attentions=attns, queries=qs, keys=ks, values=vs)
 
     def trace_layer(self, text: str, layer: int) -> Trace:
