@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 import qkv
 from qkv_tolerances import TOL
 from qkv.backends import tiled
+from qkv.backends.reference import REFERENCE as REF
+from qkv.backends.tiled import TILED
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -179,12 +181,42 @@ def test_lse_is_logsumexp_of_the_scaled_masked_scores(rng):
     np.testing.assert_allclose(lse, want, atol=1e-12)
 
 
-def test_gqa_matches_repeated_heads(rng):
+def test_gqa_matches_repeated_heads(rng, monkeypatch):
     q = rng.standard_normal((2, 6, 30, 8)).astype(np.float32)
     k, v = (rng.standard_normal((2, 2, 41, 8)).astype(np.float32) for _ in range(2))
     got, _ = _tiled(q, k, v, enable_gqa=True, block_q=7, block_k=9)
     want, _ = _tiled(q, np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1), block_q=7, block_k=9)
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)       # grouped heads: another GEMM blocking
+    monkeypatch.setattr(tiled, "GROUP_GQA", False)
+    per_head, _ = _tiled(q, k, v, enable_gqa=True, block_q=7, block_k=9)
+    np.testing.assert_array_equal(per_head, want)                      # a head per task: the same numbers
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("L, S, block_q, block_k", [(37, 53, 4, 8), (53, 37, 5, 16), (300, 300, None, None)])
+def test_grouped_query_heads_run_a_group_per_task_with_the_references_numbers(rng, monkeypatch, causal, L, S,
+                                                                             block_q, block_k):
+    # GQA without masks, mods or sinks: one task per key/value head and query block, the group's rows
+    # interleaved (P.q_rows_group); counted, and equal to the reference in float64, lse included.
+    B, Hk, rep, E = 2, 2, 3, 16
+    q = rng.standard_normal((B, Hk * rep, L, E)) * 2
+    k, v = (rng.standard_normal((B, Hk, S, E)) * 2 for _ in range(2))
+    groups = []
+    real = tiled._forward_rows
+
+    def spy(P, idx, i0, i1, *a):
+        groups.append((P.group, idx[-1]))
+        return real(P, idx, i0, i1, *a)
+    monkeypatch.setattr(tiled, "_forward_rows", spy)
+    kw = dict(scale=0.3, is_causal=causal, enable_gqa=True, return_lse=True)
+    out, _, lse = TILED.forward(q, k, v, block_q=block_q, block_k=block_k, **kw)
+    assert groups and {g for g, _ in groups} == {rep} and {h % rep for _, h in groups} == {0}
+    ref, _, ref_lse = REF.forward(q, k, v, **kw)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-12, atol=1e-12)
+    groups.clear()                                                     # a mask: a head per task again
+    TILED.forward(q, k, v, attn_mask=np.ones((L, S), bool), block_q=block_q, block_k=block_k, **kw)
+    assert {g for g, _ in groups} == {1}
 
 
 def test_thread_count_does_not_change_results(rng):

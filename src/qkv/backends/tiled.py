@@ -110,6 +110,8 @@ SERIAL_BELOW_FLOPS = 1 << 23
 #: 257 (256) / 273 (512); N = 2048: 88 / 82; N = 1024: 30.5 / 26.9 / 26.1; SmolLM2's prefill shapes (9 query
 #: heads on 3, L = S = 512): 20.9 / 15.8 / 16.0 — fewer, larger blocks, fewer Python steps under the GIL.
 DIAGONAL_MIN = 256
+#: Forward: grouped-query heads (without masks, mods or sinks) run a group per task, rows interleaved.
+GROUP_GQA = True
 #: Backward: key block (rows of dK/dV per step) and query block.
 BLOCK_K_BACKWARD = 512
 BLOCK_Q_BACKWARD = 512
@@ -249,6 +251,7 @@ class _Problem:
         self._kv_locks: dict = {}
         self._bm_cache = _block_mask_cache(block_mask) if block_mask is not None else None
         self.fwd_budget = None                               # forward: scores per block (see grid_blocks)
+        self.group = 1                                       # forward: query heads per task (see forward)
 
     # leading index of the key/value head serving query lead index ``idx``
     def kv_index(self, idx: tuple) -> tuple:
@@ -324,6 +327,17 @@ class _Problem:
         """Scaled query rows ``Q[i0:i1]·scale`` (Bq, E) in the compute dtype: the scale folded in once (with a
         softcap, ``scale / cap``: the block's tanh then reads its argument straight from the matmul)."""
         q = self.query[_src(idx, self.query.shape[:-2])][i0:i1]
+        return np.multiply(q, self.cdt.type(self.qscale), dtype=self.cdt)
+
+    def q_rows_group(self, idx: tuple, i0: int, i1: int) -> np.ndarray:
+        """:meth:`q_rows` of the ``group`` query heads from ``idx`` on (they share one key/value head),
+        interleaved: row ``r·group + g`` is position ``i0 + r`` of head ``idx[-1] + g`` — so that a block of
+        positions is a block of rows, and the scores of all the group's heads come from one matmul."""
+        g = self.group
+        if g == 1:
+            return self.q_rows(idx, i0, i1)
+        heads = [self.query[_src(idx[:-1] + (idx[-1] + h,), self.query.shape[:-2])][i0:i1] for h in range(g)]
+        q = np.stack(heads, axis=1).reshape((i1 - i0) * g, self.E)                 # (Bq·g, E)
         return np.multiply(q, self.cdt.type(self.qscale), dtype=self.cdt)
 
     def mask2d(self, idx: tuple):
@@ -718,6 +732,7 @@ class _Scorer:
     def __init__(self, P: _Problem, idx: tuple, qs: np.ndarray, row0: int, K_T: np.ndarray, mask2d,
                  row_col: bool):
         self.P, self.qs, self.row0, self.K_T, self.mask2d, self.row_col = P, qs, row0, K_T, mask2d, row_col
+        self.rep = P.group                                    # rows per query position (interleaved heads)
         b, h = P.bh(idx)
         self.kind = P.mod.kind
         self.slope = P.mod.slope(h)
@@ -758,7 +773,7 @@ class _Scorer:
         """
         self.col_exp = None
         P, E = self.P, self.P.E
-        r0, r1 = a0 - self.row0, a1 - self.row0
+        r0, r1 = (a0 - self.row0) * self.rep, (a1 - self.row0) * self.rep
         qs, dt = self.qs, s.dtype
         row_term = col_term = pattern = None
         done_mask = False
@@ -826,6 +841,11 @@ class _Scorer:
         """Mask the block in place: nothing for "full", the causal triangle, the attn_mask slice, or a block
         mask's ops: empty cells → −inf, partial cells → the mask mod (a cached 0/−inf pattern when it
         depends on i − j alone, else evaluated on the cell run)."""
+        if self.rep > 1:                                      # interleaved heads: only "full" and "causal"
+            if kind == "causal":
+                s3 = s.reshape(a1 - a0, self.rep, j1 - j0)
+                np.add(s3, _causal_additive(a0 - j0, a1 - a0, j1 - j0, s.dtype)[:, None, :], out=s3)
+            return
         if isinstance(kind, str):
             _apply_block_mask(s, kind, self.mask2d, a0, a1, j0, j1)
             return
@@ -1033,9 +1053,10 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     K, V, k_norm, v_max, K_T = P.kv(idx)                     # (S, E), (S, Ev), (E+1, S)
     E, Ev = P.E, P.Ev
     mask2d = P.mask2d(idx)
-    Bq = i1 - i0
+    g = P.group                                              # rows per position: g interleaved query heads
+    Bq = (i1 - i0) * g
     qs = np.empty((Bq, E + 1), P.cdt)                        # [Q·scale, row term]: scale folded in once
-    qs[:, :E] = P.q_rows(idx, i0, i1)
+    qs[:, :E] = P.q_rows_group(idx, i0, i1)
     qs[:, E] = 0.0
     blocks = P.key_blocks(i0, i1, mask2d, block_k, idx)
     if keys is not None:                                     # split-K: this task's share of the blocks
@@ -1064,7 +1085,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     # cannot hide a row's max from a running-max update
     fold_col = shift_free and sc.kind == "alibi" and sc.slope is not None and sc.slope >= 0
     widest = max((b[3] - b[2] for b in blocks), default=1)
-    tallest = max((b[1] - b[0] for b in blocks), default=1)
+    tallest = max((b[1] - b[0] for b in blocks), default=1) * g
     s_flat = _scratch(1, tallest * widest, P.cdt).reshape(-1)  # a block's scores, then probabilities
     ones = np.ones(widest, P.cdt)
     tmp = np.empty((Bq, Ev), P.cdt)
@@ -1088,9 +1109,9 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             _bands(P, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, ones)
             continue
         r0, r1, j0, j1, kind = step
-        rs = slice(r0, r1)                                   # the block's rows (all, but on the diagonal)
+        rs = slice(r0 * g, r1 * g)                           # the block's rows (all, but on the diagonal)
         w = j1 - j0
-        s = s_flat[:(r1 - r0) * w].reshape(r1 - r0, w)
+        s = s_flat[:(r1 - r0) * g * w].reshape((r1 - r0) * g, w)
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
         if shift_free:
             sc(s, a0, a1, j0, j1, kind, fold_col=fold_col)   # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked
@@ -1157,9 +1178,15 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         # The sink is one more key, with no value: a partial result out = 0, lse = sink, merged in.
         rows_out, row_lse = merge_partials(rows_out, row_lse, np.zeros_like(rows_out),
                                            np.full_like(row_lse, P.sinks[sc.sh]))
-    out[idx][i0:i1] = rows_out
-    if lse is not None:
-        lse[idx][i0:i1] = row_lse
+    if g == 1:
+        out[idx][i0:i1] = rows_out
+        if lse is not None:
+            lse[idx][i0:i1] = row_lse
+    else:                                                    # back to each head of the group
+        for h in range(g):
+            out[idx[:-1] + (idx[-1] + h,)][i0:i1] = rows_out[h::g]
+            if lse is not None:
+                lse[idx[:-1] + (idx[-1] + h,)][i0:i1] = row_lse[h::g]
     if weights is not None:                                  # second pass: p = exp(s − lse), stored
         gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
         sub = np.where(np.isfinite(row_lse), row_lse, np.inf)[:, None]   # fully masked rows: exp(−inf) = 0
@@ -1235,6 +1262,15 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
         while block_q is None and bq > bs and n_heads * math.ceil(P.L / bq) < 2 * threads:
             bq = _aligned(bq // 2, bs)
     else:
+        # Grouped-query heads without masks, mods or sinks: one task takes the query heads that share a
+        # key/value head together, their rows interleaved (P.q_rows_group) — one matmul, exp and row pass per
+        # block for all of them, where each head took its own (a third of the Python steps for 9 query heads
+        # on 3, SmolLM2's prefill); the block keeps about as many rows (block_q positions ÷ group).
+        if (GROUP_GQA and P.n_rep > 1 and P.lead and P.mod.kind == "none" and attn_mask is None
+                and P.sinks is None and dropout_p == 0 and not return_weights):
+            P.group = P.n_rep
+            n_heads //= P.group
+            bq = max(1, bq // P.group) if block_q is None else bq
         bq = min(bq, P.L)
         # Enough tasks to keep every worker busy: shrink the query block when there are few heads.
         while block_q is None and bq > 64 and n_heads * math.ceil(P.L / bq) < 2 * threads:
@@ -1249,7 +1285,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     if is_causal:
         starts.reverse()                                     # the longest rows first: better balance
     tasks = [(P, idx, i0, min(i0 + bq, P.L), bk, out, lse, weights, dropout_p, seed)
-             for i0 in starts for idx in np.ndindex(*P.lead)]
+             for i0 in starts for idx in np.ndindex(*P.lead) if not idx or idx[-1] % P.group == 0]
     if block_mask is not None:                               # the most cells first: better balance
         work = {}
         for idx in np.ndindex(*P.lead):
@@ -1260,7 +1296,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     splits = _key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
     if splits > 1:
         return _forward_split(P, tasks, splits, bk, threads, query.dtype, return_lse)
-    if 2 * bq * P.S * (P.E + P.Ev) < SERIAL_BELOW_FLOPS:
+    if 2 * bq * P.group * P.S * (P.E + P.Ev) < SERIAL_BELOW_FLOPS:
         threads = 1
     RUNTIME.run(tasks, _forward_task, threads)
     dt = query.dtype
