@@ -70,6 +70,10 @@ fewer (head, query block) tasks than workers — decoding, few query rows agains
 range split among the workers, each part returning ``(out, lse)``, merged by log-sum-exp
 (:func:`qkv.merge.merge_partials`).
 
+*Grouped-query* heads without masks, mods or sinks: a task takes the query heads that share a key/value head,
+their rows interleaved (row ``r·g + h`` is position ``r`` of head ``h``), so a block of positions is one matmul,
+one exp and one row pass for the group (:data:`GROUP_GQA`).
+
 Every matmul goes through the runtime's GEMM provider (:mod:`qkv.gemm`: NumPy's BLAS, or Intel MKL with
 ``qkv.set_gemm("mkl")`` / ``"auto"``), on the same buffers and views.
 
