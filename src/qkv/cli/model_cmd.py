@@ -57,6 +57,18 @@ def find_token(tokens: list[str], token: str, normalize=None) -> tuple[int, list
     raise LookupError(token)
 
 
+def _find(m, model, decoder: bool, tokens: list[str], token: str, shown: str) -> tuple[int, list[int]]:
+    """:func:`find_token` with the model's own normalizer (MiniLM lower-cases; the decoder none), its
+    errors as one-line UserErrors."""
+    normalize = None if decoder else getattr(model.tokenizer.normalizer, "normalize_str", None)
+    try:
+        return find_token(tokens, token, normalize)
+    except IndexError:
+        raise UserError(m("model.bad_index", tok=token, last=len(tokens) - 1)) from None
+    except LookupError:
+        raise UserError(m("model.no_token", tok=token, tokens=shown, last=len(tokens) - 1)) from None
+
+
 def _shown(tok: str) -> str:
     """A decoder token as the command shows and matches it: without its spaces (' it' → 'it'); a token of
     only white space spelled out ('␣', '\\n')."""
@@ -132,15 +144,7 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, hea
         click.echo(f"qkv: {m('model.warning')}: {w.message}", err=True)
     shown = " ".join(f"{t}" for t in tokens)
     if heads_summary or rollout:
-        q = None
-        if token is not None:
-            normalize = None if decoder else getattr(model.tokenizer.normalizer, "normalize_str", None)
-            try:
-                q, _ = find_token(tokens, token, normalize)
-            except IndexError:
-                raise UserError(m("model.bad_index", tok=token, last=len(tokens) - 1)) from None
-            except LookupError:
-                raise UserError(m("model.no_token", tok=token, tokens=shown, last=len(tokens) - 1)) from None
+        q = None if token is None else _find(m, model, decoder, tokens, token, shown)[0]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")                  # the truncation warning was shown above
             out = model.run([text])
@@ -159,13 +163,7 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, hea
         click.echo(m("model.tokens", n=len(tokens), tokens=shown))
         click.echo(m("model.pick"))
         return 0
-    normalize = None if decoder else getattr(model.tokenizer.normalizer, "normalize_str", None)
-    try:
-        i, hits = find_token(tokens, token, normalize)
-    except IndexError:
-        raise UserError(m("model.bad_index", tok=token, last=len(tokens) - 1)) from None
-    except LookupError:
-        raise UserError(m("model.no_token", tok=token, tokens=shown, last=len(tokens) - 1)) from None
+    i, hits = _find(m, model, decoder, tokens, token, shown)
     if len(hits) > 1:
         click.echo(m("model.dup", tok=tokens[i], k=len(hits), where=", ".join(f"#{h}" for h in hits), i=i))
 
