@@ -213,6 +213,12 @@ def test_heads_summary_and_rollout_on_the_seed_sentence(minilm, capsys):
     assert "flow: " in out
     assert main(["model", SENTENCE, "--rollout", "--token", "高", "--lang", "zh"]) == 0
     assert "注意力 rollout" in capsys.readouterr().out
+    # a token that is not there, or an index past the end: one line, exit 2, with and without --rollout
+    for extra in (["--rollout"], []):
+        for tok in ("zebra", "#99"):
+            assert main(["model", SENTENCE, *extra, "--token", tok]) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith("qkv: ") and tok.lstrip("#") in err, err
 
 
 @pytest.mark.model
