@@ -1099,7 +1099,6 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     l_i = np.zeros(Bq, P.cdt)                                # Σ p per row (before dropout)
     m_i = np.zeros(Bq, P.cdt)                                # running max (the shift actually subtracted)
     seen = np.full(Bq, shift_free)                           # m_i is a max some block attained
-    all_seen = shift_free
     gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
     keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
     steps = blocks
@@ -1136,10 +1135,10 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 continue
         else:
             sc(s, a0, a1, j0, j1, kind, m=m_i[rs])           # s − m_i
-            # lazy where every row of this block has a max already (all rows of the task, or just these: a
-            # causal diagonal's lower rows first see keys in a later block than the upper ones — measured on
-            # SmolLM2's prefill, 512 rows, 7 blocks: the task-wide test sent ~90 % of the scores to the max pass)
-            if lazy and (all_seen or seen[rs].all()):
+            # lazy where every row of this block has a max already (these rows, not the whole task's: a causal
+            # diagonal's lower rows first see keys in a later block than the upper ones — measured on SmolLM2's
+            # prefill, 512 rows, 7 blocks: a task-wide test sent ~90 % of the scores to the max pass)
+            if lazy and seen[rs].all():
                 _exp(s, out=s)                                # p = exp(s − m_i), m_i unchanged
                 lb = l_blk[rs]
                 _mm(s, ones[:w], out=lb)                     # (Bq, bk) x (bk,) -> (Bq,) row sums
@@ -1162,7 +1161,6 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             l_i[rs] *= alpha
             m_i[rs] += shift
             seen[rs] |= hit
-            all_seen = bool(seen.all())
         lb = l_blk[rs]
         _mm(s, ones[:w], out=lb)                             # (Bq, bk) x (bk,) -> (Bq,) row sums
         l_i[rs] += lb                                        # the softmax denominator ignores dropout
