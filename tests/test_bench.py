@@ -129,6 +129,7 @@ def test_bench_long_sequence_reports_peak_rss():
                                        (["--threads", "0"], "--threads"), (["--impls", "jax"], "--impls"),
                                        (["--json", "/no/such/dir/b.json"], "--json"),
                                        (["--gemm", "blis"], "--gemm"),
+                                       (["--variants", "--gemm", "numpy,mkl"], "--gemm"),
                                        (["--plot", "/no/such/dir/b.png"], "--plot")])
 def test_bench_bad_options_one_line(args, msg, capsys):
     assert main(["bench", *args, "--no-progress"]) == 2
