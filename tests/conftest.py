@@ -16,3 +16,11 @@ from qkv_tolerances import TOL  # noqa: E402,F401  (the dtype tolerances: tests 
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def numpy_kernels(monkeypatch):
+    """The engine on NumPy's passes alone (no fused numba kernels): for tests of those passes."""
+    from qkv.kernels import KERNELS
+    monkeypatch.setattr(KERNELS, "choice", "numpy")
+    return KERNELS

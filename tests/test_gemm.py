@@ -354,7 +354,7 @@ def test_tiled_forward_through_mkl_equals_numpy(counted_mkl, rng, dt, case):
     _close(got[0], expect[0], dt)
 
 
-def test_tiled_block_mask_bands_through_mkl_equal_numpy(counted_mkl, rng):
+def test_tiled_block_mask_bands_through_mkl_equal_numpy(counted_mkl, rng, numpy_kernels):
     """A sliding window runs in batched bands (3-D matmuls of strided views)."""
     from qkv import mods
     from qkv.backends import tiled

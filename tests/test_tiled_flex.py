@@ -466,7 +466,7 @@ def test_finer_cells_for_built_in_mods(mm):
     assert tiled._Problem(z, z, z, None, False, 1.0, False, block_mask=custom).cell == 128   # no block_kinds
 
 
-def test_softcap_polynomial_runs_in_chunks_with_the_same_result(monkeypatch):
+def test_softcap_polynomial_runs_in_chunks_with_the_same_result(monkeypatch, numpy_kernels):
     # A block larger than POLY_CHUNK scores is evaluated a few rows at a time (to stay in cache): the same
     # numbers as one pass over the block, and the chunked path is really taken.
     q, k, v, _ = _inputs(9, 1, 2, 2, 256, 256, E=64, Ev=16, dtype=np.float32, amp=0.5)

@@ -421,6 +421,15 @@ def _progress(total: int, enabled: bool):
     return tqdm(total=total, desc="qkv bench", unit="run", leave=False, file=sys.stderr)
 
 
+def _kernels_in_use() -> str:
+    """The engine's block kernels (:mod:`qkv.kernels`): ``numba 0.68.1`` or ``numpy``."""
+    from . import kernels
+    try:
+        return kernels.KERNELS.describe()
+    except ValueError:                                  # QKV_KERNELS=numba without numba: the run says so
+        return "numpy"
+
+
 def _machine(threads, rate, torch, providers=None) -> dict:
     """What ran where: CPU, NumPy's BLAS and its rate (``blas``, ``matmul_gflops``), the GEMM provider in
     use (``gemm``) and, per provider measured, its kernel and rate (``gemms``)."""
@@ -428,12 +437,13 @@ def _machine(threads, rate, torch, providers=None) -> dict:
     return dict(cpu=cpu_model(), cpus=os.cpu_count(), threads=threads, python=platform.python_version(),
                 numpy=np.__version__, blas=gemm.NumpyGemm.kernel(), openblas_coretype=os.environ.get("OPENBLAS_CORETYPE"),
                 torch=None if torch is None else torch.__version__, matmul_gflops=rate,
-                gemm=gemm.get_gemm(), gemms=providers or {},
+                gemm=gemm.get_gemm(), gemms=providers or {}, kernels=_kernels_in_use(),
                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def header(result: dict) -> str:
-    """The line above a table: shape, threads, repeats, CPU, the GEMM provider(s) with kernel and rate."""
+    """The line above a table: shape, threads, repeats, CPU, the GEMM provider(s) with kernel and rate, the
+    engine's block kernels (:mod:`qkv.kernels`)."""
     m, c = result["machine"], result["config"]
     provs = m.get("gemms") or {"numpy": dict(kernel=m["blas"], matmul_gflops=m["matmul_gflops"])}
     parts = []
@@ -443,6 +453,7 @@ def header(result: dict) -> str:
     torch_part = f"; torch {m['torch']}" if m.get("torch") else ""
     return (f"B={c.get('batch', 1)} H={c['heads']} E={c['dim']} float32, {c['threads']} threads, median of "
             f"{c['repeats']}; CPU {m.get('cpu', '?')}; GEMM {m.get('gemm', 'numpy')} in use; "
+            f"block kernels {m.get('kernels', 'numpy')}; "
             f"{'; '.join(parts)}{torch_part}; {m['date']}")
 
 

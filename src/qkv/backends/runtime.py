@@ -104,6 +104,7 @@ class Runtime:
         self._controller = None                         # threadpoolctl.ThreadpoolController, made once (slow)
         self._blas_users = 0                            # callers inside blas_single_threaded()
         self._blas_limiter = None                       # holds the setting to restore when the count is 0
+        self._rescan = False                            # rescan the libraries when the count is next 0
 
     def _after_fork_in_child(self) -> None:
         """The child has only the forking thread: no worker, no caller inside the BLAS limit.
@@ -197,12 +198,20 @@ class Runtime:
             self._controller = controller
         return self._controller
 
+    def rescan_blas(self) -> None:
+        """Libraries were loaded (numba brings SciPy and its own OpenBLAS): the next caller to set the BLAS
+        limit with no other inside scans the loaded libraries again, so that the limit covers them too."""
+        with self._blas_lock:
+            self._rescan = True
+
     @contextlib.contextmanager
     def blas_single_threaded(self):
         """BLAS on one thread inside, counted across callers: the first caller entering sets the limit, the
         last leaving restores the setting from before. A no-op without threadpoolctl."""
         with self._blas_lock:
             if self._blas_users == 0:
+                if self._rescan:                            # libraries loaded since the scan: scan again
+                    self._controller, self._rescan = None, False
                 controller = self._blas_controller()
                 if controller is not None:
                     self._blas_limiter = _from_any_thread(lambda: controller.limit(limits=1, user_api="blas"))

@@ -74,6 +74,10 @@ range split among the workers, each part returning ``(out, lse)``, merged by log
 their rows interleaved (row ``r·g + h`` is position ``r`` of head ``h``), so a block of positions is one matmul,
 one exp and one row pass for the group (:data:`GROUP_GQA`).
 
+With the ``jit`` extra (numba), a block's elementwise steps after ``Q·Kᵀ`` — softcap, the causal diagonal's
+mask, the shift −m_i, ``exp`` and the row sums — run as one compiled pass (:mod:`qkv.kernels`): the scorer
+leaves them undone and returns the plan (``_Scorer.__call__(…, fuse=True)``). Without it, NumPy's passes.
+
 Every matmul goes through the runtime's GEMM provider (:mod:`qkv.gemm`: NumPy's BLAS, or Intel MKL with
 ``qkv.set_gemm("mkl")`` / ``"auto"``), on the same buffers and views.
 
@@ -94,6 +98,7 @@ import numpy as np
 from .. import _checks
 from .. import shapes
 from ..gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
+from ..kernels import KERNEL_MIN as _KERNEL_MIN, KERNELS as _KERNELS, NO_MASK as _NO_MASK, run as _krun
 from ..merge import merge_partials
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
 from .base import Backend
@@ -746,7 +751,9 @@ class _Scorer:
             self.mb, self.mh = P.bm.index_arrays(b, h)
         self.cap = P.cdt.type(P.mod.cap) if P.mod.cap is not None else None
         self.poly = None                                      # set by the forward when the bound allows
+        self.poly_coef = None                                 # …and as the fused kernel's seven coefficients
         self.col_exp = None                                   # see __call__'s fold_col
+        self.zeros = np.zeros(qs.shape[0], P.cdt)             # a fused kernel's per-row add, when none
 
     def use_poly(self, bound: float) -> float:
         """Softcap in float32 with every ``|y| = |s/cap| ≤ bound``: a polynomial instead of ``np.tanh`` when one
@@ -764,10 +771,17 @@ class _Scorer:
         k = abs(float(self.cap) * a[-1]) ** (1.0 / (2 * n - 1))
         b = [float(self.cap) * a[j] / k ** (2 * j + 1) for j in range(n)]
         self.poly = (-1 if b[-1] < 0 else 1, [np.float32(x) for x in b[:-1]])
+        coef = np.zeros(7, np.float32)
+        coef[:n - 1] = b[:-1]
+        coef[n - 1] = self.poly[0]
+        self.poly_coef = coef
         return k
 
-    def __call__(self, s, a0, a1, j0, j1, kind, m=None, grad=None, raw=None, fold_col=False):
+    def __call__(self, s, a0, a1, j0, j1, kind, m=None, grad=None, raw=None, fold_col=False, fuse=False):
         """Fill ``s`` (a1−a0, j1−j0) with the block's modified, masked scores minus ``m`` (per row; None: 0).
+
+        ``fuse`` (float32, no ``grad``): leave what a fused kernel does in one pass — softcap, a causal
+        diagonal's mask, the shift ``−m`` — undone, and return the plan for :func:`qkv.kernels.run`.
 
         ``grad`` (a buffer like ``s``): also compute ∂score_mod/∂s there, returning it (or an array that
         broadcasts to it, or None when it is 1); ``raw`` a second buffer the generic mod's grad needs.
@@ -815,6 +829,8 @@ class _Scorer:
                 np.add(s, col_term, out=s)
         if pattern is not None:
             np.add(s, pattern, out=s)
+        if fuse:
+            return self._plan(s, a0, a1, j0, j1, kind, m, fold_m, done_mask)
         g = None
         if self.poly is not None:                             # cap·tanh(y) = y'·(b_0 + t·(b_1 + … ± t))
             _apply_poly(s, self.poly)
@@ -840,6 +856,30 @@ class _Scorer:
         if m is not None and not fold_m:
             np.subtract(s, m[:, None], out=s)
         return g
+
+    def _plan(self, s, a0, a1, j0, j1, kind, m, fold_m, done_mask):
+        """The rest of the block for a fused kernel: softcap and the causal mask go into the kernel when the
+        mask is none or the causal triangle (the mask must follow the cap, so any other mask — and ALiBi's
+        diagonal pattern, which carries it — has the cap applied here first)."""
+        defer = not done_mask and kind in ("full", "causal")
+        fkind, arg = "exp", None
+        if self.cap is not None:
+            if defer:
+                fkind, arg = ("poly", self.poly_coef) if self.poly is not None else ("tanh", self.cap)
+            elif self.poly is not None:
+                _apply_poly(s, self.poly)
+            else:
+                np.tanh(s, out=s)
+                np.multiply(s, self.cap, out=s)
+        if not defer and not done_mask:
+            self.mask(s, kind, a0, a1, j0, j1)
+        d = a0 - j0 if defer and kind == "causal" else _NO_MASK
+        if m is not None and not fold_m:
+            add = np.negative(m)
+        else:
+            r0 = (a0 - self.row0) * self.rep
+            add = self.zeros[r0:r0 + s.shape[0]]
+        return fkind, arg, add, d, self.rep
 
     def mask(self, s, kind, a0, a1, j0, j1):
         """Mask the block in place: nothing for "full", the causal triangle, the attn_mask slice, or a block
@@ -1091,6 +1131,8 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     widest = max((b[3] - b[2] for b in blocks), default=1)
     tallest = max((b[1] - b[0] for b in blocks), default=1) * g
     s_flat = _scratch(1, tallest * widest, P.cdt).reshape(-1)  # a block's scores, then probabilities
+    # the fused block kernels (qkv.kernels: mask, softcap, shift, exp and row sums in one pass), where in use
+    jit = _KERNELS.for_block(P.cdt, tallest * widest)
     ones = np.ones(widest, P.cdt)
     tmp = np.empty((Bq, Ev), P.cdt)
     v_buf = np.empty((widest, Ev), P.cdt) if fold_col else None
@@ -1116,9 +1158,15 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         w = j1 - j0
         s = s_flat[:(r1 - r0) * g * w].reshape((r1 - r0) * g, w)
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
+        summed = False                                        # the kernel wrote the row sums into l_blk
         if shift_free:
-            sc(s, a0, a1, j0, j1, kind, fold_col=fold_col)   # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked
-            _exp(s, out=s)                                    # p = exp(s − 0)
+            # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked; p = exp(s − 0)
+            plan = sc(s, a0, a1, j0, j1, kind, fold_col=fold_col, fuse=jit is not None)
+            if plan is not None:
+                _krun(jit, s, l_blk[rs], plan)
+                summed = True
+            else:
+                _exp(s, out=s)
             if sc.col_exp is not None:                       # ALiBi's column factor e^{c_j}: into V, row sums
                 Vb = v_buf[:w]
                 np.multiply(V[j0:j1], sc.col_exp[:, None], out=Vb)
@@ -1134,14 +1182,18 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 acc[rs] += t
                 continue
         else:
-            sc(s, a0, a1, j0, j1, kind, m=m_i[rs])           # s − m_i
             # lazy where every row of this block has a max already (these rows, not the whole task's: a causal
             # diagonal's lower rows first see keys in a later block than the upper ones — measured on SmolLM2's
             # prefill, 512 rows, 7 blocks: a task-wide test sent ~90 % of the scores to the max pass)
-            if lazy and seen[rs].all():
-                _exp(s, out=s)                                # p = exp(s − m_i), m_i unchanged
+            lazy_now = lazy and seen[rs].all()
+            plan = sc(s, a0, a1, j0, j1, kind, m=m_i[rs], fuse=lazy_now and jit is not None)   # s − m_i
+            if lazy_now:
                 lb = l_blk[rs]
-                _mm(s, ones[:w], out=lb)                     # (Bq, bk) x (bk,) -> (Bq,) row sums
+                if plan is not None:
+                    _krun(jit, s, lb, plan)                  # p = exp(s − m_i) and row sums, one pass
+                else:
+                    _exp(s, out=s)                            # p = exp(s − m_i), m_i unchanged
+                    _mm(s, ones[:w], out=lb)                 # (Bq, bk) x (bk,) -> (Bq,) row sums
                 if np.all(lb <= row_limit):                  # (NaN/inf fail too)
                     t = tmp[rs]
                     _mm(s, V[j0:j1], out=t)                  # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
@@ -1154,15 +1206,20 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             hit = np.isfinite(m_blk)
             seen_r = seen[rs]
             shift = np.where(seen_r, np.maximum(m_blk, 0.0), np.where(hit, m_blk, 0.0)).astype(P.cdt)
-            np.subtract(s, shift[:, None], out=s)
-            _exp(s, out=s)                                    # p = exp(s − m_i)
+            if jit is not None:
+                _krun(jit, s, l_blk[rs], ("exp", None, -shift, _NO_MASK, 1))   # p = exp(s − m_i), row sums
+                summed = True
+            else:
+                np.subtract(s, shift[:, None], out=s)
+                _exp(s, out=s)                                # p = exp(s − m_i)
             alpha = np.where(seen_r, np.exp(-shift), 0.0)    # exp(m_old − m_new); nothing yet: 0
             acc[rs] *= alpha[:, None]
             l_i[rs] *= alpha
             m_i[rs] += shift
             seen[rs] |= hit
         lb = l_blk[rs]
-        _mm(s, ones[:w], out=lb)                             # (Bq, bk) x (bk,) -> (Bq,) row sums
+        if not summed:
+            _mm(s, ones[:w], out=lb)                         # (Bq, bk) x (bk,) -> (Bq,) row sums
         l_i[rs] += lb                                        # the softmax denominator ignores dropout
         if gen is not None:
             keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
@@ -1226,8 +1283,13 @@ def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, one
         np.multiply(s, sc.cap, out=s)
     if mask is not None:
         np.add(s, mask, out=s)                                              # −inf where masked
-    _exp(s, out=s)
-    lb = _mm(s, ones[:w])                                                   # (nb, h) row sums
+    jit = _KERNELS.for_block(P.cdt, s.size)
+    if jit is not None:                                                     # exp and row sums, one pass
+        lb = np.empty(nb * h, P.cdt)
+        jit.exp_rows(s.reshape(-1, w), sc.zeros[r0:r0 + nb * h], lb, _NO_MASK, 1)
+    else:
+        _exp(s, out=s)
+        lb = _mm(s, ones[:w])                                               # (nb, h) row sums
     l_i[r0:r0 + nb * h] += lb.reshape(-1)
     t = _mm(s, Vb)                                                          # (nb, h, Ev)
     acc[r0:r0 + nb * h] += t.reshape(-1, Ev)
@@ -1295,6 +1357,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
             work[idx] = [int(g[i0 // P.cell:-(-min(i0 + bq, P.L) // P.cell)].sum()) for i0 in range(0, P.L, bq)]
         tasks.sort(key=lambda t: -work[t[1]][t[2] // bq])
     RUNTIME.gemm.active()                                    # resolve the GEMM provider here, not in a worker
+    _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))    # …and load the fused kernels, if blocks use them
     splits = _key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
     if splits > 1:
         return _forward_split(P, tasks, splits, bk, threads, query.dtype, return_lse)
@@ -1408,6 +1471,8 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
     needs_grad = P.mod.kind in ("softcap", "alibi_softcap", "generic")
     g_buf = _scratch(1, bq * bk, P.cdt, "grad").reshape(-1) if needs_grad else None
     raw_buf = _scratch(1, bq * bk, P.cdt, "raw").reshape(-1) if P.mod.kind == "generic" else None
+    jit = _KERNELS.for_block(P.cdt, bq * bk)                   # exp(S' − lse) in one pass (qkv.kernels)
+    sums = np.empty(bq, P.cdt) if jit is not None else None
     dv_t, dk_t, dq_t = np.empty((bk, Ev), P.cdt), np.empty((bk, E), P.cdt), np.empty((bq, E), P.cdt)
     for j0 in key_starts:
         j1 = min(j0 + block_k, P.S)
@@ -1423,8 +1488,12 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
                 g = sc(s, i0, i1, c0, c1, kind,
                        grad=None if g_buf is None else g_buf[:m * n].reshape(m, n),
                        raw=None if raw_buf is None else raw_buf[:m * n].reshape(m, n))
-                np.add(s, lse_neg[i0:i1, None], out=s)
-                p = _exp(s, out=s)                             # P = exp(S' − lse), recomputed
+                if jit is not None and s.size >= _KERNEL_MIN:
+                    jit.exp_rows(s, lse_neg[i0:i1], sums[:m], _NO_MASK, 1)
+                    p = s                                      # P = exp(S' − lse), recomputed
+                else:
+                    np.add(s, lse_neg[i0:i1, None], out=s)
+                    p = _exp(s, out=s)                         # P = exp(S' − lse), recomputed
                 o = c0 - j0
                 _mm(p.T, do[i0:i1], out=dv_t[:n])             # (bk, Bq) x (Bq, Ev) -> (bk, Ev)
                 dv_j[o:o + n] += dv_t[:n]
@@ -1496,6 +1565,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     if 2 * min(bk, P.S) * P.L * (2 * P.E + 3 * P.Ev) * P.n_rep < SERIAL_BELOW_FLOPS:
         threads = 1
     RUNTIME.gemm.active()                                    # resolve the GEMM provider here, not in a worker
+    _KERNELS.for_call(P.cdt, min(bq, P.L) * min(bk, P.S))    # …and load the fused kernels, if blocks use them
     RUNTIME.run(tasks, _backward_task, threads)
     for heads, part in partials:
         for r, idx in enumerate(heads):

@@ -1,0 +1,161 @@
+"""The engine's fused block kernels: the softmax's elementwise work on a block of scores in one pass.
+
+After a block's ``Q·Kᵀ`` the tiled engine still has, per score, what NumPy does in separate passes over the
+block: softcap's ``cap·tanh`` (or its fitted polynomial), the causal mask on a diagonal block, the running
+max's shift, ``exp``, and the row sums. NumPy's float32 ``exp`` alone costs 1.4–2 ns a score on the AMD EPYC
+test machine (no vectorized ``exp`` for AVX2 in its wheels), about a third of the block's two matmuls. With
+the ``jit`` extra (``pip install 'qkv[jit]'``: numba) these run as one compiled, vectorized loop per block
+(:mod:`qkv._jit`): measured there, one thread, a 1024 × 512 float32 block, best of 15 rounds taking turns:
+exp and row sums 0.36–0.39 ms against NumPy's exp alone 0.74–0.82; softcap by polynomial and exp 0.63–0.65
+ms against 1.25 for NumPy's two passes.
+
+Choice, as the GEMM's (:mod:`qkv.gemm`): ``set_kernels("auto" | "numpy" | "numba")`` / :func:`get_kernels`,
+or ``QKV_KERNELS`` in the environment. ``auto`` (the default) takes numba where it is installed; ``numpy``
+keeps the engine on NumPy alone; ``numba`` without the extra is a ValueError naming it. Only float32 blocks
+of at least :data:`KERNEL_MIN` scores use a kernel (numba is imported, ~0.3 s, and its cached machine code
+loaded, the first time one does), so small work — the explainer, a short sentence — never imports numba.
+float64 stays on NumPy, whose ``exp`` is exact to the last bit the tests check. Results equal NumPy's to float32 rounding (the kernels' ``exp``
+is within 2.5e-7 relative of the exact value, NumPy's float32 ``exp`` 1.2e-7).
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+__all__ = ["KERNEL_MIN", "PROVIDERS", "Kernels", "KERNELS", "get_kernels", "set_kernels"]
+
+#: The kernel providers.
+PROVIDERS = ("numpy", "numba")
+#: Blocks of fewer scores than this stay on NumPy's passes.
+KERNEL_MIN = 1 << 14
+_INSTALL = "pip install 'qkv[jit]'"
+#: ``d`` (the causal diagonal's offset) that masks nothing.
+NO_MASK = 1 << 62
+
+
+class Kernels:
+    """The process's choice of block kernels (held by the engine's runtime as ``RUNTIME.kernels``)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.choice = "auto"
+        env = os.environ.get("QKV_KERNELS", "").strip()
+        if env in PROVIDERS:
+            self.choice = env
+        elif env and env != "auto":
+            import warnings
+            warnings.warn(f"QKV_KERNELS: expected one of {('auto',) + PROVIDERS}, got {env!r}; using 'auto'",
+                          RuntimeWarning, stacklevel=2)
+        self._jit = None                                   # qkv._jit once imported; False: numba missing
+        self.error = None                                  # why numba could not be used, if it could not
+
+    def jit(self):
+        """The compiled kernels (:mod:`qkv._jit`), imported on first use; None without numba."""
+        if self._jit is None:
+            with self._lock:
+                if self._jit is None:
+                    try:
+                        from . import _jit
+                        _warm(_jit)
+                        self._jit = _jit
+                        from .backends.runtime import RUNTIME
+                        RUNTIME.rescan_blas()             # numba imports SciPy, with an OpenBLAS of its own
+                    except ImportError as e:               # numba not installed (or its llvmlite)
+                        self._jit, self.error = False, f"{type(e).__name__}: {e}"
+        return self._jit or None
+
+    def available(self) -> tuple:
+        """The providers installed here."""
+        return PROVIDERS if self._importable() else ("numpy",)
+
+    def _importable(self) -> bool:
+        if self._jit is not None:
+            return bool(self._jit)
+        from importlib.util import find_spec
+        return find_spec("numba") is not None
+
+    def set(self, name: str = "auto") -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"name: expected a str, one of {('auto',) + PROVIDERS}, got {type(name).__name__}")
+        if name not in ("auto",) + PROVIDERS:
+            raise ValueError(f"name: expected one of {('auto',) + PROVIDERS}, got {name!r}")
+        if name == "numba" and self.jit() is None:
+            raise ValueError(f"kernels: 'numba' needs numba, which is not installed ({self.error}): {_INSTALL}")
+        self.choice = name
+
+    def get(self) -> str:
+        """The provider in use: ``"numba"`` or ``"numpy"``."""
+        if self.choice == "numpy":
+            return "numpy"
+        if self.choice == "numba" and self.jit() is None:
+            raise ValueError(f"QKV_KERNELS: 'numba' needs numba, which is not installed: {_INSTALL}")
+        return "numba" if self._importable() else "numpy"
+
+    def describe(self) -> str:
+        """``numba 0.68.1`` or ``numpy`` — for benchmark headers."""
+        if self.get() == "numpy":
+            return "numpy"
+        import numba
+        return f"numba {numba.__version__}"
+
+    def for_call(self, dtype, size: int):
+        """Called by the engine before it runs its tasks (outside its BLAS limit): loads the kernels when
+        blocks of ``size`` scores of ``dtype`` will use them (see :func:`_warm`). Returns them or None."""
+        if self.choice == "numpy" or size < KERNEL_MIN or dtype != np.float32:
+            return None
+        j = self.jit()
+        if j is None and self.choice == "numba":
+            raise ValueError(f"QKV_KERNELS: 'numba' needs numba, which is not installed: {_INSTALL}")
+        return j
+
+    def for_block(self, dtype, size: int):
+        """The kernels for a block of ``size`` scores of ``dtype`` inside a task, else None. Never loads
+        them (:meth:`for_call` does, before the tasks)."""
+        if self.choice == "numpy" or size < KERNEL_MIN or dtype != np.float32:
+            return None
+        return self._jit or None
+
+
+def _warm(jit) -> None:
+    """Each kernel's first call, on a tiny block: numba compiles it (or loads it from its cache) then. The
+    engine asks for the kernels before its BLAS limit (:meth:`Kernels.for_call`): measured, a first call
+    made while threadpoolctl held OpenBLAS at one thread left later limits from other Python threads
+    without effect (BLAS stayed at 2 threads inside the next call)."""
+    s = np.zeros((2, 2), np.float32)
+    z = np.zeros(2, np.float32)
+    coef = np.zeros(7, np.float32)
+    jit.exp_rows(s, z, z.copy(), 0, 1)
+    jit.poly_exp_rows(s, coef, z, z.copy(), 0, 1)
+    jit.softcap_exp_rows(s, np.float32(1.0), z, z.copy(), 0, 1)
+
+
+#: The process's kernel choice.
+KERNELS = Kernels()
+
+
+def set_kernels(name: str = "auto") -> None:
+    """Choose the engine's block kernels: ``"auto"`` (numba where installed), ``"numpy"`` (NumPy's passes
+    alone) or ``"numba"`` (needs ``pip install 'qkv[jit]'``)."""
+    KERNELS.set(name)
+
+
+def get_kernels() -> str:
+    """The block kernels in use: ``"numba"`` or ``"numpy"``."""
+    return KERNELS.get()
+
+
+def run(jit, s: np.ndarray, sums: np.ndarray, plan) -> None:
+    """Finish a block the scorer left for a kernel (:meth:`qkv.backends.tiled._Scorer.__call__` with
+    ``fuse=True``): ``s ← exp(f(s) + add)``, masked to the causal diagonal ``d``, ``sums`` its row sums.
+    ``plan = (kind, arg, add, d, rep)``: kind ``"exp"`` (f = identity), ``"poly"`` (arg: seven coefficients,
+    f(y) = y·Σ arg[k]·y^2k) or ``"tanh"`` (arg: cap, f = cap·tanh)."""
+    kind, arg, add, d, rep = plan
+    s2 = s.reshape(-1, s.shape[-1])
+    if kind == "exp":
+        jit.exp_rows(s2, add, sums, d, rep)
+    elif kind == "poly":
+        jit.poly_exp_rows(s2, arg, add, sums, d, rep)
+    else:
+        jit.softcap_exp_rows(s2, arg, add, sums, d, rep)

@@ -1,0 +1,228 @@
+"""The fused block kernels (qkv.kernels, compiled by numba from qkv._jit): each kernel against float64 NumPy,
+the engine with them against the reference and against the engine on NumPy's passes (every path that uses
+them, counted, so a path that bypasses them fails), the choice, and that small work never imports numba."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import qkv
+from qkv import kernels, mods
+from qkv.backends import tiled
+
+jit = pytest.importorskip("qkv._jit", reason="needs numba (the jit extra)")
+
+NO_MASK = kernels.NO_MASK
+
+
+def _rows(s, add=None, d=NO_MASK, rep=1, kind="exp", arg=None):
+    s = np.array(s, np.float32)
+    add = np.zeros(s.shape[0], np.float32) if add is None else np.asarray(add, np.float32)
+    sums = np.empty(s.shape[0], np.float32)
+    kernels.run(jit, s, sums, (kind, arg, add, d, rep))
+    return s, sums
+
+
+# ---------------------------------------------------------------------------------------------- the kernels
+def test_exp_rows_is_exp_to_float32_rounding(rng):
+    x = np.clip(rng.standard_normal((300, 257)) * 20, -87, 88).astype(np.float32)   # odd width
+    got, sums = _rows(x)
+    want = np.exp(x.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=3e-7, atol=0)
+    np.testing.assert_allclose(sums, want.sum(1), rtol=2e-6)
+
+
+def test_exp_rows_edges():
+    x = np.array([[-np.inf, np.nan, 0.0, 1.0, -87.0, -88.0, -200.0, 88.0, 89.0, np.inf]], np.float32)
+    got, _ = _rows(x)
+    assert got[0, 0] == 0 and np.isnan(got[0, 1]) and got[0, 2] == 1
+    np.testing.assert_allclose(got[0, 3], np.e, rtol=2e-7)
+    np.testing.assert_allclose(got[0, 4], np.exp(-87.0), rtol=3e-7)   # still normal: exact
+    assert got[0, 5] == 0 and got[0, 6] == 0                            # below 1.2e-38: 0
+    np.testing.assert_allclose(got[0, 7], np.exp(88.0), rtol=3e-7)
+    assert got[0, 8] == np.inf and got[0, 9] == np.inf                  # overflow: inf, as np.exp
+
+
+def test_exp_rows_adds_the_row_term_and_masks_the_causal_diagonal(rng):
+    x = rng.standard_normal((12, 9)).astype(np.float32)
+    add = rng.standard_normal(12).astype(np.float32)
+    for d, rep in [(0, 1), (-2, 1), (3, 1), (0, 3), (-1, 2), (20, 1), (-20, 1)]:
+        got, sums = _rows(x, add, d, rep)
+        rows = np.arange(12)[:, None] // rep
+        allowed = np.arange(9)[None, :] <= d + rows
+        want = np.where(allowed, np.exp(x.astype(np.float64) + add[:, None]), 0.0)
+        np.testing.assert_allclose(got, want, rtol=3e-7, atol=0, err_msg=f"d={d} rep={rep}")
+        np.testing.assert_allclose(sums, want.sum(1), rtol=2e-6, atol=1e-30)
+
+
+def test_softcap_kernels_equal_cap_tanh_then_exp(rng):
+    y = (rng.standard_normal((64, 300)) * 0.3).astype(np.float32)
+    cap = 30.0
+    want = np.exp(cap * np.tanh(y.astype(np.float64)) - 1.5)
+    got, sums = _rows(y, np.full(64, -1.5), kind="tanh", arg=np.float32(cap))
+    # cap·tanh to float32 rounding of a number up to cap (≈ cap·6e-8), then exp: 4e-6 relative at cap 30
+    np.testing.assert_allclose(got, want, rtol=4e-6)
+    wide = np.linspace(-12, 12, 4801, dtype=np.float32)[None]
+    got, _ = _rows(wide, kind="tanh", arg=np.float32(1.0))
+    np.testing.assert_allclose(np.log(got.astype(np.float64)), np.tanh(wide.astype(np.float64)), rtol=0, atol=5e-7)
+    # the fitted polynomial (the engine's, for |y| ≤ bound), as seven coefficients
+    a = tiled._tanh_poly(0.5)
+    coef = np.zeros(7, np.float32)
+    coef[:len(a)] = np.array(a) * cap
+    y = rng.uniform(-0.5, 0.5, (64, 300)).astype(np.float32)
+    got, _ = _rows(y, kind="poly", arg=coef)
+    np.testing.assert_allclose(got, np.exp(cap * np.tanh(y.astype(np.float64))), rtol=4e-6)
+    short = tiled._tanh_poly(0.25)                                       # four terms: the short loop
+    assert len(short) <= 4
+    coef = np.zeros(7, np.float32)
+    coef[:len(short)] = np.array(short) * cap
+    y = rng.uniform(-0.25, 0.25, (8, 100)).astype(np.float32)
+    got, _ = _rows(y, kind="poly", arg=coef)
+    np.testing.assert_allclose(got, np.exp(cap * np.tanh(y.astype(np.float64))), rtol=4e-6)
+
+
+# ---------------------------------------------------------------------------------------------- the engine
+@pytest.fixture
+def counted(monkeypatch):
+    """The engine's kernel calls counted (tiled.forward's plans and the bands' and backward's direct calls)."""
+    calls = []
+    real = kernels.run
+    monkeypatch.setattr(tiled, "_krun", lambda j, s, sums, plan: (calls.append(plan[0]), real(j, s, sums, plan)))
+    real_rows = jit.exp_rows
+
+    def rows(*a):
+        calls.append("rows")
+        return real_rows(*a)
+    monkeypatch.setattr(jit, "exp_rows", rows)
+    monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
+    return calls
+
+
+def _inputs(rng, H=2, Hk=None, L=700, S=900, E=32, amp=1.0):
+    Hk = Hk or H
+    q = (rng.standard_normal((1, H, L, E)) * amp).astype(np.float32)
+    k = (rng.standard_normal((1, Hk, S, E)) * amp).astype(np.float32)
+    v = rng.standard_normal((1, Hk, S, 24)).astype(np.float32)
+    return q, k, v
+
+
+def _with_numpy(fn, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(kernels.KERNELS, "choice", "numpy")
+        return fn()
+
+
+CASES = {
+    "full": dict(),
+    "causal": dict(is_causal=True),
+    "large scores (lazy)": dict(amp=4.0),
+    "large scores, causal": dict(amp=4.0, is_causal=True),
+    "gqa causal (grouped rows)": dict(H=6, Hk=2, is_causal=True, enable_gqa=True),
+    "bool mask": dict(mask=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sdpa_forward_and_backward_with_kernels(rng, counted, monkeypatch, case):
+    kw = dict(CASES[case])
+    q, k, v = _inputs(rng, H=kw.pop("H", 2), Hk=kw.pop("Hk", None), amp=kw.pop("amp", 1.0))
+    if kw.pop("mask", False):
+        kw["attn_mask"] = rng.random((700, 900)) > 0.3
+    kw["scale"] = 0.2
+    out, _, lse = tiled.forward(q, k, v, return_lse=True, threads=2, **kw)
+    assert counted, "the forward did not use the kernels"
+    ref = qkv.scaled_dot_product_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                                           backend="reference", **kw)
+    # float32 scores up to ~80 carry ~1e-5 of rounding into exp: the float32 reference is off as much
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=5e-5 if "large" in case else 2e-6)
+    base = _with_numpy(lambda: tiled.forward(q, k, v, return_lse=True, threads=2, **kw), monkeypatch)
+    np.testing.assert_allclose(lse, base[2], rtol=1e-6, atol=1e-5)
+    counted.clear()
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    grads = tiled.backward(g, q, k, v, threads=2, **kw)
+    assert "rows" in counted, "the backward did not use the kernels"
+    want = _with_numpy(lambda: tiled.backward(g, q, k, v, threads=2, **kw), monkeypatch)
+    for a, b in zip(grads, want):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
+
+
+FLEX = {
+    "softcap, polynomial": dict(score_mod=mods.softcap(20.0)),
+    "softcap, tanh (large bound)": dict(score_mod=mods.softcap(20.0), amp=6.0),
+    "softcap causal": dict(score_mod=mods.softcap(20.0), mask=mods.causal()),
+    "alibi causal": dict(score_mod=mods.alibi(mods.alibi_slopes(2)), mask=mods.causal()),
+    "sliding window (bands)": dict(mask=mods.sliding_window(128)),
+    "window + softcap": dict(score_mod=mods.softcap(20.0), mask=mods.sliding_window(200)),
+    "documents + sinks": dict(mask=mods.document_from_lengths([300, 200, 200]), sinks=True),
+}
+
+
+@pytest.mark.parametrize("case", list(FLEX))
+def test_flex_with_kernels_equals_reference_and_numpy(rng, counted, monkeypatch, case):
+    kw = dict(FLEX[case])
+    q, k, v = _inputs(rng, L=700, S=700, amp=kw.pop("amp", 1.0))
+    mask = kw.pop("mask", None)
+    if mask is not None:
+        kw["block_mask"] = qkv.create_block_mask(mask, None, None, 700, 700)
+    if kw.pop("sinks", False):
+        kw["sink_logits"] = np.array([0.5, -1.0], np.float32)
+    got = qkv.flex_attention(q, k, v, **kw)
+    assert counted, "flex attention did not use the kernels"
+    ref = qkv.flex_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), backend="reference",
+                             **{n: (x.astype(np.float64) if n == "sink_logits" else x) for n, x in kw.items()})
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
+    base = _with_numpy(lambda: qkv.flex_attention(q, k, v, **kw), monkeypatch)
+    np.testing.assert_allclose(got, base, rtol=1e-4, atol=2e-5)
+
+
+def test_float64_stays_on_numpy(rng, counted):
+    q, k, v = (x.astype(np.float64) for x in _inputs(rng))
+    out = tiled.forward(q, k, v, scale=0.2, threads=1)[0]
+    assert not counted
+    ref = qkv.scaled_dot_product_attention(q, k, v, backend="reference", scale=0.2)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+
+
+# ---------------------------------------------------------------------------------------------- the choice
+def test_choice_and_errors(monkeypatch):
+    monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
+    assert qkv.kernels.get_kernels() == "numba"
+    kernels.set_kernels("numpy")
+    assert kernels.get_kernels() == "numpy"
+    assert kernels.KERNELS.describe() == "numpy"
+    kernels.set_kernels("numba")
+    assert kernels.KERNELS.describe().startswith("numba ")
+    with pytest.raises(ValueError, match=r"name: expected one of \('auto', 'numpy', 'numba'\), got 'fast'"):
+        kernels.set_kernels("fast")
+    with pytest.raises(TypeError, match="name: expected a str"):
+        kernels.set_kernels(1)
+    # without numba: auto falls back to NumPy; asking for numba names the extra
+    monkeypatch.setattr(kernels.KERNELS, "_jit", False)
+    monkeypatch.setattr(kernels.KERNELS, "error", "ModuleNotFoundError: No module named 'numba'")
+    with pytest.raises(ValueError, match=r"pip install 'qkv\[jit\]'"):
+        kernels.set_kernels("numba")
+    monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
+    assert kernels.get_kernels() == "numpy"
+    assert kernels.KERNELS.for_call(np.dtype(np.float32), 1 << 20) is None
+
+
+def _python(code, **env):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+
+
+def test_small_work_never_imports_numba_and_the_environment_chooses():
+    code = ("import sys, numpy as np, qkv\n"
+            "x = np.ones((1, 2, 16, 8), np.float32)\n"
+            "qkv.scaled_dot_product_attention(x, x, x)\n"
+            "print('numba' in sys.modules, qkv.kernels.get_kernels())\n")
+    r = _python(code, QKV_KERNELS="")
+    assert r.stdout.split() == ["False", "numba"], r.stderr
+    r = _python(code.replace("(1, 2, 16, 8)", "(1, 2, 512, 64)"), QKV_KERNELS="")
+    assert r.stdout.split() == ["True", "numba"], r.stderr
+    r = _python(code.replace("(1, 2, 16, 8)", "(1, 2, 512, 64)"), QKV_KERNELS="numpy")
+    assert r.stdout.split() == ["False", "numpy"], r.stderr
+    r = _python(code, QKV_KERNELS="bogus")
+    assert "QKV_KERNELS: expected one of ('auto', 'numpy', 'numba'), got 'bogus'; using 'auto'" in r.stderr
