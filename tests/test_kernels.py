@@ -83,6 +83,40 @@ def test_softcap_kernels_equal_cap_tanh_then_exp(rng):
     np.testing.assert_allclose(got, np.exp(cap * np.tanh(y.astype(np.float64))), rtol=4e-6)
 
 
+@pytest.mark.parametrize("kind", ["exp", "poly", "tanh"])
+def test_max_pass_kernel_equals_the_numpy_max_pass(rng, kind):
+    # the engine's max pass: v = f(s) + add (masked), m = row max, shift = max(m, 0) where the row had a max
+    # already, else m (0 for a row with nothing allowed), p = exp(v − shift)
+    rows, width = 10, 37
+    y = (rng.standard_normal((rows, width)) * (0.3 if kind != "exp" else 5)).astype(np.float32)
+    add = rng.standard_normal(rows).astype(np.float32)
+    seen = np.array([True, False] * 5)
+    d, rep = -4, 2                                                       # rows 0–7 see nothing at first
+    if kind == "poly":
+        a = tiled._tanh_poly(0.5)
+        arg = np.zeros(7, np.float32)
+        arg[:len(a)] = np.array(a) * 20
+        f = 20 * np.tanh(y.astype(np.float64))
+    elif kind == "tanh":
+        arg, f = np.float32(20), 20 * np.tanh(y.astype(np.float64))
+    else:
+        arg, f = None, y.astype(np.float64)
+    allowed = np.arange(width)[None, :] <= d + np.arange(rows)[:, None] // rep
+    v = np.where(allowed, f + add[:, None], -np.inf)
+    m = v.max(1)
+    hit_want = np.isfinite(m)
+    shift_want = np.where(seen, np.maximum(m, 0), np.where(hit_want, m, 0))
+    p_want = np.exp(v - shift_want[:, None])
+    s = y.copy()
+    sums, shift, hit = np.empty(rows, np.float32), np.empty(rows, np.float32), np.empty(rows, bool)
+    kernels.run_max(jit, s, sums, (kind, arg, add, d, rep), seen, shift, hit)
+    np.testing.assert_array_equal(hit, hit_want)
+    assert not hit[:2].any() and hit[-1]
+    np.testing.assert_allclose(shift, shift_want, rtol=4e-6, atol=1e-6)
+    np.testing.assert_allclose(s, p_want, rtol=5e-6, atol=1e-30)
+    np.testing.assert_allclose(sums, p_want.sum(1), rtol=5e-6, atol=1e-30)
+
+
 # ---------------------------------------------------------------------------------------------- the engine
 @pytest.fixture
 def counted(monkeypatch):
@@ -96,6 +130,8 @@ def counted(monkeypatch):
         calls.append("rows")
         return real_rows(*a)
     monkeypatch.setattr(jit, "exp_rows", rows)
+    real_max = kernels.run_max
+    monkeypatch.setattr(tiled, "_krun_max", lambda j, s, *a: (calls.append("max"), real_max(j, s, *a)))
     monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
     return calls
 
@@ -133,6 +169,8 @@ def test_sdpa_forward_and_backward_with_kernels(rng, counted, monkeypatch, case)
     kw["scale"] = 0.2
     out, _, lse = tiled.forward(q, k, v, return_lse=True, threads=2, **kw)
     assert counted, "the forward did not use the kernels"
+    if "large" in case:
+        assert "max" in counted and "exp" in counted, "lazy rescaling: the max pass and the lazy blocks"
     ref = qkv.scaled_dot_product_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
                                            backend="reference", **kw)
     # float32 scores up to ~80 carry ~1e-5 of rounding into exp: the float32 reference is off as much

@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["exp_rows", "poly_exp_rows", "softcap_exp_rows"]
+__all__ = ["exp_rows", "max_exp_rows", "poly_exp_rows", "softcap_exp_rows"]
 
 
 @intrinsic
@@ -146,6 +146,53 @@ def poly_exp_rows(s, coef, add, sums, d, rep):
                 y = _expf(((((((c6 * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0) * y + a)
                 row[c] = y
                 acc += y
+        for c in range(lim, width):
+            row[c] = _ZERO
+        sums[r] = acc
+
+
+@njit(**_OPTS)
+def max_exp_rows(s, kind, coef, cap, add, sums, d, rep, seen, shift, hit):
+    """The running max's pass, fused: per row, ``v = f(s[r, c]) + add[r]`` on the allowed columns (``kind`` 0:
+    f = identity, 1: the polynomial ``coef``, 2: ``cap·tanh``), its max ``m``; the shift ``shift[r]`` =
+    ``max(m, 0)`` where ``seen[r]`` (the row had a max already: ``v`` is relative to it), else ``m`` (0 when the
+    row has no finite score: ``hit[r]`` False); then ``s[r, c] = exp(v − shift[r])`` (0 where masked) and
+    ``sums[r]``. The engine's max pass (``m_blk``, ``shift``, the subtraction, ``exp``, the row sums) in two
+    passes over each row while it is in L1."""
+    rows, width = s.shape
+    c0, c1, c2, c3, c4, c5, c6 = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], coef[6]
+    for r in range(rows):
+        row = s[r]
+        lim = d + r // rep + 1
+        lim = width if lim > width else (0 if lim < 0 else lim)
+        a = add[r]
+        if kind == 1:
+            for c in range(lim):
+                y = row[c]
+                t = y * y
+                row[c] = ((((((c6 * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0) * y + a
+        elif kind == 2:
+            for c in range(lim):
+                row[c] = cap * _tanhf(row[c]) + a
+        else:
+            for c in range(lim):
+                row[c] = row[c] + a
+        m = -_INF
+        for c in range(lim):
+            v = row[c]
+            m = v if v > m else m
+        h = m > -_INF and m < _INF
+        if seen[r]:
+            sh = m if m > _ZERO else _ZERO
+        else:
+            sh = m if h else _ZERO
+        shift[r] = sh
+        hit[r] = h
+        acc = _ZERO
+        for c in range(lim):
+            y = _expf(row[c] - sh)
+            row[c] = y
+            acc += y
         for c in range(lim, width):
             row[c] = _ZERO
         sums[r] = acc

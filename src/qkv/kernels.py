@@ -129,6 +129,7 @@ def _warm(jit) -> None:
     jit.exp_rows(s, z, z.copy(), 0, 1)
     jit.poly_exp_rows(s, coef, z, z.copy(), 0, 1)
     jit.softcap_exp_rows(s, np.float32(1.0), z, z.copy(), 0, 1)
+    jit.max_exp_rows(s, 0, coef, np.float32(1.0), z, z.copy(), 0, 1, np.zeros(2, bool), z.copy(), np.zeros(2, bool))
 
 
 #: The process's kernel choice.
@@ -159,3 +160,17 @@ def run(jit, s: np.ndarray, sums: np.ndarray, plan) -> None:
         jit.poly_exp_rows(s2, arg, add, sums, d, rep)
     else:
         jit.softcap_exp_rows(s2, arg, add, sums, d, rep)
+
+
+_KIND = {"exp": 0, "poly": 1, "tanh": 2}
+_NO_COEF = np.zeros(7, np.float32)
+
+
+def run_max(jit, s: np.ndarray, sums: np.ndarray, plan, seen: np.ndarray, shift: np.ndarray, hit: np.ndarray) -> None:
+    """As :func:`run`, with the running max's pass fused in: per row the block's max of ``f(s) + add`` (allowed
+    columns), ``shift`` = ``max(that, 0)`` where ``seen`` (else that max, or 0 for a row with nothing finite:
+    ``hit`` False), and ``s ← exp(f(s) + add − shift)``."""
+    kind, arg, add, d, rep = plan
+    coef = arg if kind == "poly" else _NO_COEF
+    cap = arg if kind == "tanh" else np.float32(1.0)
+    jit.max_exp_rows(s.reshape(-1, s.shape[-1]), _KIND[kind], coef, cap, add, sums, d, rep, seen, shift, hit)

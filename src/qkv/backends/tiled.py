@@ -99,6 +99,7 @@ from .. import _checks
 from .. import shapes
 from ..gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
 from ..kernels import KERNEL_MIN as _KERNEL_MIN, KERNELS as _KERNELS, NO_MASK as _NO_MASK, run as _krun
+from ..kernels import run_max as _krun_max
 from ..merge import merge_partials
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
 from .base import Backend
@@ -1186,7 +1187,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             # diagonal's lower rows first see keys in a later block than the upper ones — measured on SmolLM2's
             # prefill, 512 rows, 7 blocks: a task-wide test sent ~90 % of the scores to the max pass)
             lazy_now = lazy and seen[rs].all()
-            plan = sc(s, a0, a1, j0, j1, kind, m=m_i[rs], fuse=lazy_now and jit is not None)   # s − m_i
+            plan = sc(s, a0, a1, j0, j1, kind, m=m_i[rs], fuse=jit is not None)   # s − m_i
             if lazy_now:
                 lb = l_blk[rs]
                 if plan is not None:
@@ -1200,16 +1201,19 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                     acc[rs] += t
                     l_i[rs] += lb
                     continue
-                sc(s, a0, a1, j0, j1, kind, m=m_i[rs])       # grew too much: redo with a max pass
+                # grew too much: redo with a max pass
+                plan = sc(s, a0, a1, j0, j1, kind, m=m_i[rs], fuse=jit is not None)
             # -- update m_i: raise it to this block's max; rescale what was accumulated under the old
-            m_blk = np.maximum.reduce(s, axis=1)             # relative to the current m_i; −inf if all masked
-            hit = np.isfinite(m_blk)
             seen_r = seen[rs]
-            shift = np.where(seen_r, np.maximum(m_blk, 0.0), np.where(hit, m_blk, 0.0)).astype(P.cdt)
-            if jit is not None:
-                _krun(jit, s, l_blk[rs], ("exp", None, -shift, _NO_MASK, 1))   # p = exp(s − m_i), row sums
+            if plan is not None:                             # max, shift, exp and row sums in the kernel
+                shift = np.empty(len(seen_r), P.cdt)
+                hit = np.empty(len(seen_r), np.bool_)
+                _krun_max(jit, s, l_blk[rs], plan, seen_r, shift, hit)
                 summed = True
             else:
+                m_blk = np.maximum.reduce(s, axis=1)         # relative to the current m_i; −inf if all masked
+                hit = np.isfinite(m_blk)
+                shift = np.where(seen_r, np.maximum(m_blk, 0.0), np.where(hit, m_blk, 0.0)).astype(P.cdt)
                 np.subtract(s, shift[:, None], out=s)
                 _exp(s, out=s)                                # p = exp(s − m_i)
             alpha = np.where(seen_r, np.exp(-shift), 0.0)    # exp(m_old − m_new); nothing yet: 0
