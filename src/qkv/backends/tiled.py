@@ -339,16 +339,16 @@ class _Problem:
         q = self.query[_src(idx, self.query.shape[:-2])][i0:i1]
         return np.multiply(q, self.cdt.type(self.qscale), dtype=self.cdt)
 
-    def q_rows_group(self, idx: tuple, i0: int, i1: int) -> np.ndarray:
-        """:meth:`q_rows` of the ``group`` query heads from ``idx`` on (they share one key/value head),
-        interleaved: row ``r·group + g`` is position ``i0 + r`` of head ``idx[-1] + g`` — so that a block of
-        positions is a block of rows, and the scores of all the group's heads come from one matmul."""
+    def q_rows_group(self, idx: tuple, i0: int, i1: int, out: np.ndarray) -> None:
+        """:meth:`q_rows` of the ``group`` query heads from ``idx`` on (they share one key/value head) into
+        ``out`` (Bq·group, E), interleaved: row ``r·group + g`` is position ``i0 + r`` of head ``idx[-1] + g`` —
+        so that a block of positions is a block of rows, and the scores of all the group's heads come from
+        one matmul. Each head's rows are scaled straight into their strided rows of ``out``."""
         g = self.group
-        if g == 1:
-            return self.q_rows(idx, i0, i1)
-        heads = [self.query[_src(idx[:-1] + (idx[-1] + h,), self.query.shape[:-2])][i0:i1] for h in range(g)]
-        q = np.stack(heads, axis=1).reshape((i1 - i0) * g, self.E)                 # (Bq·g, E)
-        return np.multiply(q, self.cdt.type(self.qscale), dtype=self.cdt)
+        scale = self.cdt.type(self.qscale)
+        for h in range(g):
+            q = self.query[_src(idx[:-1] + (idx[-1] + h,), self.query.shape[:-2])][i0:i1]
+            np.multiply(q, scale, out=out[h::g], dtype=self.cdt, casting="unsafe")
 
     def mask2d(self, idx: tuple):
         """The mask of head ``idx`` as an (L, S) view (broadcast, never copied), or None."""
@@ -1101,7 +1101,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     g = P.group                                              # rows per position: g interleaved query heads
     Bq = (i1 - i0) * g
     qs = np.empty((Bq, E + 1), P.cdt)                        # [Q·scale, row term]: scale folded in once
-    qs[:, :E] = P.q_rows_group(idx, i0, i1)
+    P.q_rows_group(idx, i0, i1, qs[:, :E])
     qs[:, E] = 0.0
     blocks = P.key_blocks(i0, i1, mask2d, block_k, idx)
     if keys is not None:                                     # split-K: this task's share of the blocks
@@ -1234,7 +1234,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         acc[rs] += t
     nz = l_i > 0                                             # l_i = 0: a query that may attend to nothing
     inv = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=nz)
-    rows_out = acc * inv[:, None]
+    rows_out = acc * inv[:, None] if g == 1 else None       # grouped rows: scaled into each head's output
     log_l = np.log(l_i, out=np.full_like(l_i, -np.inf), where=nz)
     row_lse = np.where(nz, m_i + log_l, -np.inf).astype(P.cdt, copy=False)
     if P.sinks is not None and keys is None:
@@ -1247,9 +1247,10 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             lse[idx][i0:i1] = row_lse
     else:                                                    # back to each head of the group
         for h in range(g):
-            out[idx[:-1] + (idx[-1] + h,)][i0:i1] = rows_out[h::g]
+            head = idx[:-1] + (idx[-1] + h,)
+            np.multiply(acc[h::g], inv[h::g, None], out=out[head][i0:i1])
             if lse is not None:
-                lse[idx[:-1] + (idx[-1] + h,)][i0:i1] = row_lse[h::g]
+                lse[head][i0:i1] = row_lse[h::g]
     if weights is not None:                                  # second pass: p = exp(s − lse), stored
         gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
         sub = np.where(np.isfinite(row_lse), row_lse, np.inf)[:, None]   # fully masked rows: exp(−inf) = 0
