@@ -264,3 +264,27 @@ def test_small_work_never_imports_numba_and_the_environment_chooses():
     assert r.stdout.split() == ["False", "numpy"], r.stderr
     r = _python(code, QKV_KERNELS="bogus")
     assert "QKV_KERNELS: expected one of ('auto', 'numpy', 'numba'), got 'bogus'; using 'auto'" in r.stderr
+
+
+def test_swiglu_kernel_equals_numpy(rng, monkeypatch):
+    # the decoder's SwiGLU, g·u / (1 + e^(−g)), in one pass where the kernels are loaded and the block is large
+    from qkv.models.llama import swiglu_
+    kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
+    gu = (rng.standard_normal((64, 2 * 512)) * 4).astype(np.float32)
+    gu[0, :4] = [-100.0, 100.0, 0.0, -np.inf]
+    gu[0, 512:516] = [3.0, 2.0, 5.0, 1.0]
+    calls = []
+    real = jit.swiglu_rows
+    monkeypatch.setattr(jit, "swiglu_rows", lambda *a: (calls.append(1), real(*a)))
+    got = swiglu_(gu.copy())
+    assert calls, "the kernel was not used"
+    with monkeypatch.context() as m:
+        m.setattr(kernels.KERNELS, "choice", "numpy")
+        with np.errstate(invalid="ignore"):
+            base = swiglu_(gu.copy())
+    g, u = gu[:, :512].astype(np.float64), gu[:, 512:].astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = g * u / (1 + np.exp(-g))
+    np.testing.assert_allclose(got[1:], want[1:], rtol=5e-7, atol=1e-30)
+    np.testing.assert_allclose(got, base, rtol=5e-7, atol=1e-30)
+    assert got[0, 0] == 0 and got[0, 1] == 200 and got[0, 2] == 0      # e^(100) = inf: ±0; e^(−100) = 0

@@ -36,6 +36,7 @@ import numpy as np
 from .. import gemm, masks
 from ..backends.runtime import RUNTIME
 from ..cache import KVCache
+from ..kernels import KERNELS
 from ..mha import MultiHeadAttention
 from ..positions import RoPE
 from ..sdpa import scaled_dot_product_attention
@@ -184,9 +185,14 @@ def silu_(h: np.ndarray) -> np.ndarray:
 
 def swiglu_(gate_up: np.ndarray, e: np.ndarray | None = None) -> np.ndarray:
     """``silu(g) ⊙ u`` from ``gate_up`` = [g | u] (N, 2F), written over g, which it returns (N, F), as
-    ``(g ⊙ u) / (1 + e^(−g))``: four passes over (N, F), no temporary when ``e`` (N, F) is given."""
+    ``(g ⊙ u) / (1 + e^(−g))``: four passes over (N, F), no temporary when ``e`` (N, F) is given — or one, by
+    the engine's compiled kernels (:mod:`qkv.kernels`) where they are loaded and the block is large."""
     F = gate_up.shape[-1] // 2
     g, u = gate_up[..., :F], gate_up[..., F:]
+    jit = KERNELS.for_block(gate_up.dtype, g.size) if gate_up.ndim == 2 and gate_up.flags.c_contiguous else None
+    if jit is not None:                                            # one compiled pass (qkv.kernels)
+        jit.swiglu_rows(gate_up, F)
+        return g
     e = np.negative(g, out=e)
     with np.errstate(over="ignore"):                               # e^(−g) = inf for g < −88: g·u / inf = ±0
         np.exp(e, out=e)
