@@ -20,11 +20,14 @@ def _describe(x) -> str:
     return type(x).__name__
 
 
-def float_array(x, name: str, *, min_ndim: int = 0, ndim: int | None = None, finite: bool = True) -> np.ndarray:
+def float_array(x, name: str, *, min_ndim: int = 0, ndim: int | None = None, finite: bool = True,
+                extents: dict | None = None) -> np.ndarray:
     """Return ``x`` as a floating NumPy array or raise a clear error.
 
     Lists of numbers are accepted and become float64; integer/bool arrays are rejected (attention is
-    defined on real numbers, and torch rejects them too).
+    defined on real numbers, and torch rejects them too). ``extents`` (with ``finite``): the finiteness is
+    read from the array's max and min (NaN and ±inf reach them), and ``extents[name]`` = max |x| is kept for
+    :func:`range_check`, which needs exactly that — two reductions for both checks, no temporary.
     """
     if isinstance(x, np.ndarray):
         arr = x
@@ -42,6 +45,11 @@ def float_array(x, name: str, *, min_ndim: int = 0, ndim: int | None = None, fin
         raise ValueError(f"{name}: expected {ndim} dimensions, got {arr.ndim} (shape {arr.shape})")
     if arr.ndim < min_ndim:
         raise ValueError(f"{name}: expected at least {min_ndim} dimensions, got {arr.ndim} (shape {arr.shape})")
+    if finite and extents is not None and arr.size:
+        hi, lo = float(np.max(arr)), float(np.min(arr))
+        if math.isfinite(hi) and math.isfinite(lo):
+            extents[name] = max(hi, -lo)
+            return arr
     if finite and not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise ValueError(f"{name}: expected finite numbers, got {arr[tuple(bad)]} at index {tuple(int(i) for i in bad)}")
@@ -132,7 +140,7 @@ def _fmt_log10(x: float) -> str:
     return f"{m:.2g}e{e:+03d}"
 
 
-def range_check(query, key, value, scale: float, *, grad_out=None) -> bool:
+def range_check(query, key, value, scale: float, *, grad_out=None, extents: dict | None = None) -> bool:
     """Whether attention on these finite inputs fits its compute dtype (float32 for float16/float32 inputs,
     float64 for float64): ``False`` if so, ``True`` if float16/float32 inputs need float64 (the caller then
     computes in float64 and casts the result back); a ``ValueError`` naming what would overflow when not even
@@ -144,7 +152,8 @@ def range_check(query, key, value, scale: float, *, grad_out=None) -> bool:
     summed over up to L rows and the H query heads sharing a key) and L·H·max |dO| (dV).
 
     query (..., Hq, L, E), key (..., Hk, S, E), value (..., Hk, S, Ev) or None, grad_out (..., Hq, L, Ev) or
-    None, all finite (checked before). Costs a max and a min per array; row norms only when those are large.
+    None, all finite (checked before). Costs a max and a min per array (none for an array whose max |x|
+    ``extents`` holds, by its name, from :func:`float_array`); row norms only when those are large.
     """
     cdt = np.dtype(np.float64 if query.dtype == np.float64 else np.float32)
     limit = _LOG10_LIMIT[cdt]
@@ -154,7 +163,8 @@ def range_check(query, key, value, scale: float, *, grad_out=None) -> bool:
     log_scale = math.log10(abs(scale)) if scale else -math.inf
     arrays = {n: x for n, x in (("query", query), ("key", key), ("value", value),
                                 ("grad_out", grad_out)) if x is not None}
-    max_abs = {n: _max_abs(x) for n, x in arrays.items()}
+    known = extents or {}
+    max_abs = {n: known[n] if n in known else _max_abs(x) for n, x in arrays.items()}
     logs = {n: _log10(m) for n, m in max_abs.items()}
 
     def bounds(norm):

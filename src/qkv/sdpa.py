@@ -25,9 +25,10 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     beyond float64 a ValueError. ``check_range=False`` leaves that to the caller (the backward, which bounds
     its gradients too, and ``attention_weights``, which bounds only its rows).
     """
-    query = _checks.float_array(query, "query", min_ndim=2)
-    key = _checks.float_array(key, "key", min_ndim=2)
-    value = _checks.float_array(value, "value", min_ndim=2)
+    extents = {}                                       # max |x| per input, read with its finiteness
+    query = _checks.float_array(query, "query", min_ndim=2, extents=extents)
+    key = _checks.float_array(key, "key", min_ndim=2, extents=extents)
+    value = _checks.float_array(value, "value", min_ndim=2, extents=extents)
     if not (query.dtype == key.dtype == value.dtype):
         raise TypeError(f"query, key, value: expected one dtype, got {query.dtype}, {key.dtype}, {value.dtype}")
     for name, a in (("query", query), ("key", key), ("value", value)):
@@ -78,7 +79,7 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
                          f"got {scale!r}")
     if dropout_p > 0 and rng is None:
         rng = np.random.default_rng()
-    if check_range and _checks.range_check(query, key, value, scale):
+    if check_range and _checks.range_check(query, key, value, scale, extents=extents):
         query, key, value = (a.astype(np.float64) for a in (query, key, value))
     return query, key, value, attn_mask, float(dropout_p), float(scale), rng
 
