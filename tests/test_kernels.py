@@ -132,6 +132,8 @@ def counted(monkeypatch):
     monkeypatch.setattr(jit, "exp_rows", rows)
     real_max = kernels.run_max
     monkeypatch.setattr(tiled, "_krun_max", lambda j, s, *a: (calls.append("max"), real_max(j, s, *a)))
+    real_bands = kernels.run_bands
+    monkeypatch.setattr(tiled, "_krun_bands", lambda j, s, *a: (calls.append("bands"), real_bands(j, s, *a)))
     monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
     return calls
 
@@ -193,6 +195,7 @@ FLEX = {
     "alibi causal": dict(score_mod=mods.alibi(mods.alibi_slopes(2)), mask=mods.causal()),
     "sliding window (bands)": dict(mask=mods.sliding_window(128)),
     "window + softcap": dict(score_mod=mods.softcap(20.0), mask=mods.sliding_window(200)),
+    "window + alibi": dict(score_mod=mods.alibi(mods.alibi_slopes(2)), mask=mods.sliding_window(128)),
     "documents + sinks": dict(mask=mods.document_from_lengths([300, 200, 200]), sinks=True),
 }
 
@@ -208,6 +211,8 @@ def test_flex_with_kernels_equals_reference_and_numpy(rng, counted, monkeypatch,
         kw["sink_logits"] = np.array([0.5, -1.0], np.float32)
     got = qkv.flex_attention(q, k, v, **kw)
     assert counted, "flex attention did not use the kernels"
+    if "window" in case:
+        assert "bands" in counted, "the window's bands did not use the kernel"
     ref = qkv.flex_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), backend="reference",
                              **{n: (x.astype(np.float64) if n == "sink_logits" else x) for n, x in kw.items()})
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)

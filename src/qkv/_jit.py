@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["exp_rows", "max_exp_rows", "poly_exp_rows", "softcap_exp_rows", "swiglu_rows"]
+__all__ = ["exp_rows", "max_exp_rows", "pattern_exp_rows", "poly_exp_rows", "softcap_exp_rows", "swiglu_rows"]
 
 
 @intrinsic
@@ -207,3 +207,34 @@ def swiglu_rows(gate_up, width):
         for c in range(width):
             g = row[c]
             row[c] = g * row[width + c] / (_ONE + _expf(-g))
+
+
+@njit(**_OPTS)
+def pattern_exp_rows(s, kind, coef, cap, pat, sums):
+    """Bands (a sliding window's cell rows): ``s`` (nb, h, w), ``s[b, r, c] = exp(f(s[b, r, c]) + pat[r, c])``
+    (``f`` as :func:`max_exp_rows`' kinds; ``pat`` (h, w) the bands' shared 0/−inf mask), ``sums[b·h + r]``."""
+    nb, h, w = s.shape
+    c0, c1, c2, c3, c4, c5, c6 = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], coef[6]
+    for b in range(nb):
+        for r in range(h):
+            row = s[b, r]
+            p = pat[r]
+            acc = _ZERO
+            if kind == 1:
+                for c in range(w):
+                    y = row[c]
+                    t = y * y
+                    y = _expf(((((((c6 * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0) * y + p[c])
+                    row[c] = y
+                    acc += y
+            elif kind == 2:
+                for c in range(w):
+                    y = _expf(cap * _tanhf(row[c]) + p[c])
+                    row[c] = y
+                    acc += y
+            else:
+                for c in range(w):
+                    y = _expf(row[c] + p[c])
+                    row[c] = y
+                    acc += y
+            sums[b * h + r] = acc

@@ -131,6 +131,7 @@ def _warm(jit) -> None:
     jit.softcap_exp_rows(s, np.float32(1.0), z, z.copy(), 0, 1)
     jit.max_exp_rows(s, 0, coef, np.float32(1.0), z, z.copy(), 0, 1, np.zeros(2, bool), z.copy(), np.zeros(2, bool))
     jit.swiglu_rows(np.zeros((2, 4), np.float32), 2)
+    jit.pattern_exp_rows(s.reshape(1, 2, 2), 0, coef, np.float32(1.0), s, z.copy())
 
 
 #: The process's kernel choice.
@@ -175,3 +176,11 @@ def run_max(jit, s: np.ndarray, sums: np.ndarray, plan, seen: np.ndarray, shift:
     coef = arg if kind == "poly" else _NO_COEF
     cap = arg if kind == "tanh" else np.float32(1.0)
     jit.max_exp_rows(s.reshape(-1, s.shape[-1]), _KIND[kind], coef, cap, add, sums, d, rep, seen, shift, hit)
+
+
+def run_bands(jit, s: np.ndarray, sums: np.ndarray, kind: str, arg, pattern: np.ndarray) -> None:
+    """Bands ``s`` (nb, h, w) sharing the additive mask ``pattern`` (h, w): ``s ← exp(f(s) + pattern)`` with
+    ``f`` the identity (``kind`` "exp"), the polynomial or ``cap·tanh`` (as :func:`run`), ``sums`` (nb·h,)."""
+    coef = arg if kind == "poly" else _NO_COEF
+    cap = arg if kind == "tanh" else np.float32(1.0)
+    jit.pattern_exp_rows(s, _KIND[kind], coef, cap, pattern, sums)

@@ -99,7 +99,7 @@ from .. import _checks
 from .. import shapes
 from ..gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
 from ..kernels import KERNEL_MIN as _KERNEL_MIN, KERNELS as _KERNELS, NO_MASK as _NO_MASK, run as _krun
-from ..kernels import run_max as _krun_max
+from ..kernels import run_bands as _krun_bands, run_max as _krun_max
 from ..merge import merge_partials
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
 from .base import Backend
@@ -1279,8 +1279,22 @@ def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, one
     s = _scratch(1, nb * h * w, P.cdt).reshape(nb, h, w)
     _mm(Qb, Kb, out=s)                                                      # (nb, h, E) x (nb, E, w)
     bias, mask = pattern
+    jit = _KERNELS.for_block(P.cdt, s.size)
+    pat = mask
+    if jit is not None and mask is None and bias is not None and sc.cap is None:
+        pat, bias = bias, None                                              # ALiBi's bias and mask, in the kernel
     if bias is not None:
         np.add(s, bias, out=s)                                              # ALiBi's bias (and the mask)
+    if jit is not None and pat is not None and pat.dtype == P.cdt and pat.flags.c_contiguous:
+        # softcap, the mask, exp and row sums in one pass (qkv.kernels)
+        kind, arg = ("poly", sc.poly_coef) if sc.poly is not None else ("tanh", sc.cap) if sc.cap is not None \
+            else ("exp", None)
+        lb = np.empty(nb * h, P.cdt)
+        _krun_bands(jit, s, lb, kind, arg, pat)
+        l_i[r0:r0 + nb * h] += lb
+        t = _mm(s, Vb)                                                      # (nb, h, Ev)
+        acc[r0:r0 + nb * h] += t.reshape(-1, Ev)
+        return
     if sc.poly is not None:
         _apply_poly(s, sc.poly)
     elif sc.cap is not None:
@@ -1288,7 +1302,6 @@ def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, one
         np.multiply(s, sc.cap, out=s)
     if mask is not None:
         np.add(s, mask, out=s)                                              # −inf where masked
-    jit = _KERNELS.for_block(P.cdt, s.size)
     if jit is not None:                                                     # exp and row sums, one pass
         lb = np.empty(nb * h, P.cdt)
         jit.exp_rows(s.reshape(-1, w), sc.zeros[r0:r0 + nb * h], lb, _NO_MASK, 1)
