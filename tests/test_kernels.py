@@ -132,6 +132,8 @@ def counted(monkeypatch):
     monkeypatch.setattr(jit, "exp_rows", rows)
     real_max = kernels.run_max
     monkeypatch.setattr(tiled, "_krun_max", lambda j, s, *a: (calls.append("max"), real_max(j, s, *a)))
+    real_ds = jit.ds_rows
+    monkeypatch.setattr(jit, "ds_rows", lambda *a: (calls.append("ds"), real_ds(*a)))
     real_bands = kernels.run_bands
     monkeypatch.setattr(tiled, "_krun_bands", lambda j, s, *a: (calls.append("bands"), real_bands(j, s, *a)))
     monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
@@ -182,7 +184,7 @@ def test_sdpa_forward_and_backward_with_kernels(rng, counted, monkeypatch, case)
     counted.clear()
     g = rng.standard_normal(out.shape).astype(np.float32)
     grads = tiled.backward(g, q, k, v, threads=2, **kw)
-    assert "rows" in counted, "the backward did not use the kernels"
+    assert "ds" in counted and "rows" in counted, "the backward did not use the kernels"
     want = _with_numpy(lambda: tiled.backward(g, q, k, v, threads=2, **kw), monkeypatch)
     for a, b in zip(grads, want):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)

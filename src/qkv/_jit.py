@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["exp_rows", "max_exp_rows", "pattern_exp_rows", "poly_exp_rows", "softcap_exp_rows", "swiglu_rows"]
+__all__ = ["ds_rows", "exp_rows", "max_exp_rows", "pattern_exp_rows", "poly_exp_rows", "softcap_exp_rows", "swiglu_rows"]
 
 
 @intrinsic
@@ -238,3 +238,12 @@ def pattern_exp_rows(s, kind, coef, cap, pat, sums):
                     row[c] = y
                     acc += y
             sums[b * h + r] = acc
+
+
+@njit(**_OPTS)
+def ds_rows(dp, p, D):
+    """The backward's ``dS' = P ∘ (dP − D)`` in place of ``dp`` (rows × keys), ``D`` per row: one pass for two."""
+    for r in range(dp.shape[0]):
+        row, pr, dr = dp[r], p[r], D[r]
+        for c in range(dp.shape[1]):
+            row[c] = pr[c] * (row[c] - dr)

@@ -131,6 +131,7 @@ def _warm(jit) -> None:
     jit.softcap_exp_rows(s, np.float32(1.0), z, z.copy(), 0, 1)
     jit.max_exp_rows(s, 0, coef, np.float32(1.0), z, z.copy(), 0, 1, np.zeros(2, bool), z.copy(), np.zeros(2, bool))
     jit.swiglu_rows(np.zeros((2, 4), np.float32), 2)
+    jit.ds_rows(s, s.copy(), z)
     jit.pattern_exp_rows(s.reshape(1, 2, 2), 0, coef, np.float32(1.0), s, z.copy())
 
 

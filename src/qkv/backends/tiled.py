@@ -1503,22 +1503,31 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
             for i0, i1, c0, c1, kind in P.backward_blocks(idx, j0, j1, block_q):
                 m, n = i1 - i0, c1 - c0
                 s = s_buf[:m * n].reshape(m, n)
-                g = sc(s, i0, i1, c0, c1, kind,
-                       grad=None if g_buf is None else g_buf[:m * n].reshape(m, n),
-                       raw=None if raw_buf is None else raw_buf[:m * n].reshape(m, n))
-                if jit is not None and s.size >= _KERNEL_MIN:
-                    jit.exp_rows(s, lse_neg[i0:i1], sums[:m], _NO_MASK, 1)
-                    p = s                                      # P = exp(S' − lse), recomputed
+                use_jit = jit is not None and s.size >= _KERNEL_MIN
+                if use_jit and g_buf is None:                  # mod, causal mask, − lse and exp: one pass
+                    g = None
+                    fk, arg, _, d, rep = sc(s, i0, i1, c0, c1, kind, fuse=True)
+                    _krun(jit, s, sums[:m], (fk, arg, lse_neg[i0:i1], d, rep))
                 else:
-                    np.add(s, lse_neg[i0:i1, None], out=s)
-                    p = _exp(s, out=s)                         # P = exp(S' − lse), recomputed
+                    g = sc(s, i0, i1, c0, c1, kind,
+                           grad=None if g_buf is None else g_buf[:m * n].reshape(m, n),
+                           raw=None if raw_buf is None else raw_buf[:m * n].reshape(m, n))
+                    if use_jit:
+                        jit.exp_rows(s, lse_neg[i0:i1], sums[:m], _NO_MASK, 1)
+                    else:
+                        np.add(s, lse_neg[i0:i1, None], out=s)
+                        _exp(s, out=s)
+                p = s                                          # P = exp(S' − lse), recomputed
                 o = c0 - j0
                 _mm(p.T, do[i0:i1], out=dv_t[:n])             # (bk, Bq) x (Bq, Ev) -> (bk, Ev)
                 dv_j[o:o + n] += dv_t[:n]
                 dp = dp_buf[:m * n].reshape(m, n)
                 _mm(do[i0:i1], V[c0:c1].T, out=dp)           # (Bq, Ev) x (Ev, bk) -> (Bq, bk)
-                np.subtract(dp, D[i0:i1, None], out=dp)
-                np.multiply(dp, p, out=dp)                    # dS' = P ∘ (dP − D)
+                if use_jit:
+                    jit.ds_rows(dp, p, D[i0:i1])              # dS' = P ∘ (dP − D), one pass
+                else:
+                    np.subtract(dp, D[i0:i1, None], out=dp)
+                    np.multiply(dp, p, out=dp)                # dS' = P ∘ (dP − D)
                 if g is not None:
                     np.multiply(dp, g, out=dp)                # dS = dS' ∘ ∂score_mod/∂s
                 _mm(dp.T, qs[i0:i1], out=dk_t[:n])           # (bk, Bq) x (Bq, E) -> (bk, E)  (scale in qs)
