@@ -49,6 +49,8 @@ class Kernels:
             warnings.warn(f"QKV_KERNELS: expected one of {('auto',) + PROVIDERS}, got {env!r}; using 'auto'",
                           RuntimeWarning, stacklevel=2)
         self._jit = None                                   # qkv._jit once imported; False: numba missing
+        #: Called once the kernels are loaded (the engine's runtime registers its BLAS rescan here).
+        self.on_load: list = []
         self.error = None                                  # why numba could not be used, if it could not
 
     def jit(self):
@@ -60,8 +62,8 @@ class Kernels:
                         from . import _jit
                         _warm(_jit)
                         self._jit = _jit
-                        from .backends.runtime import RUNTIME
-                        RUNTIME.rescan_blas()             # numba imports SciPy, with an OpenBLAS of its own
+                        for hook in self.on_load:         # the runtime rescans BLAS: numba imports SciPy,
+                            hook()                        # which brings an OpenBLAS of its own
                     except ImportError as e:               # numba not installed (or its llvmlite)
                         self._jit, self.error = False, f"{type(e).__name__}: {e}"
         return self._jit or None

@@ -35,7 +35,7 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from .. import _checks, gemm as _gemm
+from .. import _checks, gemm as _gemm, kernels as _kernels
 
 __all__ = ["RUNTIME", "Runtime", "default_num_threads", "get_gemm", "get_num_threads", "set_gemm", "set_num_threads"]
 
@@ -286,6 +286,7 @@ class Runtime:
 
 #: The process's one runtime: the tiled engine and :meth:`qkv.models.BertModel.encode` share it.
 RUNTIME = Runtime()
+_kernels.KERNELS.on_load.append(RUNTIME.rescan_blas)   # numba brings SciPy's OpenBLAS: limit it too
 
 set_num_threads = RUNTIME.set_num_threads
 get_num_threads = RUNTIME.get_num_threads
