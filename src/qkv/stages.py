@@ -165,13 +165,16 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, *, style: str = "neox"
         a, b = x[..., 0::2], x[..., 1::2]
     cos = cos.astype(x.dtype, copy=False)
     sin = sin.astype(x.dtype, copy=False)
-    ra = a * cos - b * sin                                            # (..., T, E/2)
-    rb = b * cos + a * sin
     out = np.empty_like(x)
     if style == "neox":
-        out[..., :half], out[..., half:] = ra, rb
-    else:
-        out[..., 0::2], out[..., 1::2] = ra, rb
+        ra, rb = out[..., :half], out[..., half:]                    # written in place: the same operations,
+    else:                                                            # in the same order, as a·cos − b·sin and
+        ra, rb = out[..., 0::2], out[..., 1::2]                      # b·cos + a·sin, without their temporaries
+    tmp = np.empty(a.shape, x.dtype)
+    np.multiply(a, cos, out=ra)
+    ra -= np.multiply(b, sin, out=tmp)                                # (..., T, E/2)
+    np.multiply(b, cos, out=rb)
+    rb += np.multiply(a, sin, out=tmp)
     src = name.split("_")[0]
     out = record(name, "rope", f"{name} = RoPE({src}, position × θ_i)", out,
                  operands={"x": x, "cos": cos, "sin": sin, "positions": positions},
