@@ -7,6 +7,7 @@ expected and what was found. Nothing here uses ``assert``.
 from __future__ import annotations
 
 import math
+import os
 import numbers
 
 import numpy as np
@@ -197,3 +198,16 @@ def range_check(query, key, value, scale: float, *, grad_out=None, extents: dict
                          f"S·e^40 weights reach about {_fmt_log10(b[worst])}, {beyond}")
     raise ValueError(f"grad_out: the gradients reach about {_fmt_log10(b[worst])} "
                      f"(2·L·heads·max ‖dO‖·max ‖v‖·max(‖q‖, ‖k‖)·|scale|), {beyond}")
+
+
+def env_choice(var: str, choices: tuple, default: str = "auto") -> str:
+    """The choice named by environment variable ``var`` when it is one of ``choices``; else ``default`` (a
+    ``RuntimeWarning`` naming the variable, the choices and the value when it was set to something else)."""
+    env = os.environ.get(var, "").strip()
+    if env in choices:
+        return env
+    if env and env != default:
+        import warnings
+        warnings.warn(f"{var}: expected one of {(default,) + tuple(choices)}, got {env!r}; using {default!r}",
+                      RuntimeWarning, stacklevel=3)
+    return default

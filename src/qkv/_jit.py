@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["ds_rows", "exp_rows", "max_exp_rows", "pattern_exp_rows", "poly_exp_rows", "softcap_exp_rows", "swiglu_rows"]
+__all__ = ["ds_rows", "exp_rows", "max_exp_rows", "pattern_exp_rows", "swiglu_rows"]
 
 
 @intrinsic
@@ -81,15 +81,50 @@ def _tanhf(v):
     return v if v != v else p / q
 
 
+@njit(inline="always", **_OPTS)
+def _f_row(row, lim, kind, coef, cap, a):
+    """``row[c] ← f(row[c]) + a`` for c < lim: ``kind`` 0 f = identity, 1 the polynomial ``y·Σ_k coef[k]·y^2k``
+    (seven coefficients, zero-padded: softcap's ``cap·tanh`` fitted), 2 ``cap·tanh``."""
+    if kind == 1:
+        c0, c1, c2, c3, c4, c5, c6 = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], coef[6]
+        if c4 == _ZERO and c5 == _ZERO and c6 == _ZERO:              # up to four terms: three FMAs fewer
+            for c in range(lim):
+                y = row[c]
+                t = y * y
+                row[c] = (((c3 * t + c2) * t + c1) * t + c0) * y + a
+        else:
+            for c in range(lim):
+                y = row[c]
+                t = y * y
+                row[c] = ((((((c6 * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0) * y + a
+    elif kind == 2:
+        for c in range(lim):
+            row[c] = cap * _tanhf(row[c]) + a
+    else:
+        for c in range(lim):
+            row[c] = row[c] + a
+
+
+@njit(inline="always", **_OPTS)
+def _limit(d, r, rep, width):
+    """The allowed columns of row ``r`` (query position ``r // rep`` after the diagonal's offset ``d``)."""
+    lim = d + r // rep + 1
+    return width if lim > width else (0 if lim < 0 else lim)
+
+
 @njit(**_OPTS)
-def exp_rows(s, add, sums, d, rep):
-    """``s[r, c] = exp(s[r, c] + add[r])`` where ``c ≤ d + r // rep``, else 0; ``sums[r]`` the row's sum."""
+def exp_rows(s, kind, coef, cap, add, sums, d, rep):
+    """``s[r, c] = exp(f(s[r, c]) + add[r])`` where ``c ≤ d + r // rep``, else 0 (``f`` by ``kind``, as
+    :func:`_f_row`); ``sums[r]`` the row's sum. The identity's add rides in the exponential's loop; a softcap
+    first rewrites the row (in L1), then the exponential reads it."""
     rows, width = s.shape
     for r in range(rows):
         row = s[r]
-        lim = d + r // rep + 1
-        lim = width if lim > width else (0 if lim < 0 else lim)
+        lim = _limit(d, r, rep, width)
         a = add[r]
+        if kind != 0:
+            _f_row(row, lim, kind, coef, cap, a)
+            a = _ZERO
         acc = _ZERO
         for c in range(lim):
             y = _expf(row[c] + a)
@@ -101,82 +136,17 @@ def exp_rows(s, add, sums, d, rep):
 
 
 @njit(**_OPTS)
-def softcap_exp_rows(s, cap, add, sums, d, rep):
-    """``s[r, c] = exp(cap·tanh(s[r, c]) + add[r])`` where ``c ≤ d + r // rep``, else 0; ``sums[r]``."""
-    rows, width = s.shape
-    for r in range(rows):
-        row = s[r]
-        lim = d + r // rep + 1
-        lim = width if lim > width else (0 if lim < 0 else lim)
-        a = add[r]
-        acc = _ZERO
-        for c in range(lim):
-            y = _expf(cap * _tanhf(row[c]) + a)
-            row[c] = y
-            acc += y
-        for c in range(lim, width):
-            row[c] = _ZERO
-        sums[r] = acc
-
-
-@njit(**_OPTS)
-def poly_exp_rows(s, coef, add, sums, d, rep):
-    """``s[r, c] = exp(y·Σ_k coef[k]·y^2k + add[r])`` (y = s[r, c]; seven coefficients, zero-padded: softcap's
-    ``cap·tanh`` as a fitted polynomial) where ``c ≤ d + r // rep``, else 0; ``sums[r]``."""
-    rows, width = s.shape
-    c0, c1, c2, c3, c4, c5, c6 = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], coef[6]
-    short = c4 == _ZERO and c5 == _ZERO and c6 == _ZERO              # up to four terms: three FMAs fewer
-    for r in range(rows):
-        row = s[r]
-        lim = d + r // rep + 1
-        lim = width if lim > width else (0 if lim < 0 else lim)
-        a = add[r]
-        acc = _ZERO
-        if short:
-            for c in range(lim):
-                y = row[c]
-                t = y * y
-                y = _expf((((c3 * t + c2) * t + c1) * t + c0) * y + a)
-                row[c] = y
-                acc += y
-        else:
-            for c in range(lim):
-                y = row[c]
-                t = y * y
-                y = _expf(((((((c6 * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0) * y + a)
-                row[c] = y
-                acc += y
-        for c in range(lim, width):
-            row[c] = _ZERO
-        sums[r] = acc
-
-
-@njit(**_OPTS)
 def max_exp_rows(s, kind, coef, cap, add, sums, d, rep, seen, shift, hit):
-    """The running max's pass, fused: per row, ``v = f(s[r, c]) + add[r]`` on the allowed columns (``kind`` 0:
-    f = identity, 1: the polynomial ``coef``, 2: ``cap·tanh``), its max ``m``; the shift ``shift[r]`` =
-    ``max(m, 0)`` where ``seen[r]`` (the row had a max already: ``v`` is relative to it), else ``m`` (0 when the
-    row has no finite score: ``hit[r]`` False); then ``s[r, c] = exp(v − shift[r])`` (0 where masked) and
-    ``sums[r]``. The engine's max pass (``m_blk``, ``shift``, the subtraction, ``exp``, the row sums) in two
-    passes over each row while it is in L1."""
+    """The running max's pass, fused: per row, ``v = f(s[r, c]) + add[r]`` on the allowed columns (``f`` by
+    ``kind``, as :func:`_f_row`), its max ``m``; the shift ``shift[r]`` = ``max(m, 0)`` where ``seen[r]`` (the
+    row had a max already: ``v`` is relative to it), else ``m`` (0 when the row has no finite score: ``hit[r]``
+    False); then ``s[r, c] = exp(v − shift[r])`` (0 where masked) and ``sums[r]``. The engine's max pass
+    (``m_blk``, ``shift``, the subtraction, ``exp``, the row sums) in passes over each row while it is in L1."""
     rows, width = s.shape
-    c0, c1, c2, c3, c4, c5, c6 = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], coef[6]
     for r in range(rows):
         row = s[r]
-        lim = d + r // rep + 1
-        lim = width if lim > width else (0 if lim < 0 else lim)
-        a = add[r]
-        if kind == 1:
-            for c in range(lim):
-                y = row[c]
-                t = y * y
-                row[c] = ((((((c6 * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0) * y + a
-        elif kind == 2:
-            for c in range(lim):
-                row[c] = cap * _tanhf(row[c]) + a
-        else:
-            for c in range(lim):
-                row[c] = row[c] + a
+        lim = _limit(d, r, rep, width)
+        _f_row(row, lim, kind, coef, cap, add[r])
         m = -_INF
         for c in range(lim):
             v = row[c]
@@ -212,31 +182,19 @@ def swiglu_rows(gate_up, width):
 @njit(**_OPTS)
 def pattern_exp_rows(s, kind, coef, cap, pat, sums):
     """Bands (a sliding window's cell rows): ``s`` (nb, h, w), ``s[b, r, c] = exp(f(s[b, r, c]) + pat[r, c])``
-    (``f`` as :func:`max_exp_rows`' kinds; ``pat`` (h, w) the bands' shared 0/−inf mask), ``sums[b·h + r]``."""
+    (``f`` by ``kind``, as :func:`_f_row`; ``pat`` (h, w) the bands' shared 0/−inf mask), ``sums[b·h + r]``."""
     nb, h, w = s.shape
-    c0, c1, c2, c3, c4, c5, c6 = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], coef[6]
     for b in range(nb):
         for r in range(h):
             row = s[b, r]
             p = pat[r]
+            if kind != 0:
+                _f_row(row, w, kind, coef, cap, _ZERO)
             acc = _ZERO
-            if kind == 1:
-                for c in range(w):
-                    y = row[c]
-                    t = y * y
-                    y = _expf(((((((c6 * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0) * y + p[c])
-                    row[c] = y
-                    acc += y
-            elif kind == 2:
-                for c in range(w):
-                    y = _expf(cap * _tanhf(row[c]) + p[c])
-                    row[c] = y
-                    acc += y
-            else:
-                for c in range(w):
-                    y = _expf(row[c] + p[c])
-                    row[c] = y
-                    acc += y
+            for c in range(w):
+                y = _expf(row[c] + p[c])
+                row[c] = y
+                acc += y
             sums[b * h + r] = acc
 
 

@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from . import _checks
+
 __all__ = ["PROVIDERS", "Gemm", "GEMM", "exp", "get_gemm", "matmul", "set_gemm", "single_threaded"]
 
 #: The providers, in the order ``auto`` prefers them when equally fast.
@@ -423,14 +425,7 @@ class Gemm:
         self._lock = threading.Lock()
         #: The choice: ``auto`` unless the environment variable QKV_GEMM names another (e.g. ``QKV_GEMM=mkl``
         #: for a script that has no option for it); an unknown name there is ignored with a warning.
-        self.choice = "auto"
-        env = os.environ.get("QKV_GEMM", "").strip()
-        if env in PROVIDERS:
-            self.choice = env
-        elif env and env != "auto":
-            import warnings
-            warnings.warn(f"QKV_GEMM: expected one of {('auto',) + PROVIDERS}, got {env!r}; using 'auto'",
-                          RuntimeWarning, stacklevel=2)
+        self.choice = _checks.env_choice("QKV_GEMM", PROVIDERS)
         self._numpy = NumpyGemm()
         self._mkl = None                                   # MklGemm once loaded; False: not installed
         self._active = None                                # the provider matmul uses; None: not resolved

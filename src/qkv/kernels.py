@@ -19,10 +19,11 @@ is within 2.5e-7 relative of the exact value, NumPy's float32 ``exp`` 1.2e-7).
 """
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
+
+from . import _checks
 
 __all__ = ["KERNEL_MIN", "PROVIDERS", "Kernels", "KERNELS", "get_kernels", "set_kernels"]
 
@@ -33,6 +34,8 @@ KERNEL_MIN = 1 << 14
 _INSTALL = "pip install 'qkv[jit]'"
 #: ``d`` (the causal diagonal's offset) that masks nothing.
 NO_MASK = 1 << 62
+_KIND = {"exp": 0, "poly": 1, "tanh": 2}                  # the kernels' kinds of score function f
+_NO_COEF = np.zeros(7, np.float32)
 
 
 class Kernels:
@@ -40,14 +43,7 @@ class Kernels:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.choice = "auto"
-        env = os.environ.get("QKV_KERNELS", "").strip()
-        if env in PROVIDERS:
-            self.choice = env
-        elif env and env != "auto":
-            import warnings
-            warnings.warn(f"QKV_KERNELS: expected one of {('auto',) + PROVIDERS}, got {env!r}; using 'auto'",
-                          RuntimeWarning, stacklevel=2)
+        self.choice = _checks.env_choice("QKV_KERNELS", PROVIDERS)   # "auto" unless the environment says
         self._jit = None                                   # qkv._jit once imported; False: numba missing
         #: Called once the kernels are loaded (the engine's runtime registers its BLAS rescan here).
         self.on_load: list = []
@@ -127,14 +123,12 @@ def _warm(jit) -> None:
     without effect (BLAS stayed at 2 threads inside the next call)."""
     s = np.zeros((2, 2), np.float32)
     z = np.zeros(2, np.float32)
-    coef = np.zeros(7, np.float32)
-    jit.exp_rows(s, z, z.copy(), 0, 1)
-    jit.poly_exp_rows(s, coef, z, z.copy(), 0, 1)
-    jit.softcap_exp_rows(s, np.float32(1.0), z, z.copy(), 0, 1)
-    jit.max_exp_rows(s, 0, coef, np.float32(1.0), z, z.copy(), 0, 1, np.zeros(2, bool), z.copy(), np.zeros(2, bool))
+    one = np.float32(1.0)
+    jit.exp_rows(s, 0, _NO_COEF, one, z, z.copy(), 0, 1)
+    jit.max_exp_rows(s, 0, _NO_COEF, one, z, z.copy(), 0, 1, np.zeros(2, bool), z.copy(), np.zeros(2, bool))
+    jit.pattern_exp_rows(s.reshape(1, 2, 2), 0, _NO_COEF, one, s, z.copy())
     jit.swiglu_rows(np.zeros((2, 4), np.float32), 2)
     jit.ds_rows(s, s.copy(), z)
-    jit.pattern_exp_rows(s.reshape(1, 2, 2), 0, coef, np.float32(1.0), s, z.copy())
 
 
 #: The process's kernel choice.
@@ -152,23 +146,20 @@ def get_kernels() -> str:
     return KERNELS.get()
 
 
+def _args(kind: str, arg):
+    """The kernels' ``(kind, coef, cap)`` for a plan's ``kind`` ("exp", "poly" with seven coefficients, "tanh"
+    with the cap) and its argument."""
+    return (_KIND[kind], arg if kind == "poly" else _NO_COEF,
+            np.float32(arg) if kind == "tanh" else np.float32(1.0))
+
+
 def run(jit, s: np.ndarray, sums: np.ndarray, plan) -> None:
     """Finish a block the scorer left for a kernel (:meth:`qkv.backends.tiled._Scorer.__call__` with
     ``fuse=True``): ``s ← exp(f(s) + add)``, masked to the causal diagonal ``d``, ``sums`` its row sums.
     ``plan = (kind, arg, add, d, rep)``: kind ``"exp"`` (f = identity), ``"poly"`` (arg: seven coefficients,
     f(y) = y·Σ arg[k]·y^2k) or ``"tanh"`` (arg: cap, f = cap·tanh)."""
     kind, arg, add, d, rep = plan
-    s2 = s.reshape(-1, s.shape[-1])
-    if kind == "exp":
-        jit.exp_rows(s2, add, sums, d, rep)
-    elif kind == "poly":
-        jit.poly_exp_rows(s2, arg, add, sums, d, rep)
-    else:
-        jit.softcap_exp_rows(s2, arg, add, sums, d, rep)
-
-
-_KIND = {"exp": 0, "poly": 1, "tanh": 2}
-_NO_COEF = np.zeros(7, np.float32)
+    jit.exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep)
 
 
 def run_max(jit, s: np.ndarray, sums: np.ndarray, plan, seen: np.ndarray, shift: np.ndarray, hit: np.ndarray) -> None:
@@ -176,14 +167,10 @@ def run_max(jit, s: np.ndarray, sums: np.ndarray, plan, seen: np.ndarray, shift:
     columns), ``shift`` = ``max(that, 0)`` where ``seen`` (else that max, or 0 for a row with nothing finite:
     ``hit`` False), and ``s ← exp(f(s) + add − shift)``."""
     kind, arg, add, d, rep = plan
-    coef = arg if kind == "poly" else _NO_COEF
-    cap = arg if kind == "tanh" else np.float32(1.0)
-    jit.max_exp_rows(s.reshape(-1, s.shape[-1]), _KIND[kind], coef, cap, add, sums, d, rep, seen, shift, hit)
+    jit.max_exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep, seen, shift, hit)
 
 
 def run_bands(jit, s: np.ndarray, sums: np.ndarray, kind: str, arg, pattern: np.ndarray) -> None:
     """Bands ``s`` (nb, h, w) sharing the additive mask ``pattern`` (h, w): ``s ← exp(f(s) + pattern)`` with
     ``f`` the identity (``kind`` "exp"), the polynomial or ``cap·tanh`` (as :func:`run`), ``sums`` (nb·h,)."""
-    coef = arg if kind == "poly" else _NO_COEF
-    cap = arg if kind == "tanh" else np.float32(1.0)
-    jit.pattern_exp_rows(s, _KIND[kind], coef, cap, pattern, sums)
+    jit.pattern_exp_rows(s, *_args(kind, arg), pattern, sums)

@@ -1304,7 +1304,7 @@ def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, one
         np.add(s, mask, out=s)                                              # −inf where masked
     if jit is not None:                                                     # exp and row sums, one pass
         lb = np.empty(nb * h, P.cdt)
-        jit.exp_rows(s.reshape(-1, w), sc.zeros[r0:r0 + nb * h], lb, _NO_MASK, 1)
+        _krun(jit, s, lb, ("exp", None, sc.zeros[r0:r0 + nb * h], _NO_MASK, 1))
     else:
         _exp(s, out=s)
         lb = _mm(s, ones[:w])                                               # (nb, h) row sums
@@ -1513,7 +1513,7 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
                            grad=None if g_buf is None else g_buf[:m * n].reshape(m, n),
                            raw=None if raw_buf is None else raw_buf[:m * n].reshape(m, n))
                     if use_jit:
-                        jit.exp_rows(s, lse_neg[i0:i1], sums[:m], _NO_MASK, 1)
+                        _krun(jit, s, sums[:m], ("exp", None, lse_neg[i0:i1], _NO_MASK, 1))
                     else:
                         np.add(s, lse_neg[i0:i1, None], out=s)
                         _exp(s, out=s)
