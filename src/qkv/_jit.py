@@ -112,6 +112,19 @@ def _limit(d, r, rep, width):
     return width if lim > width else (0 if lim < 0 else lim)
 
 
+@njit(inline="always", **_OPTS)
+def _exp_row(row, lim, a):
+    """``row[c] ← exp(row[c] + a)`` for c < lim, 0 after; returns the row's sum."""
+    acc = _ZERO
+    for c in range(lim):
+        y = _expf(row[c] + a)
+        row[c] = y
+        acc += y
+    for c in range(lim, row.shape[0]):
+        row[c] = _ZERO
+    return acc
+
+
 @njit(**_OPTS)
 def exp_rows(s, kind, coef, cap, add, sums, d, rep):
     """``s[r, c] = exp(f(s[r, c]) + add[r])`` where ``c ≤ d + r // rep``, else 0 (``f`` by ``kind``, as
@@ -125,14 +138,7 @@ def exp_rows(s, kind, coef, cap, add, sums, d, rep):
         if kind != 0:
             _f_row(row, lim, kind, coef, cap, a)
             a = _ZERO
-        acc = _ZERO
-        for c in range(lim):
-            y = _expf(row[c] + a)
-            row[c] = y
-            acc += y
-        for c in range(lim, width):
-            row[c] = _ZERO
-        sums[r] = acc
+        sums[r] = _exp_row(row, lim, a)
 
 
 @njit(**_OPTS)
@@ -158,14 +164,7 @@ def max_exp_rows(s, kind, coef, cap, add, sums, d, rep, seen, shift, hit):
             sh = m if h else _ZERO
         shift[r] = sh
         hit[r] = h
-        acc = _ZERO
-        for c in range(lim):
-            y = _expf(row[c] - sh)
-            row[c] = y
-            acc += y
-        for c in range(lim, width):
-            row[c] = _ZERO
-        sums[r] = acc
+        sums[r] = _exp_row(row, lim, -sh)
 
 
 @njit(**_OPTS)
