@@ -295,3 +295,14 @@ def test_swiglu_kernel_equals_numpy(rng, monkeypatch):
     np.testing.assert_allclose(got[1:], want[1:], rtol=5e-7, atol=1e-30)
     np.testing.assert_allclose(got, base, rtol=5e-7, atol=1e-30)
     assert got[0, 0] == 0 and got[0, 1] == 200 and got[0, 2] == 0      # e^(100) = inf: ±0; e^(−100) = 0
+
+
+def test_inputs_without_lead_dimensions(rng, counted):
+    # (L, E) arrays, no batch or head axis: the task's query rows come from the array itself
+    q, k, v = (x[0, 0] for x in _inputs(rng))
+    for causal in (False, True):
+        out = tiled.forward(q, k, v, scale=0.2, is_causal=causal, threads=1)[0]
+        ref = qkv.scaled_dot_product_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                                               scale=0.2, is_causal=causal, backend="reference")
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+    assert counted

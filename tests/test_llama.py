@@ -595,9 +595,10 @@ def test_ctrl_c_stops_generate_cleanly_with_the_text_so_far(tmp_path):
     import select
 
     path = tmp_path / "long.gguf"
-    write_tiny_llama(path, context=8192)
+    # a long context, so that the generation cannot end before the signal even when the test waits for a core
+    write_tiny_llama(path, context=65536)
     code = "import sys; from qkv.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", code, "generate", "hello", "--max-new-tokens", "8000",
+    proc = subprocess.Popen([sys.executable, "-c", code, "generate", "hello", "--max-new-tokens", "65000",
                              "--temperature", "1.0", "--seed", "1", "--gguf", str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     try:

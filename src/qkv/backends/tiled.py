@@ -346,6 +346,10 @@ class _Problem:
         one matmul. Each head's rows are scaled straight into their strided rows of ``out``."""
         g = self.group
         scale = self.cdt.type(self.qscale)
+        if g == 1:                                       # (also with no lead dimensions: idx = ())
+            q = self.query[_src(idx, self.query.shape[:-2])][i0:i1]
+            np.multiply(q, scale, out=out, dtype=self.cdt, casting="unsafe")
+            return
         for h in range(g):
             q = self.query[_src(idx[:-1] + (idx[-1] + h,), self.query.shape[:-2])][i0:i1]
             np.multiply(q, scale, out=out[h::g], dtype=self.cdt, casting="unsafe")
