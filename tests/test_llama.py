@@ -38,7 +38,7 @@ def _permute(w, n_head):
 
 
 def write_tiny_llama(path, *, arch="llama", q_type=None, extra_tensor=None, seed=0, context=CONTEXT,
-                     tokenizer_model="gpt2"):
+                     tokenizer_model="gpt2", eos_token_id=2):
     """A tiny random Llama in GGUF; returns the Hugging Face-order float32 weights it holds (dequantized)."""
     q_type = gguf.GGMLQuantizationType.Q8_0 if q_type is None else q_type
     rng = np.random.default_rng(seed)
@@ -60,7 +60,8 @@ def write_tiny_llama(path, *, arch="llama", q_type=None, extra_tensor=None, seed
     w.add_token_types([3] * len(SPECIAL) + [1] * (V - len(SPECIAL)))
     w.add_token_merges(MERGES)
     w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    if eos_token_id is not None:
+        w.add_eos_token_id(eos_token_id)
     w.add_pad_token_id(2)
     w.add_chat_template(TEMPLATE)
     ref = {}
@@ -595,8 +596,9 @@ def test_ctrl_c_stops_generate_cleanly_with_the_text_so_far(tmp_path):
     import select
 
     path = tmp_path / "long.gguf"
-    # a long context, so that the generation cannot end before the signal even when the test waits for a core
-    write_tiny_llama(path, context=65536)
+    # no end-of-sequence token: the generation cannot end (it sampled EOS after ~1,300 characters, 2 s, and under
+    # load the signal came after that) before the signal, whenever the test gets a core to send it
+    write_tiny_llama(path, context=65536, eos_token_id=None)
     code = "import sys; from qkv.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", code, "generate", "hello", "--max-new-tokens", "65000",
                              "--temperature", "1.0", "--seed", "1", "--gguf", str(path)],
