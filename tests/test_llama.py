@@ -602,7 +602,10 @@ def test_ctrl_c_stops_generate_cleanly_with_the_text_so_far(tmp_path):
     code = "import sys; from qkv.cli import main; sys.exit(main(sys.argv[1:]))"
     proc = subprocess.Popen([sys.executable, "-c", code, "generate", "hello", "--max-new-tokens", "65000",
                              "--temperature", "1.0", "--seed", "1", "--gguf", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            # Ctrl-C as a terminal gives it: a child inherits an ignored SIGINT (as this test's
+                            # process may have it in a full run), and Python then keeps ignoring it
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         got = b""
         deadline = time.monotonic() + 120
