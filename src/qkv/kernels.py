@@ -64,10 +64,6 @@ class Kernels:
                         self._jit, self.error = False, f"{type(e).__name__}: {e}"
         return self._jit or None
 
-    def available(self) -> tuple:
-        """The providers installed here."""
-        return PROVIDERS if self._importable() else ("numpy",)
-
     def _importable(self) -> bool:
         if self._jit is not None:
             return bool(self._jit)
@@ -87,9 +83,20 @@ class Kernels:
         """The provider in use: ``"numba"`` or ``"numpy"``."""
         if self.choice == "numpy":
             return "numpy"
-        if self.choice == "numba" and self.jit() is None:
-            raise ValueError(f"QKV_KERNELS: 'numba' needs numba, which is not installed: {_INSTALL}")
+        if self.choice == "numba":
+            self._required()
         return "numba" if self._importable() else "numpy"
+
+    def _required(self):
+        """The kernels, for the choice ``numba`` (from QKV_KERNELS): a ValueError naming the extra without it."""
+        j = self.jit()
+        if j is None:
+            raise ValueError(f"QKV_KERNELS: 'numba' needs numba, which is not installed: {_INSTALL}")
+        return j
+
+    def _wanted(self, dtype, size: int) -> bool:
+        """Whether a block of ``size`` scores of ``dtype`` should use the kernels."""
+        return self.choice != "numpy" and size >= KERNEL_MIN and dtype == np.float32
 
     def describe(self) -> str:
         """``numba 0.68.1`` or ``numpy`` — for benchmark headers."""
@@ -101,19 +108,14 @@ class Kernels:
     def for_call(self, dtype, size: int):
         """Called by the engine before it runs its tasks (outside its BLAS limit): loads the kernels when
         blocks of ``size`` scores of ``dtype`` will use them (see :func:`_warm`). Returns them or None."""
-        if self.choice == "numpy" or size < KERNEL_MIN or dtype != np.float32:
+        if not self._wanted(dtype, size):
             return None
-        j = self.jit()
-        if j is None and self.choice == "numba":
-            raise ValueError(f"QKV_KERNELS: 'numba' needs numba, which is not installed: {_INSTALL}")
-        return j
+        return self._required() if self.choice == "numba" else self.jit()
 
     def for_block(self, dtype, size: int):
         """The kernels for a block of ``size`` scores of ``dtype`` inside a task, else None. Never loads
         them (:meth:`for_call` does, before the tasks)."""
-        if self.choice == "numpy" or size < KERNEL_MIN or dtype != np.float32:
-            return None
-        return self._jit or None
+        return (self._jit or None) if self._wanted(dtype, size) else None
 
 
 def _warm(jit) -> None:
