@@ -11,17 +11,25 @@ the causal mask, the shift, ``exp``, the row sums): per row ``r`` of ``s``,
 with ``f`` the identity or softcap's ``cap·tanh`` — so the causal diagonal (query position ``a0 + r // rep``,
 key ``j0 + c``: ``d = a0 − j0``; ``rep`` interleaved heads per position) costs no mask pass.
 
-``exp`` and ``tanh`` are Cephes' single-precision algorithms (``expf``: Cody–Waite reduction by ln 2 and a
-degree-6 polynomial; ``tanhf``: an odd polynomial below 0.625, ``1 − 2/(e^{2x} + 1)`` above), written with
-float32 arithmetic and selects only so that LLVM vectorizes them (AVX2/AVX-512 where the CPU has them).
-Tested against float64 NumPy: relative error ≤ 2.5e-7 for exp (float32's own ``np.exp`` ≈ 1.2e-7). Edge
-values: ``exp`` is 0 below −87.3 (NumPy's goes through subnormals to 0 at −103.9: values under 1.2e−38,
-below any row sum the engine divides by) and inf above 88.3 (NumPy's at 88.72); NaN stays NaN; −inf (a
-masked score) gives 0.
+``exp``: Cephes' reduction (``n`` = round(x/ln 2), Cody–Waite ``r = x − n·ln 2`` in two FMAs) and
+``e^r = 1 + r + r²·P(r)`` with P of degree 4 fitted for relative error on |r| ≤ ln 2 / 2 (3e-9 in exact
+arithmetic; Cephes' own P has degree 5, one FMA more for nothing float32 can hold), times 2^n built in the
+exponent bits. The clamps do the edge cases: x is clamped to [−127·ln 2, 128·ln 2], where 2^n's bits are
+exactly 0 (so −inf, a masked score, gives 0 with no select) and +inf. ``tanh``: Eigen's rational form. Both
+in float32 arithmetic with selects only, so that LLVM vectorizes them (AVX2/AVX-512 where the CPU has them).
+Measured (AMD EPYC Zen 4, AVX-512, one thread, a 1024 × 512 block): exp and row sums 0.145 ms, Cephes' form
+with floor and the range selects 0.185–0.20. Tested against float64 NumPy: relative error ≤ 3e-7 on
+[−87, 88] (float32's own ``np.exp`` ≈ 1.2e-7). Edge values: ``exp`` is 0 below −87.7 (n = −127; NumPy's goes
+through subnormals to 0 at −103.9: values under 1.2e−38, below any row sum the engine divides by), a
+subnormal from there to −87.3, and inf from 88.38 (n = 128; NumPy's from 88.72); NaN stays NaN.
+
+The row max is ``llvm.maxnum`` (:func:`_maxf`), which LLVM vectorizes as a reduction; the ``a if a > b``
+select it replaces did not vectorize (0.31 against 0.07 ms a block) — NaN is skipped by both.
 """
 from __future__ import annotations
 
 import numpy as np
+import llvmlite.ir as ir
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -38,6 +46,18 @@ def _bits_to_f32(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def _maxf(typingctx, a, b):
+    """``llvm.maxnum.f32(a, b)``: the larger, NaN skipped — the form LLVM vectorizes as a max reduction."""
+    sig = types.float32(types.float32, types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.maxnum", [f32], ir.FunctionType(f32, [f32, f32]))
+        return builder.call(fn, args)
+    return sig, codegen
+
+
 _F = np.float32
 # No 'nnan'/'ninf': NaN and inf keep their meaning; reassociation lets the row sum vectorize.
 _FLAGS = {"contract", "reassoc", "nsz", "arcp"}
@@ -45,8 +65,9 @@ _OPTS = dict(fastmath=_FLAGS, nogil=True, cache=True, error_model="numpy", bound
 
 _LOG2E = _F(1.44269504088896341)
 _C1, _C2 = _F(0.693359375), _F(-2.12194440e-4)            # ln 2 = C1 − C2, C1 exact in 9 bits
-_E0, _E1, _E2 = _F(1.9875691500e-4), _F(1.3981999507e-3), _F(8.3334519073e-3)
-_E3, _E4, _E5 = _F(4.1665795894e-2), _F(1.6666665459e-1), _F(5.0000001201e-1)
+# e^r = 1 + r + r²·(P0 + P1·r + … + P4·r⁴) on |r| ≤ ln 2 / 2 (weighted least squares for relative error)
+_P0, _P1, _P2 = _F(0.49999994), _F(0.16666521), _F(0.04166832)
+_P3, _P4 = _F(0.00836871), _F(0.00138184)
 # tanh: Eigen's float rational approximation (odd degree 13 over even degree 6), clamped where tanh = ±1
 _A1, _A3, _A5 = _F(4.89352455891786e-03), _F(6.37261928875436e-04), _F(1.48572235717979e-05)
 _A7, _A9, _A11 = _F(5.12229709037114e-08), _F(-8.60467152213735e-11), _F(2.00018790482477e-13)
@@ -54,20 +75,19 @@ _A13 = _F(-2.76076847742355e-16)
 _B0, _B2, _B4, _B6 = (_F(4.89352518554385e-03), _F(2.26843463243900e-03), _F(1.18534705686654e-04),
                       _F(1.19825839466702e-06))
 _TANH_CLAMP = _F(7.90531110763549805)
-_LO, _HI = _F(-87.3), _F(88.3)                                # 2^n stays a normal float: −126 ≤ n ≤ 127
-_HALF, _ONE, _TWO, _ZERO, _INF = _F(0.5), _F(1.0), _F(2.0), _F(0.0), _F(np.inf)
+_XLO, _XHI = _F(-88.0296919311), _F(88.7228391117)           # −127·ln 2, 128·ln 2: 2^n's bits 0, inf
+_ONE, _ZERO, _INF = _F(1.0), _F(0.0), _F(np.inf)
 
 
 @njit(inline="always", **_OPTS)
 def _expf(v):
-    x = v if v > _LO else _LO
-    x = x if x < _HI else _HI
-    n = np.floor(x * _LOG2E + _HALF)
-    r = x - n * _C1 - n * _C2
-    p = (((((_E0 * r + _E1) * r + _E2) * r + _E3) * r + _E4) * r + _E5) * r * r + r + _ONE
+    x = v if v > _XLO else _XLO                              # −inf → n = −127: 2^n = 0 exactly
+    x = x if x < _XHI else _XHI                              # +inf → n = 128: 2^n = inf
+    n = np.rint(x * _LOG2E)
+    r = x - n * _C1                                          # Cody–Waite: two FMAs
+    r = r - n * _C2
+    p = ((((_P4 * r + _P3) * r + _P2) * r + _P1) * r + _P0) * (r * r) + r + _ONE
     y = p * _bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
-    y = _ZERO if v < _LO else y
-    y = _INF if v > _HI else y
     return v if v != v else y
 
 
@@ -152,11 +172,14 @@ def max_exp_rows(s, kind, coef, cap, add, sums, d, rep, seen, shift, hit):
     for r in range(rows):
         row = s[r]
         lim = _limit(d, r, rep, width)
-        _f_row(row, lim, kind, coef, cap, add[r])
+        a = add[r]
+        if kind != 0:                                        # f(s) + add written into the row (in L1)
+            _f_row(row, lim, kind, coef, cap, a)
+            a = _ZERO
         m = -_INF
         for c in range(lim):
-            v = row[c]
-            m = v if v > m else m
+            m = _maxf(m, row[c])
+        m = m + a                                            # max(s + a) = max(s) + a: rounding is monotone
         h = m > -_INF and m < _INF
         if seen[r]:
             sh = m if m > _ZERO else _ZERO
@@ -164,7 +187,7 @@ def max_exp_rows(s, kind, coef, cap, add, sums, d, rep, seen, shift, hit):
             sh = m if h else _ZERO
         shift[r] = sh
         hit[r] = h
-        sums[r] = _exp_row(row, lim, -sh)
+        sums[r] = _exp_row(row, lim, a - sh)
 
 
 @njit(**_OPTS)
