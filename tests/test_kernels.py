@@ -313,6 +313,51 @@ def test_swiglu_kernel_equals_numpy(rng, monkeypatch):
     assert got[0, 0] == 0 and got[0, 1] == 200 and got[0, 2] == 0      # e^(100) = inf: ±0; e^(−100) = 0
 
 
+def test_gelu_kernel_equals_numpy_and_erf(rng, monkeypatch):
+    # MiniLM's exact GELU, h·½(1 + erf(h/√2)), in one pass where the kernels are loaded and the block is large
+    import math
+    from qkv.models.bert import gelu_
+    kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
+    h = (rng.standard_normal((64, 1536)) * 3).astype(np.float32)
+    h[0, :6] = [0.0, -6.0, 6.0, 40.0, -40.0, 1e-30]                    # beyond the clip at |h/√2| = 4 too
+    calls = []
+    real = jit.gelu_rows
+    monkeypatch.setattr(jit, "gelu_rows", lambda *a: (calls.append(1), real(*a)))
+    got = gelu_(h.copy())
+    assert calls, "the kernel was not used"
+    with monkeypatch.context() as m:
+        m.setattr(kernels.KERNELS, "choice", "numpy")
+        base = gelu_(h.copy())
+    assert len(calls) == 1                                               # numpy's passes when told so
+    x = h.astype(np.float64)
+    want = x * 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    # float32's 1 + erf(z) cancels for negative h (erf → −1): an error of about |h|·1e-7 either way, so the
+    # kernel is held to the float64 value by that bound and to NumPy's own error (as FlashAttention's tests)
+    err, err_numpy = np.abs(got - want), np.abs(base - want)
+    assert np.all(err <= 2e-6 * np.abs(want) + 2e-7 * np.abs(x) + 1e-30), float((err / (np.abs(x) + 1e-30)).max())
+    assert err.max() <= 2 * err_numpy.max()
+    assert got[0, 0] == 0 and got[0, 2] == 6 and got[0, 3] == 40 and got[0, 4] == 0
+    small = h[:2, :100].copy()                                           # under KERNEL_MIN: NumPy's passes
+    gelu_(small)
+    assert len(calls) == 1
+
+
+def test_encode_loads_the_kernels_for_long_work_only(tmp_path):
+    # encode's GELU uses the kernels once its texts have KERNEL_MIN_TOKENS tokens; a short text never imports numba
+    pytest.importorskip("tokenizers")
+    code = ("import sys, qkv\n"
+            "from qkv.models import load_bert\n"
+            "m = load_bert()\n"
+            "m.encode(['a short sentence'] * 4)\n"
+            "print('numba' in sys.modules)\n"
+            "m.encode(['word ' * 200] * 12)\n"
+            "print('numba' in sys.modules)\n")
+    r = _python(code, QKV_KERNELS="")
+    if r.returncode != 0 and "No module named" in r.stderr:
+        pytest.skip("MiniLM's package is not installed")
+    assert r.stdout.split() == ["False", "True"], r.stderr
+
+
 def test_inputs_without_lead_dimensions(rng, counted):
     # (L, E) arrays, no batch or head axis: the task's query rows come from the array itself
     q, k, v = (x[0, 0] for x in _inputs(rng))

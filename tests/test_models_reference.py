@@ -126,12 +126,21 @@ def test_embeddings_match_sentence_transformers(qkv_model, st_model, batch):
     assert np.abs(ours - ref).max() <= 1e-5
 
 
-def test_embeddings_match_sentence_transformers_on_many_texts_and_truncation(qkv_model, st_model):
+def test_embeddings_match_sentence_transformers_on_many_texts_and_truncation(qkv_model, st_model, monkeypatch):
     rng = np.random.default_rng(0)
     words = "the of attention query key value 注意 力 street animal tired model café 北京 layer".split()
     texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 60)))) for _ in range(70)]
     texts.append("word " * 300)                                             # > 256 tokens: both truncate
+    calls = []
+    try:                                                                    # long work: GELU by the kernels
+        from qkv import _jit
+    except ImportError:
+        _jit = None
+    else:
+        real = _jit.gelu_rows
+        monkeypatch.setattr(_jit, "gelu_rows", lambda *a: (calls.append(1), real(*a)))
     with pytest.warns(UserWarning, match="truncated to 256 tokens"):
         ours = qkv_model.encode(texts, batch_size=16, progress=False)
+    assert _jit is None or calls, "encode's GELU did not use the kernels"
     ref = st_model.encode(texts, batch_size=16, convert_to_numpy=True)
     assert _cosines(ours, ref).min() >= 0.99999

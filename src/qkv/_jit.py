@@ -33,7 +33,7 @@ import llvmlite.ir as ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["ds_rows", "exp_rows", "max_exp_rows", "pattern_exp_rows", "swiglu_rows"]
+__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "swiglu_rows"]
 
 
 @intrinsic
@@ -76,7 +76,7 @@ _B0, _B2, _B4, _B6 = (_F(4.89352518554385e-03), _F(2.26843463243900e-03), _F(1.1
                       _F(1.19825839466702e-06))
 _TANH_CLAMP = _F(7.90531110763549805)
 _XLO, _XHI = _F(-88.0296919311), _F(88.7228391117)           # −127·ln 2, 128·ln 2: 2^n's bits 0, inf
-_ONE, _ZERO, _INF = _F(1.0), _F(0.0), _F(np.inf)
+_HALF, _ONE, _ZERO, _INF = _F(0.5), _F(1.0), _F(0.0), _F(np.inf)
 
 
 @njit(inline="always", **_OPTS)
@@ -199,6 +199,30 @@ def swiglu_rows(gate_up, width):
         for c in range(width):
             g = row[c]
             row[c] = g * row[width + c] / (_ONE + _expf(-g))
+
+
+@njit(**_OPTS)
+def gelu_rows(h, p, q):
+    """Exact GELU in place on ``h`` (n, F): ``h·½(1 + erf(h/√2))`` with ``erf`` the rational approximation of
+    :func:`qkv.models.bert.erf` — ``z`` = clip(h/√2, ±4), numerator ``z·P(z²)`` (``p``: seven coefficients,
+    highest first), denominator ``Q(z²)`` (``q``: five) — the same operations as NumPy's eleven passes, in one."""
+    inv_sqrt2 = _F(0.7071067811865476)
+    four = _F(4.0)
+    for r in range(h.shape[0]):
+        row = h[r]
+        for c in range(h.shape[1]):
+            x = row[c]
+            z = x * inv_sqrt2
+            z = z if z < four else four
+            z = z if z > -four else -four
+            z2 = z * z
+            n = p[0] * z2 + p[1]
+            for k in range(2, 7):
+                n = n * z2 + p[k]
+            d = q[0] * z2 + q[1]
+            for k in range(2, 5):
+                d = d * z2 + q[k]
+            row[c] = x * ((n * z / d + _ONE) * _HALF)
 
 
 @njit(**_OPTS)
