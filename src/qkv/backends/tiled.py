@@ -1165,6 +1165,8 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
         summed = False                                        # the kernel wrote the row sums into l_blk
         if shift_free:
+            fresh = not l_i[rs].any()                        # nothing accumulated in these rows yet (l_i = 0
+            #                                                  means every p so far was 0, so acc is 0 too)
             # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked; p = exp(s − 0)
             plan = sc(s, a0, a1, j0, j1, kind, fold_col=fold_col, fuse=jit is not None)
             if plan is not None:
@@ -1209,6 +1211,8 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 plan = sc(s, a0, a1, j0, j1, kind, m=m_i[rs], fuse=jit is not None)
             # -- update m_i: raise it to this block's max; rescale what was accumulated under the old
             seen_r = seen[rs]
+            fresh = not seen_r.any()                         # a row without a max has acc = l_i = 0 (its
+            #                                                  blocks so far allowed no key): nothing to rescale
             if plan is not None:                             # max, shift, exp and row sums in the kernel
                 shift = np.empty(len(seen_r), P.cdt)
                 hit = np.empty(len(seen_r), np.bool_)
@@ -1220,27 +1224,36 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 shift = np.where(seen_r, np.maximum(m_blk, 0.0), np.where(hit, m_blk, 0.0)).astype(P.cdt)
                 np.subtract(s, shift[:, None], out=s)
                 _exp(s, out=s)                                # p = exp(s − m_i)
-            alpha = np.where(seen_r, np.exp(-shift), 0.0)    # exp(m_old − m_new); nothing yet: 0
-            acc[rs] *= alpha[:, None]
-            l_i[rs] *= alpha
+            if not fresh:
+                alpha = np.where(seen_r, np.exp(-shift), 0.0)    # exp(m_old − m_new); nothing yet: 0
+                acc[rs] *= alpha[:, None]
+                l_i[rs] *= alpha
             m_i[rs] += shift
             seen[rs] |= hit
         lb = l_blk[rs]
         if not summed:
             _mm(s, ones[:w], out=lb)                         # (Bq, bk) x (bk,) -> (Bq,) row sums
-        l_i[rs] += lb                                        # the softmax denominator ignores dropout
+        if fresh:                                            # the rows' first block: written, not added
+            l_i[rs] = lb
+        else:
+            l_i[rs] += lb                                    # the softmax denominator ignores dropout
         if gen is not None:
             keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
             np.multiply(s, keep, out=s)
             s *= keep_scale
-        t = tmp[rs]
-        _mm(s, V[j0:j1], out=t)                              # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
-        acc[rs] += t
+        if fresh:
+            _mm(s, V[j0:j1], out=acc[rs])                    # (Bq, bk) x (bk, Ev) -> (Bq, Ev), into acc
+        else:
+            t = tmp[rs]
+            _mm(s, V[j0:j1], out=t)                          # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
+            acc[rs] += t
     nz = l_i > 0                                             # l_i = 0: a query that may attend to nothing
     inv = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=nz)
     rows_out = acc * inv[:, None] if g == 1 else None       # grouped rows: scaled into each head's output
-    log_l = np.log(l_i, out=np.full_like(l_i, -np.inf), where=nz)
-    row_lse = np.where(nz, m_i + log_l, -np.inf).astype(P.cdt, copy=False)
+    row_lse = None
+    if lse is not None or P.sinks is not None or keys is not None or weights is not None:
+        log_l = np.log(l_i, out=np.full_like(l_i, -np.inf), where=nz)
+        row_lse = np.where(nz, m_i + log_l, -np.inf).astype(P.cdt, copy=False)
     if P.sinks is not None and keys is None:
         # The sink is one more key, with no value: a partial result out = 0, lse = sink, merged in.
         rows_out, row_lse = merge_partials(rows_out, row_lse, np.zeros_like(rows_out),
