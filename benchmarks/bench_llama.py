@@ -89,13 +89,16 @@ def main() -> None:
     import numpy as np
     import torch
     import transformers
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from threadpoolctl import threadpool_limits
 
     import qkv
     from qkv.models.llama import default_model_path, load_llama
 
-    print(f"threads {args.threads} (torch, BLAS, qkv runtime); numpy {np.__version__} "
-          f"({', '.join(sorted({i['internal_api'] for i in threadpool_info() if i['user_api'] == 'blas'}))}), "
+    from qkv.bench import cpu_model
+    from qkv.gemm import NumpyGemm
+    from qkv.kernels import KERNELS
+    print(f"CPU {cpu_model()}; threads {args.threads} (torch, BLAS, qkv runtime); numpy {np.__version__} "
+          f"({NumpyGemm.kernel()}), block kernels {KERNELS.describe()}, "
           f"torch {torch.__version__}, transformers {transformers.__version__}; "
           f"load average {os.getloadavg()[0]:.2f} at start")
     if not args.skip_load:

@@ -74,6 +74,20 @@ def test_bench_header_names_cpu_gemm_provider_kernel_and_rate(capsys):
     assert all(r["gemm"] == choice for r in res["rows"])
 
 
+def test_cpu_model_names_family_model_and_vector_unit(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+                 "model name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2 fma avx512f avx512bw\n\n"
+                 "processor\t: 1\nmodel name\t: something else\n")
+    assert bench.cpu_model(str(f)) == "AMD EPYC (family 25 model 17, AVX-512)"
+    f.write_text("model name\t: Intel(R) Xeon(R) CPU\ncpu family\t: 6\nmodel\t\t: 85\nflags\t\t: sse2 avx2\n")
+    assert bench.cpu_model(str(f)) == "Intel(R) Xeon(R) CPU (family 6 model 85, AVX2)"
+    f.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n")              # no model name (an ARM board)
+    assert bench.cpu_model(str(f)) == (bench.platform.processor() or bench.platform.machine() or "unknown")
+    assert bench.cpu_model(str(tmp_path / "missing")) == (bench.platform.processor() or bench.platform.machine()
+                                                          or "unknown")
+
+
 def test_bench_gemm_providers_side_by_side(capsys):
     from qkv import gemm
     if gemm.GEMM.mkl() is None:

@@ -72,16 +72,31 @@ def matmul_rate(threads: int, n: int = 2048, repeats: int = 5, provider: str = "
     return 2 * n ** 3 / t / 1e9
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``; else what ``platform`` says)."""
+def cpu_model(path: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name with its family, model and widest vector unit, as ``/proc/cpuinfo`` has them —
+    ``AMD EPYC (family 25 model 17, AVX-512)`` — since a virtual machine often names only the brand, and the
+    same name covers CPUs as different as Zen 3 (AVX2) and Zen 4 (AVX-512); else what ``platform`` says."""
+    info = {}
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():                      # the first processor's block is enough
+                    break
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip().lower(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    name = info.get("model name")
+    if not name:
+        return platform.processor() or platform.machine() or "unknown"
+    flags = set(info.get("flags", "").split())
+    extra = []
+    if info.get("cpu family") and info.get("model"):
+        extra.append(f"family {info['cpu family']} model {info['model']}")
+    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "NEON" if "asimd" in flags else None
+    if isa:
+        extra.append(isa)
+    return f"{name} ({', '.join(extra)})" if extra else name
 
 
 def gemm_info(threads: int, gemms, n: int = 2048) -> dict:
