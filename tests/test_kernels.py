@@ -289,6 +289,21 @@ def test_small_work_never_imports_numba_and_the_environment_chooses():
     assert "QKV_KERNELS: expected one of ('auto', 'numpy', 'numba'), got 'bogus'; using 'auto'" in r.stderr
 
 
+def _kernel_and_numpy(monkeypatch, kernel: str, fn, x):
+    """``fn`` on a copy of ``x`` with the kernels (their ``kernel`` counted: it must run once) and with NumPy's
+    passes (``set_kernels("numpy")``: it must not run) → (with kernels, NumPy's, the calls)."""
+    calls = []
+    real = getattr(jit, kernel)
+    monkeypatch.setattr(jit, kernel, lambda *a: (calls.append(1), real(*a)))
+    got = fn(x.copy())
+    assert calls == [1], "the kernel was not used"
+    with monkeypatch.context() as m:
+        m.setattr(kernels.KERNELS, "choice", "numpy")
+        base = fn(x.copy())
+    assert calls == [1], "the kernel ran where NumPy's passes were chosen"
+    return got, base, calls
+
+
 def test_swiglu_kernel_equals_numpy(rng, monkeypatch):
     # the decoder's SwiGLU, g·u / (1 + e^(−g)), in one pass where the kernels are loaded and the block is large
     from qkv.models.llama import swiglu_
@@ -296,15 +311,8 @@ def test_swiglu_kernel_equals_numpy(rng, monkeypatch):
     gu = (rng.standard_normal((64, 2 * 512)) * 4).astype(np.float32)
     gu[0, :4] = [-100.0, 100.0, 0.0, -np.inf]
     gu[0, 512:516] = [3.0, 2.0, 5.0, 1.0]
-    calls = []
-    real = jit.swiglu_rows
-    monkeypatch.setattr(jit, "swiglu_rows", lambda *a: (calls.append(1), real(*a)))
-    got = swiglu_(gu.copy())
-    assert calls, "the kernel was not used"
-    with monkeypatch.context() as m:
-        m.setattr(kernels.KERNELS, "choice", "numpy")
-        with np.errstate(invalid="ignore"):
-            base = swiglu_(gu.copy())
+    with np.errstate(invalid="ignore"):
+        got, base, calls = _kernel_and_numpy(monkeypatch, "swiglu_rows", swiglu_, gu)
     g, u = gu[:, :512].astype(np.float64), gu[:, 512:].astype(np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         want = g * u / (1 + np.exp(-g))
@@ -320,15 +328,7 @@ def test_gelu_kernel_equals_numpy_and_erf(rng, monkeypatch):
     kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
     h = (rng.standard_normal((64, 1536)) * 3).astype(np.float32)
     h[0, :6] = [0.0, -6.0, 6.0, 40.0, -40.0, 1e-30]                    # beyond the clip at |h/√2| = 4 too
-    calls = []
-    real = jit.gelu_rows
-    monkeypatch.setattr(jit, "gelu_rows", lambda *a: (calls.append(1), real(*a)))
-    got = gelu_(h.copy())
-    assert calls, "the kernel was not used"
-    with monkeypatch.context() as m:
-        m.setattr(kernels.KERNELS, "choice", "numpy")
-        base = gelu_(h.copy())
-    assert len(calls) == 1                                               # numpy's passes when told so
+    got, base, calls = _kernel_and_numpy(monkeypatch, "gelu_rows", gelu_, h)
     x = h.astype(np.float64)
     want = x * 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
     # float32's 1 + erf(z) cancels for negative h (erf → −1): an error of about |h|·1e-7 either way, so the
