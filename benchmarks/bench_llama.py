@@ -94,11 +94,8 @@ def main() -> None:
     import qkv
     from qkv.models.llama import default_model_path, load_llama
 
-    from qkv.bench import cpu_model
-    from qkv.gemm import NumpyGemm
-    from qkv.kernels import KERNELS
-    print(f"CPU {cpu_model()}; threads {args.threads} (torch, BLAS, qkv runtime); numpy {np.__version__} "
-          f"({NumpyGemm.kernel()}), block kernels {KERNELS.describe()}, "
+    from qkv.bench import environment_line
+    print(f"{environment_line()}; threads {args.threads} (torch, BLAS, qkv runtime); "
           f"torch {torch.__version__}, transformers {transformers.__version__}; "
           f"load average {os.getloadavg()[0]:.2f} at start")
     if not args.skip_load:

@@ -55,7 +55,6 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
     from threadpoolctl import threadpool_limits
 
-    import qkv
     from qkv.models import load_bert
 
     torch.set_num_threads(args.threads)
@@ -63,12 +62,9 @@ def main() -> None:
     model = load_bert()
     st = SentenceTransformer(model.config.path, device="cpu")
     n_tokens = sum(len(t) for t in model.tokenize(texts))
-    from qkv.bench import cpu_model
-    from qkv.gemm import NumpyGemm
-    from qkv.kernels import KERNELS
+    from qkv.bench import environment_line
     print(f"{args.texts} texts, {n_tokens} tokens (mean {n_tokens / args.texts:.1f}), batch {args.batch_size}, "
-          f"threads {args.threads} (BLAS and torch), torch {torch.__version__}, numpy {np.__version__} "
-          f"({NumpyGemm.kernel()}), GEMM {qkv.get_gemm()}, block kernels {KERNELS.describe()}; CPU {cpu_model()}")
+          f"threads {args.threads} (BLAS and torch), torch {torch.__version__}; {environment_line()}")
 
     def run_qkv():
         return model.encode(texts, batch_size=args.batch_size, progress=False)

@@ -88,6 +88,20 @@ def test_cpu_model_names_family_model_and_vector_unit(tmp_path):
                                                           or "unknown")
 
 
+def test_environment_line_names_cpu_blas_gemm_and_kernels(monkeypatch):
+    import numpy as np
+    import qkv
+    from qkv import gemm, kernels
+    line = bench.environment_line()
+    for part in (f"CPU {bench.cpu_model()}", f"numpy {np.__version__} ({gemm.NumpyGemm.kernel()})",
+                 f"GEMM {qkv.get_gemm()}", f"block kernels {bench._kernels_in_use()}"):
+        assert part in line
+    # QKV_KERNELS=numba without numba is an error of the engine's, not of a benchmark's first line
+    monkeypatch.setattr(kernels.KERNELS, "choice", "numba")
+    monkeypatch.setattr(kernels.KERNELS, "_jit", False)
+    assert bench.environment_line().endswith("block kernels numpy")
+
+
 def test_bench_gemm_providers_side_by_side(capsys):
     from qkv import gemm
     if gemm.GEMM.mkl() is None:

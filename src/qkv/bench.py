@@ -456,6 +456,16 @@ def _machine(threads, rate, torch, providers=None) -> dict:
                 date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
+def environment_line() -> str:
+    """What a benchmark script's figures ran on, for its first line: the CPU (:func:`cpu_model`), NumPy's BLAS
+    and kernel, the GEMM provider in use and the engine's block kernels —
+    ``CPU AMD EPYC (family 25 model 17, AVX-512); numpy 2.4.6 (openblas 0.3.31 (SkylakeX)); GEMM numpy;
+    block kernels numba 0.68.1``."""
+    from . import gemm
+    return (f"CPU {cpu_model()}; numpy {np.__version__} ({gemm.NumpyGemm.kernel()}); GEMM {gemm.get_gemm()}; "
+            f"block kernels {_kernels_in_use()}")
+
+
 def header(result: dict) -> str:
     """The line above a table: shape, threads, repeats, CPU, the GEMM provider(s) with kernel and rate, the
     engine's block kernels (:mod:`qkv.kernels`)."""
