@@ -1165,8 +1165,6 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
         summed = False                                        # the kernel wrote the row sums into l_blk
         if shift_free:
-            fresh = not l_i[rs].any()                        # nothing accumulated in these rows yet (l_i = 0
-            #                                                  means every p so far was 0, so acc is 0 too)
             # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked; p = exp(s − 0)
             plan = sc(s, a0, a1, j0, j1, kind, fold_col=fold_col, fuse=jit is not None)
             if plan is not None:
@@ -1188,6 +1186,8 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 _mm(s, Vb, out=t)
                 acc[rs] += t
                 continue
+            fresh = not l_i[rs].any()                        # nothing accumulated in these rows yet (l_i = 0
+            #                                                  means every p so far was 0, so acc is 0 too)
         else:
             # lazy where every row of this block has a max already (these rows, not the whole task's: a causal
             # diagonal's lower rows first see keys in a later block than the upper ones — measured on SmolLM2's
