@@ -8,7 +8,7 @@ the ``jit`` extra (``pip install 'qkv[jit]'``: numba) these run as one compiled,
 (:mod:`qkv._jit`): measured there, one thread, a 1024 × 512 float32 block, best of 15 rounds taking turns:
 exp and row sums 0.36–0.39 ms against NumPy's exp alone 0.74–0.82; softcap by polynomial and exp 0.63–0.65
 ms against 1.25 for NumPy's two passes. On a Zen 4 EPYC (AVX-512; NumPy's exp 0.23–0.24 ms there): exp and
-row sums 0.16 ms, the running max's pass 0.23 ms.
+row sums 0.11–0.13 ms, the running max's pass 0.19–0.21 ms.
 
 Choice, as the GEMM's (:mod:`qkv.gemm`): ``set_kernels("auto" | "numpy" | "numba")`` / :func:`get_kernels`,
 or ``QKV_KERNELS`` in the environment. ``auto`` (the default) takes numba where it is installed; ``numpy``
@@ -16,7 +16,7 @@ keeps the engine on NumPy alone; ``numba`` without the extra is a ValueError nam
 of at least :data:`KERNEL_MIN` scores use a kernel (numba is imported, ~0.3 s, and its cached machine code
 loaded, the first time one does), so small work — the explainer, a short sentence — never imports numba.
 float64 stays on NumPy, whose ``exp`` is exact to the last bit the tests check. Results equal NumPy's to float32 rounding (the kernels' ``exp``
-is within 3e-7 relative of the exact value, NumPy's float32 ``exp`` 1.2e-7).
+is within 2.1e-7 relative of the exact value, NumPy's float32 ``exp`` 1.2e-7).
 """
 from __future__ import annotations
 
