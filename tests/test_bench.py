@@ -131,7 +131,7 @@ def test_bench_gemm_mkl_without_the_extra_is_one_line(monkeypatch, capsys):
 
 
 def test_gemm_share_times_the_forward_against_its_own_gemms():
-    rows = bench.gemm_share(256, heads=1, dim=16, repeats=1)
+    rows = bench.gemm_share(256, heads=1, dim=16, repeats=1, torch_sdpa=False)
     assert [r["mode"] for r in rows] == ["forward", "causal"]
     for r in rows:
         assert 0 < r["gemm_s"] < r["cpu_s"]                      # the GEMMs are part of the call, not all of it
@@ -139,6 +139,25 @@ def test_gemm_share_times_the_forward_against_its_own_gemms():
         assert r["gflops"] == pytest.approx(bench.flops(r["mode"], 1, 1, 256, 16) / r["cpu_s"] / 1e9)
     lines = bench.gemm_share_lines(rows)
     assert len(lines) == 2 + len(rows) and lines[2].startswith(f"| {rows[0]['gemm']} | forward | 256 |")
+
+
+def test_gemm_share_puts_torchs_sdpa_against_torchs_own_gemm():
+    pytest.importorskip("torch")
+    rows = bench.gemm_share(256, heads=1, dim=16, repeats=1, gemms=["numpy"])
+    assert [(r["gemm"], r["mode"]) for r in rows] == [("numpy", "forward"), ("numpy", "causal"),
+                                                       ("torch", "forward"), ("torch", "causal")]
+    for r in rows[2:]:
+        assert r["gemm_s"] is None and r["blocks"] == (64, 256) and r["cpu_s"] > 0
+        assert r["share"] == pytest.approx(r["gflops"] / r["gemm_gflops"])
+        assert r["gflops"] == pytest.approx(bench.flops(r["mode"], 1, 1, 256, 16) / r["cpu_s"] / 1e9)
+    lines = bench.gemm_share_lines(rows)
+    assert lines[4].startswith("| torch SDPA (its mm, 64×256 blocks) | forward | 256 |") and "| — |" in lines[4]
+
+
+def test_torch_flash_blocks_follow_torchs_kernel():
+    # aten/src/ATen/native/cpu/FlashAttentionKernel.cpp: q split 256 from 768 rows, 64 from 192, else 32; kv 512
+    assert [bench.torch_flash_blocks(n) for n in (4096, 768, 767, 192, 191, 16)] == [
+        (256, 512), (256, 512), (64, 512), (64, 192), (32, 191), (16, 16)]
 
 
 def test_bench_gemm_share_option_adds_its_rows(capsys):

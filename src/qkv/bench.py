@@ -362,12 +362,17 @@ def _with_gemm(name: str, fn):
 
 
 def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repeats: int = 3,
-               modes=("forward", "causal")) -> list:
+               modes=("forward", "causal"), torch_sdpa=None) -> list:
     """The tiled forward against its own GEMMs, on one thread: per provider and mode, the CPU time of the
     call, the CPU time inside the provider's matmuls (each timed), their rate, and the forward's nominal rate
     as a share of that rate — how close the engine runs to its GEMM (1.0: nothing but matmuls). CPU time
     (``time.thread_time``), one thread, best of ``repeats``: what other jobs on a shared machine take is not
-    counted."""
+    counted.
+
+    ``torch_sdpa`` (None: when torch is installed): also torch's SDPA on the same inputs and thread, rows with
+    ``gemm="torch"``, against torch's own GEMM (``torch.mm``, one thread) on its CPU flash kernel's block shapes
+    (:func:`torch_flash_blocks`), timed apart — its matmuls cannot be timed inside the fused kernel, and a
+    GEMM alone runs at least as fast as inside the kernel, so that share is if anything low (``gemm_s`` None)."""
     from . import gemm
     from .backends import tiled
     from .backends.runtime import RUNTIME
@@ -413,7 +418,68 @@ def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repe
                                  share=(nominal / total / 1e9) / rate))
     finally:
         gemm.set_gemm(saved)
+    if torch_sdpa is None or torch_sdpa:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            if torch_sdpa:
+                raise ValueError("torch_sdpa: needs torch (pip install 'qkv[torch]')") from None
+        else:
+            rows += _torch_share(q, k, v, modes, repeats)
     return rows
+
+
+def torch_flash_blocks(n: int) -> tuple:
+    """The (query, key) block of torch's CPU flash attention for ``n`` query rows (float32, no mask): 256 rows
+    from 768 queries on, 64 from 192, else 32; 512 keys — ``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp``
+    (torch 2.x), capped at ``n``."""
+    q = 256 if n >= 768 else 64 if n >= 192 else 32
+    return min(q, n), min(512, n)
+
+
+def _torch_share(q, k, v, modes, repeats: int) -> list:
+    """:func:`gemm_share`'s torch rows: SDPA at one thread, against ``torch.mm`` on its kernel's blocks."""
+    import torch
+    F = torch.nn.functional
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _, heads, n, dim = q.shape
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        bq, bk = torch_flash_blocks(n)
+        a, kb, p, vb = (torch.from_numpy(x[0, 0, :m].copy()) for x, m in ((q, bq), (k, bk), (q, bq), (v, bk)))
+        pm = torch.randn(bq, bk)                               # a block of probabilities' shape
+        s_out, o_out = torch.empty(bq, bk), torch.empty(bq, dim)
+
+        def mms():                                             # Q·Kᵀ (K as stored: a transposed view) and P·V
+            torch.mm(a, kb.t(), out=s_out)
+            torch.mm(pm, vb, out=o_out)
+        reps = max(1, int(2e9 // (4 * bq * bk * dim)))          # ≈ 20 ms a sample
+        mm_t = _best_cpu(lambda: [mms() for _ in range(reps)], repeats)
+        rate = 4 * bq * bk * dim * reps / mm_t / 1e9
+        rows = []
+        for mode in modes:
+            causal = mode == "causal"
+            fn = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)   # noqa: E731
+            fn()                                               # warm-up
+            total = _best_cpu(fn, repeats)
+            nominal = flops(mode, 1, heads, n, dim)
+            rows.append(dict(gemm="torch", mode=mode, n=n, heads=heads, cpu_s=total, gemm_s=None,
+                             gemm_gflops=rate, gflops=nominal / total / 1e9, share=(nominal / total / 1e9) / rate,
+                             blocks=(bq, bk)))
+        return rows
+    finally:
+        torch.set_num_threads(old)
+
+
+def _best_cpu(fn, repeats: int) -> float:
+    """The least CPU time (``time.thread_time``) of ``repeats`` calls of ``fn``."""
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.thread_time()
+        fn()
+        best = min(best, time.thread_time() - t)
+    return best
 
 
 def gemm_share_lines(rows) -> list:
@@ -421,7 +487,9 @@ def gemm_share_lines(rows) -> list:
     out = ["| GEMM | mode | N | CPU ms | in GEMM ms | GEMM GFLOP/s | forward GFLOP/s | share of GEMM rate |",
            "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        out.append(f"| {r['gemm']} | {r['mode']} | {r['n']} | {r['cpu_s'] * 1e3:.0f} | {r['gemm_s'] * 1e3:.0f} | "
+        in_gemm = "—" if r["gemm_s"] is None else f"{r['gemm_s'] * 1e3:.0f}"
+        name = r["gemm"] if r["gemm"] != "torch" else "torch SDPA (its mm, %d×%d blocks)" % r["blocks"]
+        out.append(f"| {name} | {r['mode']} | {r['n']} | {r['cpu_s'] * 1e3:.0f} | {in_gemm} | "
                    f"{r['gemm_gflops']:.0f} | {r['gflops']:.0f} | {100 * r['share']:.0f} % |")
     return out
 

@@ -93,7 +93,8 @@ def _words(text: str, name: str, allowed) -> list[str]:
                    "mkl (pip install 'qkv[mkl]'), auto (default: the one in use, qkv.get_gemm()).")
 @click.option("--gemm-share", "share", is_flag=True,
               help="Also: the tiled forward and causal forward at the largest N on one thread against the GEMMs "
-                   "inside them (CPU time): the share of the GEMM's rate the forward reaches, per provider.")
+                   "inside them (CPU time): the share of the GEMM's rate the forward reaches, per provider; "
+                   "with torch installed, torch's SDPA too, against torch.mm on its kernel's blocks.")
 def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, long_n, json_out, plot_out,
           markdown, progress, variants, cases, gemm_names, share):
     """Time qkv's tiled engine, its reference path and torch's SDPA side by side (float32).
