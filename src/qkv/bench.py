@@ -556,21 +556,32 @@ def long_sequence(n: int = 65536, *, heads: int = 1, dim: int = 64, threads: int
     The peak is the child's VmHWM (its own address space since exec), not ``ru_maxrss``, which on Linux
     starts from the RSS of the parent at fork time.
     """
-    code = (
-        "import time, json, numpy as np, qkv\n"
-        "from qkv import bench\n"
-        f"n, h, e, th = {n}, {heads}, {dim}, {threads!r}\n"
-        "qkv.set_num_threads(th)\n"
-        "r = np.random.default_rng(0)\n"
-        "q, k, v = (r.standard_normal((1, h, n, e), dtype=np.float32) for _ in range(3))\n"
+    return _fresh_forward(
+        f"n, h, e, th = {n}, {heads}, {dim}, {threads!r}\n",
         "t = time.perf_counter(); out = qkv.scaled_dot_product_attention(q, k, v, backend='tiled')\n"
-        "t = time.perf_counter() - t\n"
-        "rss = bench._read_status('VmHWM')\n"
-        "print(json.dumps(dict(n=n, heads=h, dim=e, seconds=t, peak_rss_mb=rss / 2**20, "
-        "scores_would_take_mb=h * n * n * 4 / 2**20, finite=bool(np.isfinite(out).all()))))\n")
+        "t = time.perf_counter() - t\n",
+        "dict(n=n, heads=h, dim=e, seconds=t, peak_rss_mb=rss / 2**20, "
+        "scores_would_take_mb=h * n * n * 4 / 2**20, finite=bool(np.isfinite(out).all()))", "long-sequence run")
+
+
+def _fresh_forward(params: str, timed: str, report: str, what: str) -> dict:
+    """A forward in a fresh Python: ``params`` (n, h, e, th and the like, as code), random q, k, v (1, h, n, e)
+    float32, ``timed`` (code leaving ``t`` and ``out``), then the JSON of ``report`` (an expression that may
+    use ``rss``, the child's VmHWM in bytes). Raises RuntimeError naming ``what`` with the child's last line
+    when it fails."""
+    code = ("import time, json, numpy as np, qkv\n"
+            "from qkv import bench, backends, mods\n"
+            "from qkv.blockmask import create_block_mask\n"
+            + params +
+            "qkv.set_num_threads(th)\n"
+            "r = np.random.default_rng(0)\n"
+            "q, k, v = (r.standard_normal((1, h, n, e), dtype=np.float32) for _ in range(3))\n"
+            + timed +
+            "rss = bench._read_status('VmHWM')\n"
+            f"print(json.dumps({report}))\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     if res.returncode != 0:
-        raise RuntimeError(f"long-sequence run failed: {res.stderr.strip().splitlines()[-1:]}")
+        raise RuntimeError(f"{what} failed: {res.stderr.strip().splitlines()[-1:]}")
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
@@ -829,26 +840,15 @@ def long_window(n: int = 65536, *, heads: int = 8, dim: int = 64, window: int = 
                 threads: int | None = None) -> dict:
     """One sliding-window forward (the tiled engine, a block mask) of ``n`` tokens in a fresh process: its
     time and peak RSS (VmHWM: the child's own address space since exec), the inputs included."""
-    code = (
-        "import time, json, numpy as np, qkv\n"
-        "from qkv import bench, backends, mods\n"
-        "from qkv.blockmask import create_block_mask\n"
-        f"n, h, e, w, th = {n}, {heads}, {dim}, {window}, {threads!r}\n"
-        "qkv.set_num_threads(th)\n"
-        "r = np.random.default_rng(0)\n"
-        "q, k, v = (r.standard_normal((1, h, n, e), dtype=np.float32) for _ in range(3))\n"
+    return _fresh_forward(
+        f"n, h, e, w, th = {n}, {heads}, {dim}, {window}, {threads!r}\n",
         "t = time.perf_counter()\n"
         "bm = create_block_mask(mods.sliding_window(w), None, None, n, n)\n"
         "out = backends.get('tiled').forward(q, k, v, scale=e ** -0.5, block_mask=bm)[0]\n"
-        "t = time.perf_counter() - t\n"
-        "rss = bench._read_status('VmHWM')\n"
-        "print(json.dumps(dict(n=n, heads=h, dim=e, window=w, seconds=t, peak_rss_mb=rss / 2**20, "
+        "t = time.perf_counter() - t\n",
+        "dict(n=n, heads=h, dim=e, window=w, seconds=t, peak_rss_mb=rss / 2**20, "
         "inputs_mb=4 * q.nbytes / 2**20, scores_would_take_mb=h * n * n * 4 / 2**20, "
-        "finite=bool(np.isfinite(out).all()))))\n")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    if res.returncode != 0:
-        raise RuntimeError(f"long sliding-window run failed: {res.stderr.strip().splitlines()[-1:]}")
-    return json.loads(res.stdout.strip().splitlines()[-1])
+        "finite=bool(np.isfinite(out).all()))", "long sliding-window run")
 
 
 VARIANT_HEADERS = ["variant", "N", "impl", "median ms"]

@@ -52,6 +52,18 @@ def _check_memory(lengths, batch: int, heads: int, dim: int, backward: bool, lon
                             f"the {avail / 2**30:,.1f} GiB available here; give a smaller N")
 
 
+def _json(result: dict, json_out) -> bool:
+    """``--json``: the result to stdout (``-``: True, nothing else is printed) or written whole to the file."""
+    from qkv import bench as B
+    if json_out == "-":
+        click.echo(B.dumps(result))
+        return True
+    if json_out:
+        with atomic_write(json_out, "w", encoding="utf-8") as f:
+            f.write(B.dumps(result) + "\n")
+    return False
+
+
 def _words(text: str, name: str, allowed) -> list[str]:
     vals = [x for x in text.replace(" ", "").split(",") if x]
     bad = [x for x in vals if x not in allowed]
@@ -139,12 +151,8 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         result = B.variants(heads=heads, dim=dim, repeats=repeats, threads=threads,
                             long_n=65536 if long_n is None else long_n, progress=progress,
                             cases=_words(cases, "--cases", ("window", "documents", "mods", "backward")))
-        if json_out == "-":
-            click.echo(B.dumps(result))
+        if _json(result, json_out):
             return 0
-        if json_out:
-            with atomic_write(json_out, "w", encoding="utf-8") as f:
-                f.write(B.dumps(result) + "\n")
         if markdown:
             click.echo(B.variants_markdown(result))
         else:
@@ -171,12 +179,8 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         except ImportError:
             raise UserError("--plot needs matplotlib: pip install 'qkv[viz]'") from None
         B.plot(result, plot_out)
-    if json_out == "-":
-        click.echo(B.dumps(result))
+    if _json(result, json_out):
         return 0
-    if json_out:
-        with atomic_write(json_out, "w", encoding="utf-8") as f:
-            f.write(B.dumps(result) + "\n")
     if markdown:
         click.echo(B.markdown(result))
     else:
