@@ -172,6 +172,14 @@ def test_bench_long_sequence_reports_peak_rss():
     assert res["n"] == 2048 and res["finite"] and res["peak_rss_mb"] > 0 and res["seconds"] > 0
 
 
+def test_bench_long_window_reports_peak_rss_and_fails_clearly():
+    res = bench.long_window(2048, heads=1, dim=8, window=64, threads=1)
+    assert res["n"] == 2048 and res["window"] == 64 and res["finite"] and res["peak_rss_mb"] > 0
+    assert res["inputs_mb"] == pytest.approx(4 * 2048 * 8 * 4 / 2**20)
+    with pytest.raises(RuntimeError, match="long sliding-window run failed"):
+        bench.long_window(2048, heads=1, dim=8, window=0, threads=1)          # no window: the child raises
+
+
 @pytest.mark.parametrize("args, msg", [(["--lengths", "a,b"], "--lengths"), (["--modes", "sideways"], "--modes"),
                                        (["--threads", "0"], "--threads"), (["--impls", "jax"], "--impls"),
                                        (["--json", "/no/such/dir/b.json"], "--json"),
