@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import qkv
+from qkv.merge import merge_partials
 
 r = np.random.default_rng(0)
 q = r.standard_normal((2, 4, 3, 8))
@@ -68,7 +69,7 @@ x = np.ones((2, 3, 8), np.float32)
     (lambda: qkv.MultiHeadAttention(8, 4, num_kv_heads=3), ValueError,
      r"num_heads \(4\) is not a multiple of num_kv_heads \(3\)"),
     (lambda: qkv.MultiHeadAttention(0, 1), ValueError, r"embed_dim: expected an integer >= 1, got 0"),
-    (lambda: qkv.MultiHeadAttention(8, 2, dtype=np.int32), TypeError, r"dtype: expected float16"),
+    (lambda: qkv.MultiHeadAttention(8, 2, dtype=np.int32), TypeError, r"dtype: expected a float dtype \(float16"),
     (lambda: qkv.MultiHeadAttention(8, 2, batch_first="yes"), TypeError, r"batch_first: expected True or False"),
     (lambda: m(np.ones((2, 3, 7), np.float32)), ValueError, r"query: expected last dimension 8, got 7"),
     (lambda: m(np.ones((2, 3, 4, 8), np.float32)), ValueError, r"query: expected shape \(B, T, 8\)"),
@@ -97,3 +98,67 @@ def test_no_bare_asserts_in_the_package():
                  for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
                  if re.match(r"\s*assert\b", line)]
     assert offenders == []
+
+
+# ------------------------------------------------------------------------- finite input that a cast would break
+# float64 values beyond float32 (or float16) are finite as given and inf after the cast: each is refused
+# where it enters, naming the argument, instead of a NaN (or a silently different result) later.
+_q32 = np.ones((1, 2, 4, 8), np.float32)
+
+
+@pytest.mark.parametrize("call, exc, pattern", [
+    (lambda: SDPA(_q32, _q32, _q32, np.full((4, 4), 1e39)), ValueError,
+     r"attn_mask: expected values up to 1.7e\+38 \(half of float32's largest number.*got 1e\+39 at index \(0, 0\)"),
+    (lambda: qkv.attention_weights(_q32, _q32, [0], attn_mask=np.full((4, 4), 1e39)), ValueError, r"attn_mask: "),
+    (lambda: qkv.scaled_dot_product_attention_backward(_q32, _q32, _q32, _q32, attn_mask=np.full((4, 4), 1e39)),
+     ValueError, r"attn_mask: "),
+    (lambda: qkv.MultiHeadAttention(8, 2).load(W_Q=np.full((8, 8), 1e39)), ValueError,
+     r"W_Q: expected values within float32's range"),
+    (lambda: qkv.flex_attention(_q32, _q32, _q32, sink_logits=np.full(2, 1e39)), ValueError,
+     r"sink_logits: expected logits within ±1e30, got 1e\+39"),
+    (lambda: qkv.mods.softcap(1e-300), ValueError, r"cap: expected a number in \[1e-30, 1e30\]"),
+    (lambda: qkv.mods.softcap(1e308), ValueError, r"cap: expected a number in \[1e-30, 1e30\]"),
+    (lambda: qkv.positions.rope(np.full((2, 4), 60000, np.float16)), ValueError,
+     r"x: values up to 60000 may rotate to 84852.8, beyond float16's largest number 65504"),
+    (lambda: qkv.positions.rope(np.full((2, 4), np.nan, np.float32)), ValueError, r"x: expected finite numbers"),
+    (lambda: qkv.flex_attention(_q32, _q32, _q32, score_mod=qkv.mods.alibi([0.5, 1.0, 7.0])), ValueError,
+     r"slopes: expected one slope per query head \(H=2\), got 3"),
+    (lambda: qkv.sinusoidal_positions(4, 4, base=0), ValueError, r"base: expected a finite number > 0, got 0"),
+    (lambda: qkv.sinusoidal_positions(4, 4, base=float("nan")), ValueError, r"base: expected a finite number"),
+    (lambda: qkv.sinusoidal_positions(4, 4, base="x"), TypeError, r"base: expected a real number > 0, got str"),
+    (lambda: qkv.sinusoidal_positions(4, 4, dtype=np.int32), TypeError,
+     r"dtype: expected a float dtype \(float16, float32 or float64\), got int32"),
+    (lambda: qkv.sinusoidal_positions(4, 4, dtype="bogus"), TypeError, r"dtype: expected a float dtype.*'bogus'"),
+    (lambda: qkv.masks.to_additive(np.ones((2, 2), bool), dtype=np.int32), TypeError, r"dtype: expected a float"),
+    (lambda: qkv.MultiHeadAttention(8, 2, seed=-1), ValueError, r"seed: expected None or an integer >= 0, got -1"),
+    (lambda: qkv.MultiHeadAttention(8, 2, seed="x"), TypeError, r"seed: expected None or an integer >= 0, got str"),
+    (lambda: qkv.MultiHeadAttention(8, 2, dtype="bogus"), TypeError, r"dtype: expected a float dtype"),
+    (lambda: qkv.positions.TokenEmbedding(10, 4, seed=-1), ValueError, r"seed: expected None or an integer"),
+    (lambda: qkv.positions.TokenEmbedding(10, 4, dtype=np.int32), TypeError, r"dtype: expected a float dtype"),
+    (lambda: merge_partials(_q32, _q32[..., 0], _q32, _q32[..., 0], out="x"), TypeError,
+     r"out: expected a pair \(out_array, lse_array\) of numpy arrays, got str"),
+])
+def test_values_a_cast_or_a_bad_setting_would_break_are_refused(call, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        call()
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda: qkv.sinusoidal_positions(10**12, 8), r"seq_len × d_model: needs about [\d,.]+ GiB, more than"),
+    (lambda: qkv.masks.causal(10**7, 10**7), r"q_len × k_len: needs about"),
+    (lambda: qkv.masks.sliding_window(10**7, 10**7, window=4), r"q_len × k_len: needs about"),
+    (lambda: qkv.create_block_mask(qkv.mods.causal(), None, None, 10**12, 10**12),
+     r"B × H × Q_LEN × KV_LEN / BLOCK_SIZE²: needs about"),
+])
+def test_sizes_beyond_memory_are_a_value_error_not_a_memory_error(call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
+
+
+def test_the_limits_leave_ordinary_values_alone():
+    m = np.array([[np.finfo(np.float32).min, 0.0, 0.0, 0.0]] * 4)       # HF's "masked" value: allowed
+    out = SDPA(_q32, _q32, _q32, m)
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(qkv.mods.alibi([0.5, 0.25]).params["slopes"], [0.5, 0.25])
+    assert qkv.sinusoidal_positions(3, 4, base=2.0, dtype=np.float64).dtype == np.float64
+    assert qkv.MultiHeadAttention(8, 2, seed=np.random.default_rng(1)).W_Q.shape == (8, 8)

@@ -65,14 +65,64 @@ def positive_int(x, name: str, *, minimum: int = 1) -> int:
     return int(x)
 
 
+def float_dtype(dtype, name: str = "dtype") -> np.dtype:
+    """``dtype`` as a NumPy floating dtype (float16, float32, float64), or a TypeError naming ``name``."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"{name}: expected a float dtype (float16, float32 or float64), got {dtype!r}") from None
+    if dt.type not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected a float dtype (float16, float32 or float64), got {dt}")
+    return dt
+
+
+def seed(x, name: str = "seed"):
+    """A seed for ``np.random.default_rng``: None, an integer ≥ 0, or a Generator / SeedSequence as is."""
+    if x is None or isinstance(x, (np.random.Generator, np.random.SeedSequence)):
+        return x
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name}: expected None or an integer >= 0, got {type(x).__name__} {x!r}")
+    if int(x) < 0:
+        raise ValueError(f"{name}: expected None or an integer >= 0, got {x}")
+    return int(x)
+
+
+def available_bytes() -> int | None:
+    """Memory this machine can give a new allocation now (Linux MemAvailable; else physical memory), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def fits(nbytes: float, what: str) -> None:
+    """A ValueError naming ``what`` (the arguments that set the size) when ``nbytes`` cannot be had here —
+    a clear message instead of NumPy's MemoryError (or the machine swapping) later."""
+    avail = available_bytes()
+    if avail is not None and nbytes > avail:
+        raise ValueError(f"{what}: needs about {nbytes / 2**30:,.1f} GiB, more than the {avail / 2**30:,.1f} GiB "
+                         f"available here")
+
+
 def boolean(x, name: str) -> bool:
     if not isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{name}: expected True or False, got {type(x).__name__} {x!r}")
     return bool(x)
 
 
-def mask_array(mask, name: str) -> np.ndarray:
-    """A mask is boolean (True = may attend) or floating (added to the scaled scores)."""
+def mask_array(mask, name: str, dtype=None) -> np.ndarray:
+    """A mask is boolean (True = may attend) or floating (added to the scaled scores). ``dtype``: the one the
+    scores are computed in (float32 for float16/32 inputs, float64): a float mask's positive values must stay
+    within half its largest number (the scores, bounded by :func:`range_check`, are added to them), since the
+    cast would make 1e39 (a finite float64) +inf and its row NaN; large negative values only mask more (HF's
+    ``finfo.min`` convention) and go to −inf at worst."""
     if not isinstance(mask, np.ndarray):
         if isinstance(mask, (list, tuple)):
             mask = np.asarray(mask)
@@ -84,6 +134,13 @@ def mask_array(mask, name: str) -> np.ndarray:
     if mask.dtype.type in FLOAT_DTYPES:
         if np.any(np.isnan(mask)) or np.any(mask == np.inf):
             raise ValueError(f"{name}: a float mask may hold finite numbers and -inf, got NaN or +inf")
+        if dtype is not None and mask.size:
+            limit = float(np.finfo(dtype).max) / 2
+            top = float(np.max(mask))
+            if top > limit:
+                at = tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
+                raise ValueError(f"{name}: expected values up to {limit:.3g} (half of {np.dtype(dtype)}'s largest "
+                                 f"number: the scores are computed in {np.dtype(dtype)}), got {top:.6g} at index {at}")
         return mask
     raise TypeError(f"{name}: expected dtype bool (True = may attend) or a float dtype (added to the "
                     f"scores), got {mask.dtype}")

@@ -143,6 +143,8 @@ def create_block_mask(mask_mod, B, H, Q_LEN, KV_LEN, BLOCK_SIZE=128) -> BlockMas
     bs = _checks.positive_int(BLOCK_SIZE, "BLOCK_SIZE")
     mod.validate(Bn, Hn, L, S)
     nq, nk = -(-L // bs), -(-S // bs)
+    # the (B, H, nQ, nK) kinds and their int64/bool temporaries, ~24 bytes a cell
+    _checks.fits(24.0 * (Bn or 1) * (Hn or 1) * nq * nk, "B × H × Q_LEN × KV_LEN / BLOCK_SIZE²")
     q0 = (np.arange(nq, dtype=np.int64) * bs)[:, None]                       # (nQ, 1)
     q1 = np.minimum(q0 + bs, L)
     k0 = (np.arange(nk, dtype=np.int64) * bs)[None, :]                       # (1, nK)

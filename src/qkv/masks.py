@@ -46,6 +46,7 @@ def causal(q_len: int, k_len: int | None = None, *, align: str = "top-left") -> 
     """
     q_len, k_len = _lengths(q_len, k_len)
     off = _offset(q_len, k_len, align)
+    _checks.fits(float(q_len) * k_len, "q_len × k_len")            # the (L, S) bools
     i = np.arange(q_len)[:, None]                                  # (L, 1)
     j = np.arange(k_len)[None, :]                                  # (1, S)
     return j <= i + off                                            # (L, S)
@@ -63,6 +64,7 @@ def sliding_window(q_len: int, k_len: int | None = None, *, window: int, causal:
     window = _checks.positive_int(window, "window")
     _checks.boolean(causal, "causal")
     off = _offset(q_len, k_len, align)
+    _checks.fits(10.0 * q_len * k_len, "q_len × k_len")                  # int64 distances and the bools
     d = (np.arange(q_len)[:, None] + off) - np.arange(k_len)[None, :]   # (L, S) distance query − key
     if causal:
         return (d >= 0) & (d < window)
@@ -131,4 +133,4 @@ def to_additive(mask: np.ndarray, dtype=np.float32) -> np.ndarray:
     mask = np.asarray(mask)
     if mask.dtype != np.bool_:
         raise TypeError(f"mask: expected a bool mask (True = may attend), got dtype {mask.dtype}")
-    return np.where(mask, 0.0, -np.inf).astype(dtype)
+    return np.where(mask, 0.0, -np.inf).astype(_checks.float_dtype(dtype, "dtype"))   # −inf needs a float

@@ -54,6 +54,8 @@ def merge_partials(out_a, lse_a, out_b, lse_b, *, out=None):
     wb = (wb * inv).astype(dt, copy=False)[..., None]
     if out is None:
         return (out_a * wa + out_b * wb).astype(dt, copy=False), lse
+    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(a, np.ndarray) for a in out)):
+        raise TypeError(f"out: expected a pair (out_array, lse_array) of numpy arrays, got {type(out).__name__}")
     o, l_ = out
     np.multiply(out_a, wa, out=o)
     o += out_b * wb

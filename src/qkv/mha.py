@@ -53,17 +53,14 @@ class MultiHeadAttention:
             raise ValueError(f"num_heads ({num_heads}) is not a multiple of num_kv_heads ({self.num_kv_heads})")
         self.bias = _checks.boolean(bias, "bias")
         self.batch_first = _checks.boolean(batch_first, "batch_first")
-        dt = np.dtype(dtype)
-        if dt.type not in _checks.FLOAT_DTYPES:
-            raise TypeError(f"dtype: expected float16, float32 or float64, got {dt}")
-        self.dtype = dt
+        self.dtype = dt = _checks.float_dtype(dtype, "dtype")
         if rope is not None and not isinstance(rope, RoPE):
             raise TypeError(f"rope: expected a qkv.RoPE or None, got {type(rope).__name__} {rope!r}")
         if rope is not None and self.head_dim % 2:
             raise ValueError(f"rope: RoPE rotates pairs of coordinates, expected an even head width, got "
                              f"head_dim = embed_dim / num_heads = {self.head_dim}")
         self.rope = rope
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(_checks.seed(seed))
         D, E, Hk = self.embed_dim, self.head_dim, self.num_kv_heads
 
         def xavier(fan_in, fan_out):
@@ -109,7 +106,12 @@ class MultiHeadAttention:
             expected = self._SHAPES[name](self)
             if arr.shape != expected:
                 raise ValueError(f"{name}: expected shape {expected}, got {arr.shape}")
-            setattr(self, name, arr.astype(self.dtype))
+            with np.errstate(over="ignore"):
+                cast = arr.astype(self.dtype)
+            if not np.all(np.isfinite(cast)):                             # finite float64 beyond float32/16
+                raise ValueError(f"{name}: expected values within {self.dtype}'s range (±{np.finfo(self.dtype).max:.4g}),"
+                                 f" got {float(np.max(np.abs(arr))):.6g}")
+            setattr(self, name, cast)
         return self
 
     @classmethod
@@ -303,7 +305,7 @@ class MultiHeadAttention:
         bool_mask = masks.combine(*parts)
         if attn_mask is None:
             return bool_mask
-        am = _checks.mask_array(attn_mask, "attn_mask")
+        am = _checks.mask_array(attn_mask, "attn_mask", self.dtype if self.dtype != np.float16 else np.float32)
         if am.ndim == 3 and am.shape[0] == B * self.num_heads and am.shape[0] != 1:
             am = am.reshape(B, self.num_heads, L, S) if am.shape[1:] == (L, S) else am
         _checks.broadcastable(am.shape, (B, self.num_heads, L, S), "attn_mask", "(B, H, L, S) =")

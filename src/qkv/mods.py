@@ -454,7 +454,8 @@ def alibi(slopes) -> ScoreMod:
         return np.ones((), score.dtype)
 
     def validate(B, H, L, S):
-        if H is not None and H > s.size:
+        # one per head; a single head (or an (L, E) input: h = 0) reads the first of any number
+        if H is not None and (H > s.size or (H > 1 and H != s.size)):
             raise ValueError(f"slopes: expected one slope per query head (H={H}), got {s.size}")
     return ScoreMod(alibi_mod, alibi_grad, name="alibi", params={"slopes": s}, records=True,
                     step_names=(Names.BIASED,), validate=validate)
@@ -466,6 +467,8 @@ def softcap(cap: float) -> ScoreMod:
         raise TypeError(f"cap: expected a finite number > 0, got {type(cap).__name__} {cap!r}")
     if not math.isfinite(cap) or cap <= 0:
         raise ValueError(f"cap: expected a finite number > 0, got {cap!r}")
+    if not 1e-30 <= cap <= 1e30:                               # float32 holds cap, 1/cap and score/cap
+        raise ValueError(f"cap: expected a number in [1e-30, 1e30] (float32 must hold cap and 1/cap), got {cap!r}")
     cap = float(cap)
 
     def softcap_mod(score, b, h, q_idx, kv_idx):

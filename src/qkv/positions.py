@@ -26,6 +26,12 @@ def sinusoidal_positions(seq_len: int, d_model: int, *, base: float = 10000.0, d
     """
     seq_len = _checks.positive_int(seq_len, "seq_len")
     d_model = _checks.positive_int(d_model, "d_model")
+    if isinstance(base, (bool, np.bool_)) or not isinstance(base, numbers.Real):
+        raise TypeError(f"base: expected a real number > 0, got {type(base).__name__} {base!r}")
+    if not (math.isfinite(float(base)) and float(base) > 0):
+        raise ValueError(f"base: expected a finite number > 0, got {base!r}")
+    dtype = _checks.float_dtype(dtype, "dtype")
+    _checks.fits(8.0 * 3 * seq_len * d_model, "seq_len × d_model")           # float64 angles, sin/cos, table
     pos = np.arange(seq_len, dtype=np.float64)[:, None]                     # (T, 1)
     two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]             # (1, ⌈D/2⌉)
     angle = pos / np.power(base, two_i / d_model)                           # (T, ⌈D/2⌉)
@@ -46,8 +52,10 @@ class TokenEmbedding:
     def __init__(self, vocab_size: int, d_model: int, *, weight=None, seed=None, dtype=np.float32):
         self.vocab_size = _checks.positive_int(vocab_size, "vocab_size")
         self.d_model = _checks.positive_int(d_model, "d_model")
+        dtype = _checks.float_dtype(dtype, "dtype")
         if weight is None:
-            weight = np.random.default_rng(seed).standard_normal((vocab_size, d_model)).astype(dtype)
+            _checks.fits(8.0 * vocab_size * d_model, "vocab_size × d_model")
+            weight = np.random.default_rng(_checks.seed(seed)).standard_normal((vocab_size, d_model)).astype(dtype)
         else:
             weight = _checks.float_array(weight, "weight", ndim=2)
             if weight.shape != (vocab_size, d_model):
@@ -230,7 +238,12 @@ def rope(x, positions=None, *, theta: float = 10000.0, style: str = "neox", name
         x's dtype for the rotation (Hugging Face forms the angles in float32: at large positions its float32
         angles differ from the exact ones by about position × 6e-8 rad).
     """
-    x = _checks.float_array(x, "x", min_ndim=2, finite=False)
+    ext = {}
+    x = _checks.float_array(x, "x", min_ndim=2, extents=ext)
+    big = ext.get("x", 0.0) * math.sqrt(2.0)                        # a rotated pair's coordinate: ≤ √2·max |x|
+    if big > float(np.finfo(x.dtype).max):
+        raise ValueError(f"x: values up to {ext['x']:.6g} may rotate to {big:.6g}, beyond {x.dtype}'s largest "
+                         f"number {float(np.finfo(x.dtype).max):.6g}; use a wider dtype")
     theta = _check_theta(theta)
     style = _check_style(style)
     if not isinstance(name, str):

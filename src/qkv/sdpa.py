@@ -66,7 +66,7 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         if is_causal:
             raise ValueError("attn_mask: expected None when is_causal=True (as in torch); combine the causal "
                              "mask into attn_mask with qkv.masks.combine(qkv.masks.causal(L, S), mask) instead")
-        attn_mask = _checks.mask_array(attn_mask, "attn_mask")
+        attn_mask = _checks.mask_array(attn_mask, "attn_mask", _compute_dtype(query))
         _checks.broadcastable(attn_mask.shape, tuple(lead) + (L, S), "attn_mask", "the scores' shape")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p: expected a number in [0, 1], got {dropout_p!r}")
@@ -82,6 +82,11 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     if check_range and _checks.range_check(query, key, value, scale, extents=extents):
         query, key, value = (a.astype(np.float64) for a in (query, key, value))
     return query, key, value, attn_mask, float(dropout_p), float(scale), rng
+
+
+def _compute_dtype(query) -> np.dtype:
+    """The dtype the scores are computed in: float64 for float64 queries, float32 for float16/32."""
+    return np.dtype(np.float64) if query.dtype == np.float64 else np.dtype(np.float32)
 
 
 def _input_dtype(x) -> np.dtype:
