@@ -565,15 +565,15 @@ def test_generate_command_streams_the_greedy_text(tiny, capsys):
 
 @pytest.mark.parametrize("args, pattern", [
     (["", ], r"^qkv: error: PROMPT: expected a non-empty text$"),
-    (["hi", "--max-new-tokens", "0"], r"max_new_tokens: expected an integer >= 1, got 0"),
-    (["hi", "--max-new-tokens", "-3"], r"max_new_tokens: expected an integer >= 1, got -3"),
-    (["hi", "--max-new-tokens", "999999"], r"max_new_tokens: expected 1 … \d+ \(the context holds 48 tokens"),
-    (["hi", "--temperature", "-1"], r"temperature: expected a number >= 0"),
-    (["hi", "--top-p", "0"], r"top_p: expected a number in \(0, 1\], got 0.0"),
-    (["hi", "--top-p", "1.01"], r"top_p: expected a number in \(0, 1\]"),
-    (["hi", "--top-k", "0"], r"top_k: expected an integer >= 1"),
+    (["hi", "--max-new-tokens", "0"], r"-n/--max-new-tokens: expected an integer >= 1, got 0"),
+    (["hi", "--max-new-tokens", "-3"], r"-n/--max-new-tokens: expected an integer >= 1, got -3"),
+    (["hi", "--max-new-tokens", "999999"], r"-n/--max-new-tokens: expected 1 … \d+ \(the context holds 48 tokens"),
+    (["hi", "--temperature", "-1"], r"-T/--temperature: expected a number >= 0"),
+    (["hi", "--top-p", "0"], r"--top-p: expected a number in \(0, 1\], got 0.0"),
+    (["hi", "--top-p", "1.01"], r"--top-p: expected a number in \(0, 1\]"),
+    (["hi", "--top-k", "0"], r"--top-k: expected an integer >= 1"),
     (["hi", "--top-k", "many"], r"Invalid value for '--top-k'"),
-    (["hello " * 60], r"prompt: \d+ tokens, the model's context holds 48"),
+    (["hello " * 60], r"PROMPT: \d+ tokens, the model's context holds 48"),
 ])
 def test_generate_command_bad_input_is_one_line_exit_2(tiny, capsys, args, pattern):
     _, _, path = tiny

@@ -8,6 +8,7 @@ import click
 
 from . import UserError
 from ._app import cli
+from .._checks import available_bytes as _available_bytes
 from .._files import atomic_write
 
 
@@ -21,35 +22,42 @@ def _ints(text: str, name: str) -> list[int]:
     return vals
 
 
-def _available_bytes() -> int | None:
-    """Memory this machine can give a new allocation now (Linux MemAvailable; else physical memory)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _check_memory(lengths, batch: int, heads: int, dim: int, backward: bool, long_n) -> None:
     """A one-line error before the run when its largest arrays cannot fit: each cell allocates Q, K, V and
-    grad_out (B×H×N×E float32), and the output (and with backward dQ, dK, dV) as large."""
+    grad_out (B×H×N×E float32), and the output (and with backward dQ, dK, dV) as large. The error names every
+    option in the product, since any of them can be the one too large."""
     avail = _available_bytes()
     if avail is None:
         return
-    per = 4 * batch * heads * dim                                   # bytes per position of one (B, H, N, E) array
-    for name, n, arrays in [("--lengths", max(lengths), 8 if backward else 5)] + (
-            [("--long", long_n, 4)] if long_n is not None else []):
-        need = arrays * n * (per if name == "--lengths" else 4 * dim)
+    n = max(lengths)
+    arrays = 8 if backward else 5
+    need = arrays * n * 4 * batch * heads * dim
+    if need > avail:
+        raise UserError(f"--lengths/--heads/--dim/--batch: N = {n}, H = {heads}, E = {dim}, B = {batch} need about "
+                        f"{need / 2**30:,.1f} GiB for the Q, K, V and output arrays ({arrays} × B·H·N·E float32), "
+                        f"more than the {avail / 2**30:,.1f} GiB available here; give smaller ones")
+    if long_n is not None:
+        need = 4 * long_n * 4 * dim
         if need > avail:
-            raise UserError(f"{name}: N = {n} needs about {need / 2**30:,.1f} GiB for its Q, K, V and output "
-                            f"arrays ({arrays} × N × {'B·H·E' if name == '--lengths' else 'E'} float32), more than "
-                            f"the {avail / 2**30:,.1f} GiB available here; give a smaller N")
+            raise UserError(f"--long/--dim: N = {long_n}, E = {dim} need about {need / 2**30:,.1f} GiB for the Q, K, V "
+                            f"and output arrays (4 × N × E float32, one head), more than the "
+                            f"{avail / 2**30:,.1f} GiB available here; give smaller ones")
+
+
+def _check_output(opt: str, path) -> None:
+    """--json / --plot FILE, before a long run rather than after it: a file name whose folder exists and takes
+    files (``-`` for --json is stdout)."""
+    if path is None or (opt == "--json" and path == "-"):
+        return
+    if not path.strip():
+        raise UserError(f"{opt}: expected a file name, got {path!r}")
+    if os.path.isdir(path):
+        raise UserError(f"{opt}: cannot write {path!r}: it is a folder, expected a file name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UserError(f"{opt}: the folder of {path!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UserError(f"{opt}: cannot write {path!r}: the folder {folder!r} is not writable")
 
 
 def _json(result: dict, json_out) -> bool:
@@ -114,18 +122,13 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
     and the time relative to torch. The implementations run interleaved, so machine noise hits all alike.
     """
-    import os
-
     from qkv import bench as B
 
     for opt, path in (("--json", json_out), ("--plot", plot_out)):      # fail before a long run, not after
-        if path and path != "-" and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-            raise UserError(f"{opt}: the folder of {path!r} does not exist")
+        _check_output(opt, path)
     if plot_out and not variants:                                       # its format and matplotlib, up front too
         if os.path.splitext(plot_out)[1].lower() not in (".png", ".svg", ".pdf"):
             raise UserError(f"--plot: expected a file name ending in .png, .svg or .pdf, got {plot_out!r}")
-        if os.path.isdir(plot_out):
-            raise UserError(f"--plot: {plot_out!r} is a folder")
         try:
             import matplotlib  # noqa: F401
         except ImportError:

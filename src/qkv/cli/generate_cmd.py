@@ -18,6 +18,32 @@ from .explain_cmd import lang_option
 
 _MODELS: dict = {}
 
+#: The command line's names for the arguments of LlamaModel.generate and load_llama.
+OPTIONS = {"max_new_tokens": "-n/--max-new-tokens", "temperature": "-T/--temperature", "top_k": "--top-k",
+           "top_p": "--top-p", "seed": "--seed", "chat": "--chat", "prompt": "PROMPT", "path": "--gguf"}
+
+
+def option_error(exc: Exception, options: dict = OPTIONS, blame: str | None = None) -> UserError:
+    """The library's ``name: …`` error as the command line says it: the option for the argument's name (and
+    no "or None": an option left out is the None); an error naming no argument is put on ``blame``."""
+    msg = " ".join(str(exc).split())
+    name, sep, rest = msg.partition(": ")
+    if sep and name in options:
+        msg = f"{options[name]}: {rest.replace(' or None', '')}"
+    elif blame:
+        msg = f"{blame}: {msg}"
+    return UserError(msg)
+
+
+def check_sampling_options(options: dict = OPTIONS, **kw) -> None:
+    """:func:`qkv.models.llama.check_sampling` before the slow load, its errors naming the options."""
+    from qkv.models.llama import check_sampling
+
+    try:
+        check_sampling(**kw)
+    except (TypeError, ValueError) as exc:
+        raise option_error(exc, options) from None
+
 
 def load_smollm2(lang: str, path: str | None = None):
     """SmolLM2 (or the Llama GGUF file at ``path``), loaded once per process."""
@@ -28,6 +54,10 @@ def load_smollm2(lang: str, path: str | None = None):
             _MODELS[key] = load_llama(path)
         except ImportError:
             raise UserError(t("model.llama_extra", lang)) from None
+        except (TypeError, ValueError, OSError) as exc:            # a bad --gguf file: "path: …" is --gguf
+            if path is None:
+                raise
+            raise option_error(exc, blame="--gguf") from None
     return _MODELS[key]
 
 
@@ -52,12 +82,12 @@ def generate_cmd(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat, 
 
     qkv generate "Write a haiku about attention." --chat --temperature 0.7 --top-p 0.9 --seed 1
     """
-    from qkv.models.llama import check_sampling
-
     if not prompt.strip():
         raise UserError(t("model.gen_empty", lang))
-    check_sampling(max_new_tokens, temperature, top_k, top_p, seed, chat)     # before the slow load
+    check_sampling_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           seed=seed, chat=chat)                              # before the slow load
     model = load_smollm2(lang, gguf_path)
+
     def show(piece: str) -> None:
         sys.stdout.write(piece)
         sys.stdout.flush()
@@ -65,6 +95,8 @@ def generate_cmd(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat, 
     try:
         model.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                        top_p=top_p, seed=seed, chat=chat, stream=show)
+    except (TypeError, ValueError) as exc:                         # what needs the model: the prompt's length
+        raise option_error(exc) from None
     except KeyboardInterrupt:
         sys.stdout.write("\n")
         sys.stdout.flush()

@@ -3,11 +3,22 @@ with ``--check`` compared with one process (the logic lives in :mod:`qkv.distrib
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
 from . import UserError
 from ._app import cli
+from .._checks import available_bytes as _available_bytes
+
+#: Memory one rank takes before its arrays: Python, torch and the engine (about 224 MB after the imports).
+RANK_BYTES = 250 * 2**20
+#: Processes P at most: this many per core, and never fewer than MIN_NPROC_LIMIT (each process takes about
+#: 1.6 s of CPU to start, so a thousand on a few cores would take minutes before the ring begins).
+PER_CORE, MIN_NPROC_LIMIT = 8, 16
+#: --timeout's range in seconds: below a second a busy machine's ordinary delays would end the run, not a hang; above the
+#: whole run's deadline (qkv.distributed._launch.DEFAULT_DEADLINE) it would never be reached.
+MIN_TIMEOUT, MAX_TIMEOUT = 1.0, 600.0
 
 
 def _ms(x: float) -> str:
@@ -25,8 +36,33 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+def _check_memory(P: int, N: int, B: int, H: int, E: int, dtype: str, backward: bool, check: bool) -> None:
+    """A one-line error before any process starts when the run cannot fit: P processes of about RANK_BYTES
+    each, and the ranks' arrays — their Q, K, V shards, the two K/V blocks in flight, the output and its
+    accumulator (about 12 arrays of B×H×N×E in all; 24 with the backward's dO, dQ and travelling dK/dV) — and
+    with --check the parent's whole sequence, its result and the ranks' (8 more; 18 with the backward)."""
+    avail = _available_bytes()
+    if avail is None:
+        return
+    procs = P * RANK_BYTES
+    if procs > avail:
+        raise UserError(f"--nproc: P = {P} processes need about {procs / 2**30:,.1f} GiB (about "
+                        f"{RANK_BYTES // 2**20} MB each for Python, torch and the engine), more than the "
+                        f"{avail / 2**30:,.1f} GiB available here; give a smaller P")
+    arrays = (24 if backward else 12) + ((18 if backward else 8) if check else 0)
+    need = arrays * B * H * N * E * (8 if dtype == "float64" else 4)
+    if procs + need > avail:
+        raise UserError(f"--length/--heads/--dim/--batch: N = {N}, H = {H}, E = {E}, B = {B} need about "
+                        f"{need / 2**30:,.1f} GiB for the arrays ({arrays} × B·H·N·E {dtype}"
+                        f"{', with --check' if check else ''}{', with --backward' if backward else ''}), more than "
+                        f"the {max(avail - procs, 0) / 2**30:,.1f} GiB available here besides the {P} processes; "
+                        "give smaller ones")
+
+
 @cli.command("ring")
-@click.option("--nproc", "-p", type=int, required=True, help="Processes P (ranks of the ring).")
+@click.option("--nproc", "-p", type=int, required=True,
+              help=f"Processes P (ranks of the ring): at most {PER_CORE} per core or {MIN_NPROC_LIMIT}, whichever "
+                   f"is more, and no more than the memory holds at about {RANK_BYTES // 2**20} MB each.")
 @click.option("--length", "-n", type=int, required=True,
               help="Sequence length N (a multiple of P for --layout contiguous, of 2·P for zigzag).")
 @click.option("--heads", default=8, show_default=True, type=int, help="Query heads H.")
@@ -41,12 +77,13 @@ def _plural(n: int, word: str) -> str:
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
 @click.option("--backward", is_flag=True, help="Also run the ring backward (dK/dV travel with their blocks).")
 @click.option("--check", is_flag=True, help="Compare with one process on the whole sequence (and time it).")
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random Q, K, V.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random Q, K, V (>= 0).")
 @click.option("--repeats", default=1, show_default=True, type=int,
               help="Timed runs of each (ring and one process); times are medians.")
 @click.option("--threads", default=None, type=int, help="Engine threads per process (default: cores / P).")
 @click.option("--timeout", default=None, type=float,
-              help="Seconds any one wait of the ring may take (default 120).")
+              help=f"Seconds any one wait of the ring may take, {MIN_TIMEOUT:g} … {MAX_TIMEOUT:g} (default 120; the "
+                   f"whole run is stopped after {MAX_TIMEOUT:g} s).")
 @click.option("--json", "as_json", is_flag=True, help="Print the measurements as JSON.")
 def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dtype, backward, check, seed, repeats,
          threads, timeout, as_json):
@@ -64,12 +101,21 @@ def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dty
             raise UserError(f"{name}: expected a positive integer, got {val}")
     if kv_heads is not None and heads % kv_heads:
         raise UserError(f"--kv-heads: must divide --heads ({heads}), got {kv_heads}")
-    if timeout is not None and not timeout > 0:
-        raise UserError(f"--timeout: expected a positive number of seconds, got {timeout}")
+    if seed < 0:
+        raise UserError(f"--seed: expected a non-negative integer, got {seed}")
+    if timeout is not None and not MIN_TIMEOUT <= timeout <= MAX_TIMEOUT:
+        raise UserError(f"--timeout: expected {MIN_TIMEOUT:g} … {MAX_TIMEOUT:g} seconds, got {timeout}")
+    cores = os.cpu_count() or 1
+    most = max(MIN_NPROC_LIMIT, PER_CORE * cores)
+    if nproc > most:
+        raise UserError(f"--nproc: expected at most {most} processes here ({PER_CORE} per core, "
+                        f"{_plural(cores, 'core')}; each takes about 1.6 s of CPU and {RANK_BYTES // 2**20} MB to "
+                        f"start), got {nproc}")
     from qkv.distributed import _layout
     err = _layout.length_error(length, nproc, layout)
     if err:
         raise UserError(f"--length: {err}")
+    _check_memory(nproc, length, batch, heads, dim, dtype, backward, check)
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -78,7 +124,7 @@ def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dty
     try:
         res = run_ring(nproc=nproc, length=length, heads=heads, kv_heads=kv_heads, dim=dim, batch=batch,
                        causal=causal, layout=layout, window=window, dtype=dtype, backward=backward, check=check,
-                       seed=seed, timeout=timeout, threads=threads, repeats=repeats)
+                       seed=seed, timeout=timeout, threads=threads, repeats=repeats, quiet=True)
     except (RuntimeError, TimeoutError) as exc:
         raise UserError(f"the ring failed: {exc}") from None
     ok = not check or res["check"]["ok"]

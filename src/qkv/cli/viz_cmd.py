@@ -213,6 +213,11 @@ def _model_view_data(viz, name: str, text: str, lang: str):
     return data
 
 
+#: view's names for the arguments of the generation (qkv.viz.generation_data, LlamaModel.generate).
+_VIEW_OPTIONS = {"max_new_tokens": "-n/--max-new-tokens", "temperature": "-T/--temperature", "seed": "--seed",
+                 "chat": "--chat", "prompt": "--generate"}
+
+
 @cli.command("view", cls=_TokensCommand)
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
 @click.option("--example", "-e", metavar="NAME", help="Start the playground from a built-in worked example.")
@@ -263,6 +268,12 @@ def view_cmd(file, example, tokens, model_opt, text, prompt, max_new_tokens, tem
                             "generate)")
     elif model_opt is not None:
         name, text = "minilm", model_opt
+    if prompt is not None:                                         # before the worked example and the model
+        from .generate_cmd import check_sampling_options
+        if not prompt.strip():
+            raise UserError("--generate: expected a non-empty prompt")
+        check_sampling_options(_VIEW_OPTIONS, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                               chat=chat)
     data = {"playground": None, "notices": []}
     if prompt is None or file is not None or example is not None:
         worked = _load_worked(example, file)
@@ -270,15 +281,13 @@ def view_cmd(file, example, tokens, model_opt, text, prompt, max_new_tokens, tem
         if why:
             data["why"] = viz.why_data()
     if prompt is not None:
-        if not prompt.strip():
-            raise UserError("--generate: expected a non-empty prompt")
-        from .generate_cmd import load_smollm2
+        from .generate_cmd import load_smollm2, option_error
         model = load_smollm2(lang)
         try:
             data.update(viz.generation_data(model, prompt, max_new_tokens=max_new_tokens, chat=chat,
                                             temperature=temperature, seed=seed))
-        except (ValueError, TypeError) as exc:                     # bad sampling settings, the page's limits
-            raise UserError(str(exc)) from None
+        except (ValueError, TypeError) as exc:                     # the prompt's length, the page's limits
+            raise option_error(exc, _VIEW_OPTIONS) from None
     elif text is not None:
         data["model"] = _model_view_data(viz, name, text, lang)
     for n in data.get("notices") or []:

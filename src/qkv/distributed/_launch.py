@@ -1,9 +1,10 @@
 """Start P local processes with torch's own machinery and run a function on each (gloo on 127.0.0.1).
 
 :func:`launch` is what ``qkv ring`` and the tests use: ``torch.multiprocessing.start_processes`` (spawn), one
-``init_process_group("gloo", "tcp://127.0.0.1:<free port>")`` per process with a timeout, the function's
-return value sent back through a queue, and every process joined — or killed when the run passes its
-deadline or a process dies without a word. Nothing waits forever.
+``init_process_group("gloo", "tcp://127.0.0.1:<free port>")`` per process with a timeout (once every process
+has started: a barrier, so slow start-ups do not use the timeout up), the function's return value sent back
+through a queue, and every process joined — or killed when the run passes its deadline or a process dies
+without a word. Nothing waits forever.
 
 :func:`run_ring` is ``qkv ring``'s run: each rank builds only its own shard (the sequence is defined chunk by
 chunk from ``SeedSequence([seed, chunk])``, so no rank ever holds all of it), runs :func:`ring_attention`
@@ -30,16 +31,32 @@ def _free_port() -> int:
     return get_free_port()
 
 
-def _entry(rank, fn, nproc, port, queue, args, timeout, backend):
-    """A launched process: join the group, run ``fn(rank, nproc, *args)``, report, leave."""
-    import datetime
+def _entry(rank, fn, nproc, port, queue, args, timeout, backend, ready=None, logs=None,
+           start_s=DEFAULT_DEADLINE):
+    """A launched process: join the group, run ``fn(rank, nproc, *args)``, report, leave.
 
+    ``ready`` (a barrier of all the processes, ``start_s`` at most) holds every rank back until the last one
+    has started, so the rendezvous does not spend ``timeout`` on the others' start-up; ``logs[rank]`` (a file,
+    when given) takes this process's stderr, torch's C++ log lines included."""
+    import datetime
+    import threading
+
+    log = None if logs is None else logs[rank]
+    if log is not None:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 2)
+        os.close(fd)
     import torch.distributed as dist
     ok, res = False, None
     try:
         if backend == "nccl":                                 # one CUDA device per process, round robin
             import torch
             torch.cuda.set_device(rank % torch.cuda.device_count())
+        if ready is not None:
+            try:
+                ready.wait(start_s)
+            except threading.BrokenBarrierError:
+                raise RuntimeError("another process did not start; this one stopped before the ring") from None
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc,
                                 timeout=datetime.timedelta(seconds=timeout))
         res = fn(rank, nproc, *args)
@@ -56,16 +73,30 @@ def _entry(rank, fn, nproc, port, queue, args, timeout, backend):
             pass
 
 
-def launch(fn, nproc, args=(), *, timeout=None, deadline=None, backend="gloo"):
+def _last_line(path) -> str:
+    """The last non-empty line of a rank's stderr file ('' when none)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - 4096))
+            lines = [x.strip() for x in fh.read().decode("utf-8", "replace").splitlines() if x.strip()]
+    except OSError:
+        return ""
+    return " ".join(lines[-1].split()) if lines else ""
+
+
+def launch(fn, nproc, args=(), *, timeout=None, deadline=None, backend="gloo", quiet=False):
     """Run ``fn(rank, nproc, *args)`` in ``nproc`` fresh local processes joined in one process group.
 
     Args:
         fn: a module-level function (it is pickled to the spawned processes); its return value comes back.
         nproc: P ≥ 1.
         args: more arguments for ``fn`` (picklable).
-        timeout: the process group's timeout in seconds (default :data:`qkv.distributed.DEFAULT_TIMEOUT`).
+        timeout: the process group's timeout in seconds (default :data:`qkv.distributed.DEFAULT_TIMEOUT`);
+            the processes start the rendezvous together (a barrier), so it need not cover their start-up.
         deadline: seconds the whole run may take before every process is killed (default 600).
         backend: ``"gloo"`` (CPU; the default) — ``"nccl"`` needs a CUDA device per process.
+        quiet: the processes' stderr (torch's C++ log lines among it) goes to files, not to this process's
+            stderr; a process that dies without a result reports the last line of its file.
 
     Returns:
         ``[fn's result on rank 0, …, on rank P−1]``.
@@ -74,6 +105,8 @@ def launch(fn, nproc, args=(), *, timeout=None, deadline=None, backend="gloo"):
         RuntimeError naming each failed rank and its error (one line each); TimeoutError past the deadline.
     """
     import multiprocessing
+    import shutil
+    import tempfile
 
     import torch.multiprocessing as tmp
 
@@ -82,40 +115,52 @@ def launch(fn, nproc, args=(), *, timeout=None, deadline=None, backend="gloo"):
         raise ValueError(f"nproc: expected an integer >= 1, got {nproc!r}")
     timeout = DEFAULT_TIMEOUT if timeout is None else float(timeout)
     deadline = DEFAULT_DEADLINE if deadline is None else float(deadline)
-    if not (timeout > 0 and deadline > 0):
-        raise ValueError(f"timeout, deadline: expected positive seconds, got {timeout!r}, {deadline!r}")
-    queue = multiprocessing.get_context("spawn").Queue()
-    ctx = tmp.start_processes(_entry, args=(fn, nproc, _free_port(), queue, tuple(args), timeout, backend),
-                              nprocs=nproc, join=False, start_method="spawn")
-    procs = ctx.processes
-    end = time.monotonic() + deadline
-    got: dict = {}
-    dead_since: dict = {}
+    if not (0 < timeout < math.inf and 0 < deadline < math.inf):
+        raise ValueError(f"timeout, deadline: expected positive finite seconds, got {timeout!r}, {deadline!r}")
+    mp = multiprocessing.get_context("spawn")
+    queue = mp.Queue()
+    ready = mp.Barrier(nproc)
+    logs_dir = tempfile.mkdtemp(prefix="qkv-launch-") if quiet else None
+    logs = None if logs_dir is None else [os.path.join(logs_dir, f"rank{r}.log") for r in range(nproc)]
     try:
-        while len(got) < nproc:
-            try:
-                rank, ok, res = queue.get(timeout=0.1)
-                got[rank] = (ok, res)
-                continue
-            except Exception:                                  # queue.Empty: look at the processes
-                pass
-            now = time.monotonic()
-            for r, p in enumerate(procs):
-                if r not in got and not p.is_alive():
-                    first = dead_since.setdefault(r, now)
-                    if now - first > 2.0:                      # gone without a report (killed, crashed)
-                        got[r] = (False, f"the process exited with code {p.exitcode} without a result")
-            if now > end:
-                raise TimeoutError(f"launch: the {nproc} processes did not finish within {deadline:g} s; "
-                                   "they were stopped")
+        ctx = tmp.start_processes(_entry, args=(fn, nproc, _free_port(), queue, tuple(args), timeout, backend,
+                                                ready, logs, deadline),
+                                  nprocs=nproc, join=False, start_method="spawn")
+        procs = ctx.processes
+        end = time.monotonic() + deadline
+        got: dict = {}
+        dead_since: dict = {}
+        try:
+            while len(got) < nproc:
+                try:
+                    rank, ok, res = queue.get(timeout=0.1)
+                    got[rank] = (ok, res)
+                    continue
+                except Exception:                              # queue.Empty: look at the processes
+                    pass
+                now = time.monotonic()
+                for r, p in enumerate(procs):
+                    if r not in got and not p.is_alive():
+                        first = dead_since.setdefault(r, now)
+                        if now - first > 2.0:                  # gone without a report (killed, crashed)
+                            last = "" if logs is None else _last_line(logs[r])
+                            got[r] = (False, f"the process exited with code {p.exitcode} without a result"
+                                             + (f" (its last line on stderr: {last})" if last else ""))
+                            ready.abort()                      # the others need not wait for it to start
+                if now > end:
+                    raise TimeoutError(f"launch: the {nproc} processes did not finish within {deadline:g} s; "
+                                       "they were stopped")
+        finally:
+            for p in procs:
+                p.join(timeout=max(0.1, min(10.0, end - time.monotonic() + 5.0)))
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5.0)
+            queue.close()
     finally:
-        for p in procs:
-            p.join(timeout=max(0.1, min(10.0, end - time.monotonic() + 5.0)))
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5.0)
-        queue.close()
+        if logs_dir is not None:
+            shutil.rmtree(logs_dir, ignore_errors=True)
     failed = [(r, got[r][1]) for r in sorted(got) if not got[r][0]]
     if failed:
         raise RuntimeError("; ".join(f"rank {r}: {msg}" for r, msg in failed))
@@ -205,8 +250,10 @@ def ring_worker(rank: int, P: int, cfg: dict) -> dict:
 def run_ring(*, nproc: int, length: int, heads: int = 8, kv_heads: int | None = None, dim: int = 64, batch: int = 1,
              causal: bool = False, layout: str = "zigzag", window: int | None = None, dtype: str = "float32",
              backward: bool = False, check: bool = False, seed: int = 0, timeout: float | None = None,
-             threads: int | None = None, deadline: float | None = None, repeats: int = 1) -> dict:
-    """``qkv ring``: run the ring on ``nproc`` local processes and (``check``) against one process.
+             threads: int | None = None, deadline: float | None = None, repeats: int = 1,
+             quiet: bool = False) -> dict:
+    """``qkv ring``: run the ring on ``nproc`` local processes and (``check``) against one process (``quiet``:
+    the processes' stderr, torch's C++ log lines among it, does not reach this one's; see :func:`launch`).
 
     Returns a dict: the configuration, per-rank results (times, stats, peak RSS), and with ``check`` the
     single-process times and the largest differences (output, lse, and gradients with ``backward``). Times
@@ -229,7 +276,7 @@ def run_ring(*, nproc: int, length: int, heads: int = 8, kv_heads: int | None = 
                repeats=_checks.positive_int(repeats, "repeats"),
                timeout=DEFAULT_TIMEOUT if timeout is None else float(timeout))
     t0 = time.perf_counter()
-    ranks = launch(ring_worker, P, (cfg,), timeout=cfg["timeout"], deadline=deadline)
+    ranks = launch(ring_worker, P, (cfg,), timeout=cfg["timeout"], deadline=deadline, quiet=quiet)
     result = {"config": cfg, "ranks": ranks, "launch_s": time.perf_counter() - t0}
     if check:
         result["check"] = _check_single(cfg, ranks)

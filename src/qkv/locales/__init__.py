@@ -9,7 +9,9 @@ Adding a language is adding one file ``<code>.json`` with the same keys (copy ``
 values; keep every ``{placeholder}``): put it in this folder, or in a folder named by the environment variable
 ``QKV_LOCALES`` (several folders separated by ``os.pathsep``), or register a folder with
 :func:`add_dir`. A file found later in that order (``QKV_LOCALES``, then :func:`add_dir`) replaces a
-built-in one of the same code. A key missing from a language falls back to English.
+built-in one of the same code. A key missing from a language falls back to English. A file is checked
+when it is loaded: a message with a ``{placeholder}`` its English one does not have (a renamed or mistyped
+one) is a ValueError naming the file, the key and the placeholder.
 """
 from __future__ import annotations
 
@@ -65,6 +67,49 @@ def langs() -> tuple[str, ...]:
     return tuple([c for c in codes if c == DEFAULT] + [c for c in codes if c != DEFAULT])
 
 
+def _builtin_en() -> str:
+    return os.path.join(str(resources.files(__name__)), f"{DEFAULT}.json")
+
+
+def _fields(text: str) -> set[str]:
+    """The names a string's ``{placeholders}`` take from the keyword arguments (``tok`` of ``{tok!r:>5}``, ``a``
+    of ``{a.b}``; ``''`` or ``'0'`` for a positional one); ValueError for a stray brace."""
+    out = set()
+    for _, field, _, _ in string.Formatter().parse(text):
+        if field is not None:
+            out.add(re.split(r"[.\[]", field, maxsplit=1)[0])
+    return out
+
+
+def _check_placeholders(path: str, data: dict) -> None:
+    """Every placeholder of a translated message is one its English message has (ValueError naming the first
+    that is not, and how many more messages have one)."""
+    en = _load(_builtin_en())
+    bad = []
+    for key, text in data.items():
+        ref = en.get(key)
+        if ref is None:
+            continue
+        try:
+            want = _fields(ref)
+        except ValueError:                                     # English's own text is not a format string
+            continue
+        if not want:
+            continue
+        try:
+            unknown = sorted(_fields(text) - want)
+        except ValueError as exc:
+            bad.append(f"message {key!r}: {exc} (a literal brace is written {{{{ or }}}})")
+            continue
+        if unknown:
+            names = ", ".join("{%s}" % u for u in unknown)
+            bad.append(f"message {key!r} has the placeholder{'s' if len(unknown) > 1 else ''} {names}, which the "
+                       f"English one does not have (it has {', '.join('{%s}' % w for w in sorted(want))})")
+    if bad:
+        more = f", and {len(bad) - 1} more message{'s' if len(bad) > 2 else ''} like it" if len(bad) > 1 else ""
+        raise ValueError(f"locale file {path}: {bad[0]}{more}; keep every placeholder of {DEFAULT}.json as it is")
+
+
 def _load(path: str) -> dict:
     st = os.stat(path)
     stamp = (st.st_mtime_ns, st.st_size)
@@ -78,6 +123,8 @@ def _load(path: str) -> dict:
         raise ValueError(f"locale file {path}: expected a JSON object of strings ({exc})") from None
     if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
         raise ValueError(f"locale file {path}: expected a JSON object mapping keys to strings")
+    if os.path.abspath(path) != os.path.abspath(_builtin_en()):
+        _check_placeholders(path, data)
     _CACHE[path] = (stamp, data)
     return data
 
@@ -107,10 +154,18 @@ def t(key: str, lang: str = DEFAULT, **kw) -> str:
         check_lang(lang)
     s = _load(path).get(key)
     if s is None:
-        s = _load(files[DEFAULT]).get(key)
+        path = files[DEFAULT]
+        s = _load(path).get(key)
         if s is None:
             raise KeyError(f"locale key {key!r}: not in {DEFAULT}.json")
-    return s.format(**kw) if kw else s
+    if not kw:
+        return s
+    try:
+        return s.format(**kw)
+    except (KeyError, IndexError, AttributeError, ValueError) as exc:     # what the load's check cannot see
+        what = f"placeholder {{{exc.args[0]}}} is not one of {', '.join(sorted(kw))}" if isinstance(exc, KeyError) \
+            else f"{type(exc).__name__}: {exc}"
+        raise ValueError(f"locale file {path}: message {key!r}: {what}") from None
 
 
 def placeholders(text: str) -> set[str]:

@@ -1,0 +1,200 @@
+"""Bad input found by a probe, each a test: one line on stderr naming the option, exit code 2, nothing written,
+and before the slow work (spawning the ring's processes, running the benchmark, loading the model).
+
+- ``qkv ring``: --timeout in 1 … 600 s, --seed >= 0, P bounded by the cores and the memory, the arrays by the
+  memory; the ranks' own stderr (torch's C++ log lines) never reaches the command's;
+- ``qkv bench``: --json / --plot checked as file names up front; the memory check names every option in it;
+- a locale file whose placeholder was renamed is named with the key and the placeholder;
+- ``qkv generate`` / ``qkv view --generate``: the sampling settings checked before the model loads, by their
+  options' names.
+"""
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("click")
+
+from qkv import locales  # noqa: E402
+from qkv.cli import main  # noqa: E402
+
+LOCALES = Path(__file__).resolve().parents[1] / "src" / "qkv" / "locales"
+
+
+def run(capsys, *args):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(code, err, pattern=None):
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("qkv") and "Traceback" not in err, err
+    if pattern:
+        assert re.search(pattern, err), err
+
+
+# ----------------------------------------------------------------------------------------------- qkv ring
+RING = ["ring", "-p", "2", "-n", "8", "--heads", "1", "--dim", "4"]
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["--timeout", "1e-9"], r"--timeout: expected 1 … 600 seconds, got 1e-09"),
+    (["--timeout", "inf"], r"--timeout: expected 1 … 600 seconds, got inf"),
+    (["--timeout", "nan"], r"--timeout: expected 1 … 600 seconds, got nan"),
+    (["--timeout", "1000"], r"--timeout: expected 1 … 600 seconds"),
+    (["--seed", "-1"], r"--seed: expected a non-negative integer, got -1"),
+    (["--dim", "99999999999"], r"--length/--heads/--dim/--batch: .*E = 99999999999.* need about [\d,.]+ GiB"),
+    (["--heads", "99999999999"], r"--length/--heads/--dim/--batch: .*H = 99999999999.* need about [\d,.]+ GiB"),
+    (["-p", "1000", "-n", "2000"], r"--nproc: expected at most \d+ processes here \(8 per core"),
+])
+def test_ring_checks_before_starting_processes(capsys, args, pattern):
+    t = time.perf_counter()
+    one_line(*run(capsys, *RING, *args)[::2], pattern)
+    assert time.perf_counter() - t < 3                                   # no process was started
+
+
+def test_ring_processes_must_fit_the_memory(capsys, monkeypatch):
+    from qkv.cli import ring_cmd
+    monkeypatch.setattr(ring_cmd, "_available_bytes", lambda: 600 * 2**20)
+    one_line(*run(capsys, "ring", "-p", "4", "-n", "8", "--heads", "1", "--dim", "4")[::2],
+             r"--nproc: P = 4 processes need about 1.0 GiB \(about 250 MB each .*more than the 0.6 GiB")
+    assert "--nproc" in run(capsys, "ring", "--help")[1] and "250 MB" in run(capsys, "ring", "--help")[1]
+
+
+def _loud(rank, nproc):
+    """Writes to the process's stderr as torch's C++ logging does; rank 1 then dies without a result."""
+    os.write(2, f"[E socket.cpp] rank {rank} says something on stderr\n".encode())
+    if rank == 1:
+        os._exit(3)
+    return rank
+
+
+def test_quiet_launch_keeps_the_ranks_stderr_out_and_names_a_dead_ranks_last_line(capfd):
+    pytest.importorskip("torch")
+    from qkv.distributed import launch
+    with pytest.raises(RuntimeError) as e:
+        launch(_loud, 2, timeout=20.0, deadline=60.0, quiet=True)
+    msg = str(e.value)
+    assert "rank 0" not in msg, msg                                      # rank 0 finished
+    assert re.search(r"rank 1: the process exited with code 3 without a result \(its last line on stderr: "
+                     r"\[E socket.cpp\] rank 1 says something on stderr\)", msg), msg
+    assert "says something" not in capfd.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- qkv bench
+BENCH = ["bench", "--lengths", "33", "--heads", "1", "--dim", "8", "--repeats", "1", "--no-memory", "--no-progress",
+         "--impls", "tiled"]
+
+
+def test_bench_checks_its_output_files_up_front(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adir").mkdir()
+    for args, pattern in ((["--json", "adir"], r"--json: cannot write 'adir': it is a folder"),
+                          (["--json", ""], r"--json: expected a file name, got ''"),
+                          (["--plot", ""], r"--plot: expected a file name, got ''"),
+                          (["--plot", "adir"], r"--plot: cannot write 'adir': it is a folder"),
+                          (["--json", "none/x.json"], r"--json: the folder of 'none/x.json' does not exist")):
+        t = time.perf_counter()
+        code, out, err = run(capsys, *BENCH, *args)
+        one_line(code, err, pattern)
+        assert out == "" and time.perf_counter() - t < 3, args
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir"] and not list((tmp_path / "adir").iterdir())
+
+
+@pytest.mark.skipif(sys.platform == "win32" or os.geteuid() == 0, reason="root writes anywhere")
+def test_bench_json_in_a_read_only_folder(capsys, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        one_line(*run(capsys, *BENCH, "--json", ro / "x.json")[::2], r"--json: cannot write .* is not writable")
+    finally:
+        ro.chmod(0o700)
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["--dim", "99999999999"], r"--lengths/--heads/--dim/--batch: N = 33, H = 1, E = 99999999999, B = 1 need about"),
+    (["--batch", "99999999999"], r"--lengths/--heads/--dim/--batch: N = 33, H = 1, E = 8, B = 99999999999 need"),
+    (["--long", "99999999999"], r"--long/--dim: N = 99999999999, E = 8 need about"),
+])
+def test_bench_memory_check_names_the_options(capsys, args, pattern):
+    one_line(*run(capsys, *BENCH, *args)[::2], pattern)
+
+
+# ----------------------------------------------------------------------------------------------- locales
+def _locale(tmp_path, monkeypatch, code, **changes):
+    d = tmp_path / "locales"
+    d.mkdir(exist_ok=True)
+    data = json.loads((LOCALES / "en.json").read_text(encoding="utf-8"))
+    data.update(changes)
+    path = d / f"{code}.json"
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    monkeypatch.setenv("QKV_LOCALES", str(d))
+    return path
+
+
+def test_a_renamed_placeholder_names_the_file_the_key_and_the_placeholder(capsys, tmp_path, monkeypatch):
+    path = _locale(tmp_path, monkeypatch, "ww", **{"explain.step": "Step {bogus_n}"})
+    code, out, err = run(capsys, "explain", "--lang", "ww")
+    one_line(code, err, re.escape(f"locale file {path}: message 'explain.step' has the placeholder {{bogus_n}}, "
+                                  "which the English one does not have (it has {n})"))
+    assert out == ""
+    with pytest.raises(ValueError, match=r"'explain.step' has the placeholder \{bogus_n\}"):
+        locales.t("explain.step", "ww", n=1)
+
+
+def test_locale_placeholder_checks_count_and_stray_braces(tmp_path, monkeypatch):
+    _locale(tmp_path, monkeypatch, "wx", **{"explain.step": "Step {m}", "explain.head": "head {x}"})
+    with pytest.raises(ValueError, match=r"and 1 more message like it; keep every placeholder of en.json"):
+        locales.t("explain.step", "wx", n=1)
+    _locale(tmp_path, monkeypatch, "wy", **{"explain.step": "Step {n"})
+    with pytest.raises(ValueError, match=r"wy.json: message 'explain.step': .*a literal brace is written"):
+        locales.t("explain.step", "wy", n=1)
+    _locale(tmp_path, monkeypatch, "wz", **{"explain.step": "Schritt {n!r}"})         # a conversion is fine
+    assert locales.t("explain.step", "wz", n=1) == "Schritt 1"
+
+
+def test_a_message_formatted_with_other_names_names_the_key():
+    with pytest.raises(ValueError, match=r"en.json: message 'explain.step': placeholder \{n\} is not one of m"):
+        locales.t("explain.step", "en", m=3)
+
+
+# ----------------------------------------------------------------------------------------------- generate, view
+@pytest.mark.parametrize("args, pattern", [
+    (["-n", "-1"], r"^qkv: error: -n/--max-new-tokens: expected an integer >= 1, got -1$"),
+    (["-T", "nan"], r"^qkv: error: -T/--temperature: expected a finite number, got nan$"),
+    (["--top-k", "0"], r"^qkv: error: --top-k: expected an integer >= 1, got 0$"),
+    (["--top-p", "2"], r"^qkv: error: --top-p: expected a number in \(0, 1\], got 2.0$"),
+    (["--seed", "-1"], r"^qkv: error: --seed: expected a non-negative integer, got -1$"),
+])
+def test_generate_names_its_options(capsys, args, pattern):
+    t = time.perf_counter()
+    code, out, err = run(capsys, "generate", "hi", *args)
+    one_line(code, err, pattern)
+    assert out == "" and time.perf_counter() - t < 3
+
+
+def test_generate_names_gguf(capsys, tmp_path):
+    one_line(*run(capsys, "generate", "hi", "--gguf", tmp_path / "none.gguf")[::2],
+             r"^qkv: error: --gguf: no such file: .*none.gguf$")
+    (tmp_path / "notes.gguf").write_text("not a model")
+    one_line(*run(capsys, "generate", "hi", "--gguf", tmp_path / "notes.gguf")[::2],
+             r"^qkv: error: --gguf: notes.gguf is not a GGUF file")
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["-n", "-1"], r"^qkv: error: -n/--max-new-tokens: expected an integer >= 1, got -1$"),
+    (["-T", "nan"], r"^qkv: error: -T/--temperature: expected a finite number, got nan$"),
+    (["--seed", "-1"], r"^qkv: error: --seed: expected a non-negative integer, got -1$"),
+])
+def test_view_generate_checks_sampling_before_loading_the_model(capsys, tmp_path, args, pattern):
+    t = time.perf_counter()
+    code, out, err = run(capsys, "view", "--no-why", "-m", "smollm2", "--generate", "hi", *args,
+                         "-o", tmp_path / "x.html")
+    one_line(code, err, pattern)
+    assert out == "" and not list(tmp_path.iterdir()) and time.perf_counter() - t < 3
