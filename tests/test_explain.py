@@ -123,6 +123,24 @@ def test_two_head_example_equals_torch():
     assert t.names()[-2:] == ["concat", "final_output"]
 
 
+def test_one_head_with_w_o_ends_with_the_output_projection_as_torch():
+    # W_O is the module's output projection whatever the number of heads: one head's output is its concat
+    torch = pytest.importorskip("torch")
+    w = ex.load_example("two_head")
+    D = w.X.shape[1]
+    m = torch.nn.MultiheadAttention(D, 1, bias=False, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        m.in_proj_weight.copy_(torch.from_numpy(np.concatenate([w.W_Q.T, w.W_K.T, w.W_V.T])))
+        m.out_proj.weight.copy_(torch.from_numpy(w.W_O.T))
+    x = torch.from_numpy(w.X)[None]
+    want = m(x, x, x)[0].detach().numpy()[0]
+    t = ex.run(w, heads=1)
+    assert t.names()[-2:] == ["output", "final_output"]
+    np.testing.assert_allclose(t["final_output"].array, want, rtol=1e-12, atol=1e-14)
+    rows = ex.run_rows(w, [0, 2], heads=1, block_cells=2)                 # the large-input path, in blocks
+    np.testing.assert_allclose(rows["final_output"].array, want, rtol=1e-12, atol=1e-14)
+
+
 def test_run_overrides_heads_and_mask():
     w = ex.load_example("seed003")
     t = ex.run(w, mask="causal")

@@ -1253,7 +1253,9 @@ def _forward(worked: Worked, h: int, m, trace) -> None:
         dd = d_k if d_k is not None else width
         if "sink_logits" in opts:               # one sink logit per head: the attention arrays get a head axis
             q, k, v, scores = (None if a is None else a[None] for a in (q, k, v, scores))
-        pipeline.attend(q, k, v, scale=1.0 / math.sqrt(dd), d_k=dd, scores=scores, **opts)
+        out, _, _ = pipeline.attend(q, k, v, scale=1.0 / math.sqrt(dd), d_k=dd, scores=scores, **opts)
+        if worked.W_O is not None:              # one head's output is its concat: · W_O as with several
+            stages.project(out, worked.W_O, name="final_output", weight_name="W_O", input_name="output")
 
 
 # ----------------------------------------------------------------------------------------------- large inputs
@@ -1413,6 +1415,9 @@ def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block
                       stats=stats, row_operands=tuple(rec["ops"]))
         main.record(Step(name=name, op=first.op, formula=first.formula, array=arr, operands=operands,
                          params=params))
+    if h == 1 and out_full is not None and worked.W_O is not None:      # as run(): one head's output · W_O
+        with tracing(main):
+            stages.project(out_full, worked.W_O, name="final_output", weight_name="W_O", input_name="output")
     if h > 1 and out_full is not None:
         W_O = worked.W_O
         D = worked.X.shape[1]
