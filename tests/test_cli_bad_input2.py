@@ -198,3 +198,13 @@ def test_view_generate_checks_sampling_before_loading_the_model(capsys, tmp_path
                          "-o", tmp_path / "x.html")
     one_line(code, err, pattern)
     assert out == "" and not list(tmp_path.iterdir()) and time.perf_counter() - t < 3
+
+
+def test_view_refuses_an_example_that_overflows_as_explain_does(capsys, tmp_path):
+    f = tmp_path / "huge.yaml"
+    f.write_text("X: [[1e300, 1e300], [3, 4]]\nW_Q: [[1e300], [2]]\nW_K: [[1e300], [2]]\nW_V: [[1], [2]]\n")
+    out = tmp_path / "page.html"
+    for args in (["explain", f], ["view", "--no-why", f, "-o", out]):
+        code, _, err = run(capsys, *args)
+        one_line(code, err, r"huge.yaml: Q overflowed")
+    assert not out.exists()

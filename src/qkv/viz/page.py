@@ -653,7 +653,9 @@ def worked_data(worked, *, tokens=None) -> dict:
     pg = from_worked(worked, tokens=tokens)
     cells = _playground_cells(pg)
     if cells <= PLAYGROUND_MAX_CELLS:
-        return {"playground": pg, "example": None, "notices": []}
+        from qkv.explain import examples
+        examples.run(worked)              # the start the page computes in JavaScript, checked as explain checks
+        return {"playground": pg, "example": None, "notices": []}   # it (numbers that overflow: one error)
     L = len(pg["tokens"])
     S = len(pg["kv_tokens"]) if pg.get("kv_tokens") else L
     if max(L, S) > EXAMPLE_MAX_TOKENS:
