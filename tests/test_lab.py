@@ -286,6 +286,8 @@ def test_bad_arguments():
         lab.heads(width=7)
     with pytest.raises(ValueError, match="name: expected one of scale, mask, heads, train"):
         lab.paragraph("nope", {})
+    with pytest.raises(ValueError, match=r"batch, held_out: needs about [\d,.]+ GiB"):
+        lab.train(steps=1, batch=10**11)                 # before a list of 10¹¹ sentences is begun
 
 
 # ----------------------------------------------------------------------------------------------- paragraphs

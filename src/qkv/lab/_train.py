@@ -28,6 +28,7 @@ import re
 
 import numpy as np
 
+from .. import _checks
 from ..locales import t
 from . import _common as C
 
@@ -181,6 +182,9 @@ def run(*, seed: int = 0, steps: int = 400, batch: int = 128, lr: float = 0.03, 
     batch = C.positive(batch, "batch")
     held_out = C.positive(held_out, "held_out")
     log_every = C.positive(log_every, "log_every")
+    # each sentence is a few Python objects (~2 KB) before its arrays: a batch beyond memory is an error now,
+    # not a list that grows until the machine swaps
+    _checks.fits(2048.0 * (batch + held_out), "batch, held_out")
     vocab = vocabulary()
     T = max_len()
     model = C.TinyAttention(len(vocab), T, len(NOUNS), d_model=C.positive(d_model, "d_model"), heads=1,
