@@ -20,22 +20,11 @@ import pytest
 pytest.importorskip("click")
 
 from qkv import locales  # noqa: E402
-from qkv.cli import main  # noqa: E402
 
 LOCALES = Path(__file__).resolve().parents[1] / "src" / "qkv" / "locales"
 
 
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(code, err, pattern=None):
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.startswith("qkv") and "Traceback" not in err, err
-    if pattern:
-        assert re.search(pattern, err), err
+from cli_checks import one_line, run  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- qkv ring

@@ -19,7 +19,6 @@ pytest.importorskip("click")
 yaml = pytest.importorskip("yaml")
 
 import qkv  # noqa: E402
-from qkv.cli import main  # noqa: E402
 from qkv.explain import examples as ex  # noqa: E402
 import importlib  # noqa: E402
 
@@ -29,17 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 QKV = Path(sys.executable).with_name("qkv")
 
 
-def run(capsys, *args):
-    code = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line(code, err, pattern=None):
-    assert code == 2, err
-    assert err.count("\n") == 1 and err.startswith("qkv") and "Traceback" not in err, err
-    if pattern:
-        assert re.search(pattern, err), err
+from cli_checks import one_line, run  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------------- missing extras

@@ -107,16 +107,21 @@ def test_run_seed000_and_seed002_true_values():
     assert abs(t["output"].array[0, 0] - 5.7521) < 5e-5                   # 0.6652×10 − 0.0900×10
 
 
-def test_two_head_example_equals_torch():
+def _torch_mha(w, heads):
+    """torch's MultiheadAttention with the worked example's W_Q, W_K, W_V, W_O (no biases), float64, and its X."""
     torch = pytest.importorskip("torch")
-    w = ex.load_example("two_head")
-    t = ex.run(w)
     D = w.X.shape[1]
-    m = torch.nn.MultiheadAttention(D, 2, bias=False, batch_first=True, dtype=torch.float64)
+    m = torch.nn.MultiheadAttention(D, heads, bias=False, batch_first=True, dtype=torch.float64)
     with torch.no_grad():
         m.in_proj_weight.copy_(torch.from_numpy(np.concatenate([w.W_Q.T, w.W_K.T, w.W_V.T])))
         m.out_proj.weight.copy_(torch.from_numpy(w.W_O.T))
-    x = torch.from_numpy(w.X)[None]
+    return m, torch.from_numpy(w.X)[None]
+
+
+def test_two_head_example_equals_torch():
+    w = ex.load_example("two_head")
+    m, x = _torch_mha(w, 2)
+    t = ex.run(w)
     out, wts = m(x, x, x, need_weights=True, average_attn_weights=False)
     np.testing.assert_allclose(t["final_output"].array, out.detach().numpy(), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(t["weights"].array, wts.detach().numpy(), rtol=1e-12, atol=1e-14)
@@ -125,14 +130,8 @@ def test_two_head_example_equals_torch():
 
 def test_one_head_with_w_o_ends_with_the_output_projection_as_torch():
     # W_O is the module's output projection whatever the number of heads: one head's output is its concat
-    torch = pytest.importorskip("torch")
     w = ex.load_example("two_head")
-    D = w.X.shape[1]
-    m = torch.nn.MultiheadAttention(D, 1, bias=False, batch_first=True, dtype=torch.float64)
-    with torch.no_grad():
-        m.in_proj_weight.copy_(torch.from_numpy(np.concatenate([w.W_Q.T, w.W_K.T, w.W_V.T])))
-        m.out_proj.weight.copy_(torch.from_numpy(w.W_O.T))
-    x = torch.from_numpy(w.X)[None]
+    m, x = _torch_mha(w, 1)
     want = m(x, x, x)[0].detach().numpy()[0]
     t = ex.run(w, heads=1)
     assert t.names()[-2:] == ["output", "final_output"]
