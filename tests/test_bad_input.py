@@ -135,6 +135,10 @@ _q32 = np.ones((1, 2, 4, 8), np.float32)
     (lambda: qkv.MultiHeadAttention(8, 2, dtype="bogus"), TypeError, r"dtype: expected a float dtype"),
     (lambda: qkv.positions.TokenEmbedding(10, 4, seed=-1), ValueError, r"seed: expected None or an integer"),
     (lambda: qkv.positions.TokenEmbedding(10, 4, dtype=np.int32), TypeError, r"dtype: expected a float dtype"),
+    (lambda: qkv.attention(np.full((3, 4), 1e30, np.float32), *[np.full((4, 3), 1e30, np.float32)] * 3),
+     ValueError, r"x, w_q: Q = x · w_q overflowed float32 \(got inf\)"),
+    (lambda: qkv.attention_weights(_q32, _q32, 10**30), ValueError,
+     r"rows: expected indices in \[-4, 4\) \(there are L=4 queries\), got 10{30}"),
     (lambda: merge_partials(_q32, _q32[..., 0], _q32, _q32[..., 0], out="x"), TypeError,
      r"out: expected a pair \(out_array, lse_array\) of numpy arrays, got str"),
 ])
