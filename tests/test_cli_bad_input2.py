@@ -197,3 +197,15 @@ def test_view_refuses_an_example_that_overflows_as_explain_does(capsys, tmp_path
         code, _, err = run(capsys, *args)
         one_line(code, err, r"huge.yaml: Q overflowed")
     assert not out.exists()
+
+
+def test_a_bad_provider_in_the_environment_is_one_line_of_warning():
+    import subprocess
+    env = dict(os.environ, QKV_GEMM="bogus", QKV_KERNELS="nope")
+    r = subprocess.run([sys.executable, "-c", "import sys, qkv.cli; sys.exit(qkv.cli.run())", "examples"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "seed003" in r.stdout                 # it runs, with the default ("auto")
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 2, r.stderr                                   # one line each, no source line under it
+    assert "QKV_GEMM: expected one of ('auto', 'numpy', 'mkl'), got 'bogus'; using 'auto'" in lines[0]
+    assert "QKV_KERNELS: expected one of ('auto', 'numpy', 'numba'), got 'nope'" in lines[1]

@@ -265,6 +265,8 @@ def env_choice(var: str, choices: tuple, default: str = "auto") -> str:
         return env
     if env and env != default:
         import warnings
-        warnings.warn(f"{var}: expected one of {(default,) + tuple(choices)}, got {env!r}; using {default!r}",
-                      RuntimeWarning, stacklevel=3)
+        # attributed to the variable, not to a line of qkv's source: one line on stderr (the default format
+        # prints the source line of a real location under the message)
+        warnings.warn_explicit(f"{var}: expected one of {(default,) + tuple(choices)}, got {env!r}; using "
+                               f"{default!r}", RuntimeWarning, filename=f"${var}", lineno=0, module="qkv")
     return default
