@@ -50,6 +50,19 @@ def test_exp_rows_is_exp_on_a_dense_grid_and_the_max_pass_too():
     np.testing.assert_allclose(s, np.exp(x.reshape(1000, -1).astype(np.float64) - shift[:, None]), rtol=2.5e-7)
 
 
+def test_the_bounded_exp_is_the_exp_on_its_range():
+    # without the clamps, for arguments a caller knows are in [−87, 88] (a shift-free block's): the same error
+    x = np.linspace(-87, 88, 2_000_001, dtype=np.float32)[None]
+    s, sums = x.copy(), np.empty(1, np.float32)
+    kernels.run(jit, s, sums, ("exp", None, np.zeros(1, np.float32), NO_MASK, 1), bounded=True)
+    np.testing.assert_allclose(s, np.exp(x.astype(np.float64)), rtol=2.5e-7, atol=0)
+    d = np.float32(0.25) * np.arange(-12, 12, dtype=np.float32).reshape(3, 8)          # the diagonal's limit too
+    want, _ = _rows(d, d=0)                                                              # with the clamps
+    s = d.copy()
+    kernels.run(jit, s, np.empty(3, np.float32), ("exp", None, np.zeros(3, np.float32), 0, 1), bounded=True)
+    np.testing.assert_array_equal(s, want)
+
+
 def test_exp_rows_edges():
     x = np.array([[-np.inf, np.nan, 0.0, 1.0, -87.0, -88.0, -200.0, 88.0, 89.0, np.inf]], np.float32)
     got, _ = _rows(x)
@@ -140,7 +153,12 @@ def counted(monkeypatch):
     """The engine's kernel calls counted (tiled.forward's plans and the bands' and backward's direct calls)."""
     calls = []
     real = kernels.run
-    monkeypatch.setattr(tiled, "_krun", lambda j, s, sums, plan: (calls.append(plan[0]), real(j, s, sums, plan)))
+    def krun(j, s, sums, plan, bounded=False):
+        calls.append(plan[0])
+        if bounded:
+            calls.append("bounded")
+        return real(j, s, sums, plan, bounded)
+    monkeypatch.setattr(tiled, "_krun", krun)
     real_rows = jit.exp_rows
 
     def rows(*a):
@@ -192,6 +210,9 @@ def test_sdpa_forward_and_backward_with_kernels(rng, counted, monkeypatch, case)
     assert counted, "the forward did not use the kernels"
     if "large" in case:
         assert "max" in counted and "exp" in counted, "lazy rescaling: the max pass and the lazy blocks"
+    # shift-free blocks with nothing masked but the diagonal take the exp without clamps; lazy ones (scores
+    # minus a running max can be below −88) and masked ones (−inf) never do
+    assert ("bounded" in counted) == (case in ("full", "causal", "gqa causal (grouped rows)")), counted
     ref = qkv.scaled_dot_product_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
                                            backend="reference", **kw)
     # float32 scores up to ~80 carry ~1e-5 of rounding into exp: the float32 reference is off as much

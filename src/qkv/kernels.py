@@ -157,13 +157,15 @@ def _args(kind: str, arg):
             np.float32(arg) if kind == "tanh" else np.float32(1.0))
 
 
-def run(jit, s: np.ndarray, sums: np.ndarray, plan) -> None:
+def run(jit, s: np.ndarray, sums: np.ndarray, plan, bounded: bool = False) -> None:
     """Finish a block the scorer left for a kernel (:meth:`qkv.backends.tiled._Scorer.__call__` with
     ``fuse=True``): ``s ← exp(f(s) + add)``, masked to the causal diagonal ``d``, ``sums`` its row sums.
     ``plan = (kind, arg, add, d, rep)``: kind ``"exp"`` (f = identity), ``"poly"`` (arg: seven coefficients,
-    f(y) = y·Σ arg[k]·y^2k) or ``"tanh"`` (arg: cap, f = cap·tanh)."""
+    f(y) = y·Σ arg[k]·y^2k) or ``"tanh"`` (arg: cap, f = cap·tanh). ``bounded``: the caller knows every
+    argument of the exponential lies in [−87, 88] (a shift-free block without a mask's −inf): the kernel's
+    exp without its clamps."""
     kind, arg, add, d, rep = plan
-    jit.exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep)
+    jit.exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep, bounded)
 
 
 def run_max(jit, s: np.ndarray, sums: np.ndarray, plan, seen: np.ndarray, shift: np.ndarray, hit: np.ndarray) -> None:
