@@ -145,8 +145,10 @@ def _rows(rows, L: int) -> np.ndarray:
         raise TypeError(f"rows: expected an int or a sequence of ints, got {type(rows).__name__}") from None
     if (idx.dtype == object and idx.ndim == 1 and idx.size
             and all(isinstance(r, numbers.Integral) and not isinstance(r, bool) for r in idx)):
-        bad = next(int(r) for r in idx if not -L <= r < L)              # ints beyond int64: out of range
-        raise ValueError(f"rows: expected indices in [-{L}, {L}) (there are L={L} queries), got {bad}")
+        bad = next((int(r) for r in idx if not -L <= r < L), None)     # ints beyond int64: out of range
+        if bad is not None:
+            raise ValueError(f"rows: expected indices in [-{L}, {L}) (there are L={L} queries), got {bad}")
+        idx = idx.astype(np.int64)
     if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
         raise TypeError(f"rows: expected an int or a non-empty sequence of ints, got {rows!r}")
     bad = idx[(idx < -L) | (idx >= L)]
