@@ -117,6 +117,12 @@ def boolean(x, name: str) -> bool:
     return bool(x)
 
 
+def compute_dtype(dtype) -> np.dtype:
+    """The dtype attention's scores are computed in for inputs of ``dtype``: float64 for float64, else float32
+    (float16 inputs are computed in float32)."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
 def mask_array(mask, name: str, dtype=None) -> np.ndarray:
     """A mask is boolean (True = may attend) or floating (added to the scaled scores). ``dtype``: the one the
     scores are computed in (float32 for float16/32 inputs, float64): a float mask's positive values must stay
@@ -213,7 +219,7 @@ def range_check(query, key, value, scale: float, *, grad_out=None, extents: dict
     None, all finite (checked before). Costs a max and a min per array (none for an array whose max |x|
     ``extents`` holds, by its name, from :func:`float_array`); row norms only when those are large.
     """
-    cdt = np.dtype(np.float64 if query.dtype == np.float64 else np.float32)
+    cdt = compute_dtype(query.dtype)
     limit = _LOG10_LIMIT[cdt]
     L, E = query.shape[-2:]
     S = key.shape[-2]

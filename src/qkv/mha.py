@@ -305,11 +305,12 @@ class MultiHeadAttention:
         bool_mask = masks.combine(*parts)
         if attn_mask is None:
             return bool_mask
-        am = _checks.mask_array(attn_mask, "attn_mask", self.dtype if self.dtype != np.float16 else np.float32)
+        cdt = _checks.compute_dtype(self.dtype)
+        am = _checks.mask_array(attn_mask, "attn_mask", cdt)
         if am.ndim == 3 and am.shape[0] == B * self.num_heads and am.shape[0] != 1:
             am = am.reshape(B, self.num_heads, L, S) if am.shape[1:] == (L, S) else am
         _checks.broadcastable(am.shape, (B, self.num_heads, L, S), "attn_mask", "(B, H, L, S) =")
         if am.dtype == np.bool_:
             return masks.combine(bool_mask, am)
-        am = am.astype(self.dtype if self.dtype != np.float16 else np.float32)
+        am = am.astype(cdt)
         return am if bool_mask is None else am + masks.to_additive(bool_mask, am.dtype)

@@ -66,7 +66,7 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
         if is_causal:
             raise ValueError("attn_mask: expected None when is_causal=True (as in torch); combine the causal "
                              "mask into attn_mask with qkv.masks.combine(qkv.masks.causal(L, S), mask) instead")
-        attn_mask = _checks.mask_array(attn_mask, "attn_mask", _compute_dtype(query))
+        attn_mask = _checks.mask_array(attn_mask, "attn_mask", _checks.compute_dtype(query.dtype))
         _checks.broadcastable(attn_mask.shape, tuple(lead) + (L, S), "attn_mask", "the scores' shape")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p: expected a number in [0, 1], got {dropout_p!r}")
@@ -82,11 +82,6 @@ def _validate(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_
     if check_range and _checks.range_check(query, key, value, scale, extents=extents):
         query, key, value = (a.astype(np.float64) for a in (query, key, value))
     return query, key, value, attn_mask, float(dropout_p), float(scale), rng
-
-
-def _compute_dtype(query) -> np.dtype:
-    """The dtype the scores are computed in: float64 for float64 queries, float32 for float16/32."""
-    return np.dtype(np.float64) if query.dtype == np.float64 else np.dtype(np.float32)
 
 
 def _input_dtype(x) -> np.dtype:
@@ -269,17 +264,18 @@ def attention(x, w_q, w_k, w_v, *, x_kv=None, attn_mask=None, is_causal=False, s
         raise ValueError(f"w_k: expected {w_q.shape[1]} columns (as w_q: queries and keys share a width), "
                          f"got shape {w_k.shape}")
     dtype = np.result_type(x, x_kv_arr, w_q, w_k, w_v)
-    with maybe(trace), np.errstate(over="ignore", invalid="ignore"):   # an overflow is named below
+    with maybe(trace):
         stages.observe_input("X", x)
         if x_kv is not None:
             stages.observe_input("X_kv", x_kv_arr)
         kv_in = "X" if x_kv is None else "X_kv"
-        q = stages.project(x.astype(dtype, copy=False), w_q.astype(dtype, copy=False), name="Q",
-                           weight_name="W_Q", input_name="X")                       # (..., L, E)
-        k = stages.project(x_kv_arr.astype(dtype, copy=False), w_k.astype(dtype, copy=False), name="K",
-                           weight_name="W_K", input_name=kv_in)                     # (..., S, E)
-        v = stages.project(x_kv_arr.astype(dtype, copy=False), w_v.astype(dtype, copy=False), name="V",
-                           weight_name="W_V", input_name=kv_in)                     # (..., S, Ev)
+        with np.errstate(over="ignore", invalid="ignore"):                          # an overflow is named below
+            q = stages.project(x.astype(dtype, copy=False), w_q.astype(dtype, copy=False), name="Q",
+                               weight_name="W_Q", input_name="X")                   # (..., L, E)
+            k = stages.project(x_kv_arr.astype(dtype, copy=False), w_k.astype(dtype, copy=False), name="K",
+                               weight_name="W_K", input_name=kv_in)                 # (..., S, E)
+            v = stages.project(x_kv_arr.astype(dtype, copy=False), w_v.astype(dtype, copy=False), name="V",
+                               weight_name="W_V", input_name=kv_in)                 # (..., S, Ev)
         src = "x" if x_kv is None else "x_kv"
         for a, what in ((q, "x, w_q: Q = x · w_q"), (k, f"{src}, w_k: K = {src} · w_k"),
                         (v, f"{src}, w_v: V = {src} · w_v")):

@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import masks, pipeline, shapes, stages
+from .. import _checks, masks, pipeline, shapes, stages
 from .base import Backend
-
-
-def _compute_dtype(dtype) -> np.dtype:
-    return np.dtype(np.float64 if dtype == np.float64 else np.float32)
 
 
 class ReferenceBackend(Backend):
@@ -67,7 +63,7 @@ class ReferenceBackend(Backend):
             dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ∘ O),  dS' = P ∘ (dP − D),  dS = dS' · ∂s'/∂s,
             dQ = dS·K·scale,  dK = dSᵀ·Q·scale,  d sink_h = −Σ_i P_sink,i · D_i
         """
-        cdt = _compute_dtype(query.dtype)
+        cdt = _checks.compute_dtype(query.dtype)
         q, k, v, do = (a.astype(cdt, copy=False) for a in (query, key, value, grad_out))
         rep = shapes.n_rep(query.shape, key.shape, enable_gqa)
         if rep > 1:

@@ -222,7 +222,7 @@ class _Problem:
 
     def __init__(self, query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod=None,
                  block_mask=None, sink_logits=None):
-        self.cdt = np.dtype(np.float64 if query.dtype == np.float64 else np.float32)
+        self.cdt = _checks.compute_dtype(query.dtype)
         self.L, self.E = query.shape[-2:]
         self.S = key.shape[-2]
         self.Ev = value.shape[-1]

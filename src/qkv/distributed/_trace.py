@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import _checks
 from ..locales import t
 from ..merge import merge_partials
 from . import _layout, _plan
@@ -83,7 +84,7 @@ def trace_ring(query, key, value, world_size, *, is_causal=False, scale=None, en
     mod = _plan.effective_mod(full.is_causal, mask_mod)
     plans = [_plan.plans(r, P, n, layout, full.is_causal, mod, full.lead) for r in range(P)]
     n_steps = max(max(_plan.last_step(p) for p in plans) + 1, 1)
-    cdt = np.float64 if q.dtype == np.float64 else np.float32
+    cdt = _checks.compute_dtype(q.dtype)
     Ev = v.shape[-1]
     acc = [(np.zeros(full.lead + (n, Ev), cdt), np.full(full.lead + (n,), -np.inf, cdt)) for _ in range(P)]
     steps = []
