@@ -125,7 +125,7 @@ _q32 = np.ones((1, 2, 4, 8), np.float32)
      r"slopes: expected one slope per query head \(H=2\), got 3"),
     (lambda: qkv.sinusoidal_positions(4, 4, base=0), ValueError, r"base: expected a finite number > 0, got 0"),
     (lambda: qkv.sinusoidal_positions(4, 4, base=float("nan")), ValueError, r"base: expected a finite number"),
-    (lambda: qkv.sinusoidal_positions(4, 4, base="x"), TypeError, r"base: expected a real number > 0, got str"),
+    (lambda: qkv.sinusoidal_positions(4, 4, base="x"), TypeError, r"base: expected a positive real number, got str"),
     (lambda: qkv.sinusoidal_positions(4, 4, dtype=np.int32), TypeError,
      r"dtype: expected a float dtype \(float16, float32 or float64\), got int32"),
     (lambda: qkv.sinusoidal_positions(4, 4, dtype="bogus"), TypeError, r"dtype: expected a float dtype.*'bogus'"),

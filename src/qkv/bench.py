@@ -447,7 +447,7 @@ def _torch_share(q, k, v, modes, repeats: int) -> list:
         _, heads, n, dim = q.shape
         tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
         bq, bk = torch_flash_blocks(n)
-        a, kb, p, vb = (torch.from_numpy(x[0, 0, :m].copy()) for x, m in ((q, bq), (k, bk), (q, bq), (v, bk)))
+        a, kb, vb = (torch.from_numpy(x[0, 0, :m].copy()) for x, m in ((q, bq), (k, bk), (v, bk)))
         pm = torch.randn(bq, bk)                               # a block of probabilities' shape
         s_out, o_out = torch.empty(bq, bk), torch.empty(bq, dim)
 

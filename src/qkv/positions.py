@@ -26,10 +26,7 @@ def sinusoidal_positions(seq_len: int, d_model: int, *, base: float = 10000.0, d
     """
     seq_len = _checks.positive_int(seq_len, "seq_len")
     d_model = _checks.positive_int(d_model, "d_model")
-    if isinstance(base, (bool, np.bool_)) or not isinstance(base, numbers.Real):
-        raise TypeError(f"base: expected a real number > 0, got {type(base).__name__} {base!r}")
-    if not (math.isfinite(float(base)) and float(base) > 0):
-        raise ValueError(f"base: expected a finite number > 0, got {base!r}")
+    base = _check_theta(base, "base")
     dtype = _checks.float_dtype(dtype, "dtype")
     _checks.fits(8.0 * 3 * seq_len * d_model, "seq_len × d_model")           # float64 angles, sin/cos, table
     pos = np.arange(seq_len, dtype=np.float64)[:, None]                     # (T, 1)
@@ -88,11 +85,12 @@ class TokenEmbedding:
 ROPE_STYLES = ("neox", "interleaved")
 
 
-def _check_theta(theta) -> float:
+def _check_theta(theta, name: str = "theta") -> float:
+    """A frequency base (RoPE's ``theta``, the sinusoids' ``base``): a finite real number > 0."""
     if isinstance(theta, (bool, np.bool_)) or not isinstance(theta, numbers.Real):
-        raise TypeError(f"theta: expected a positive real number, got {type(theta).__name__} {theta!r}")
+        raise TypeError(f"{name}: expected a positive real number, got {type(theta).__name__} {theta!r}")
     if not (math.isfinite(float(theta)) and float(theta) > 0):
-        raise ValueError(f"theta: expected a finite number > 0, got {theta!r}")
+        raise ValueError(f"{name}: expected a finite number > 0, got {theta!r}")
     return float(theta)
 
 

@@ -9,6 +9,7 @@ import numpy as np
 from . import UserError
 from ._app import cli
 from .explain_cmd import lang_option
+from .generate_cmd import OPTIONS as GENERATE_OPTIONS
 
 #: The built-in example both commands start from when given nothing: seed 003's 我 爱 吃.
 DEFAULT_EXAMPLE = "seed003"
@@ -213,9 +214,9 @@ def _model_view_data(viz, name: str, text: str, lang: str):
     return data
 
 
-#: view's names for the arguments of the generation (qkv.viz.generation_data, LlamaModel.generate).
-_VIEW_OPTIONS = {"max_new_tokens": "-n/--max-new-tokens", "temperature": "-T/--temperature", "seed": "--seed",
-                 "chat": "--chat", "prompt": "--generate"}
+#: view's names for the arguments of the generation (qkv.viz.generation_data, LlamaModel.generate): generate's,
+#: with the prompt given by --generate.
+_VIEW_OPTIONS = dict(GENERATE_OPTIONS, prompt="--generate")
 
 
 @cli.command("view", cls=_TokensCommand)

@@ -74,11 +74,7 @@ def _builtin_en() -> str:
 def _fields(text: str) -> set[str]:
     """The names a string's ``{placeholders}`` take from the keyword arguments (``tok`` of ``{tok!r:>5}``, ``a``
     of ``{a.b}``; ``''`` or ``'0'`` for a positional one); ValueError for a stray brace."""
-    out = set()
-    for _, field, _, _ in string.Formatter().parse(text):
-        if field is not None:
-            out.add(re.split(r"[.\[]", field, maxsplit=1)[0])
-    return out
+    return {re.split(r"[.\[!]", p, maxsplit=1)[0] for p in placeholders(text)}
 
 
 def _check_placeholders(path: str, data: dict) -> None:

@@ -198,9 +198,6 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -
     return xc
 
 
-# ---------------------------------------------------------------------------------------------- input
-
-
 # ---------------------------------------------------------------------------------------------- model
 class BertModel:
     """A BERT encoder on qkv's :class:`~qkv.MultiHeadAttention`. Build it with :func:`load_bert`.
