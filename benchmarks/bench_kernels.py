@@ -7,6 +7,9 @@ each case is timed ``--repeats`` times per round (best), the cases taking turns 
 the range of the rounds' bests printed:
 
 * ``exp + sums``: the kernel's ``s ← exp(s + add)`` with the row sums (the shift-free and lazy blocks);
+* ``exp + sums, no clamps``: the same without the clamps (``bounded``: shift-free blocks whose scores are
+  read again — weights, dropout);
+* ``exp2 + sums``: the base-2 kernel of the forward's plain blocks (scores that carry log₂ e: ``s ← 2^s``);
 * ``poly + exp + sums``: softcap 30 by the engine's fitted polynomial, then the same;
 * ``max pass``: the running max's pass (max, shift, exp, sums per row);
 * ``numpy exp``, ``numpy tanh + exp``: NumPy's own passes for the first two (without the row sums).
@@ -43,6 +46,8 @@ def main() -> None:
     coef[:len(poly)] = np.array(poly) * 30
     cases = {
         "exp + sums": lambda: kernels.run(jit, s, sums, ("exp", None, add, kernels.NO_MASK, 1)),
+        "exp + sums, no clamps": lambda: kernels.run(jit, s, sums, ("exp", None, add, kernels.NO_MASK, 1), bounded=True),
+        "exp2 + sums": lambda: kernels.run_exp2(jit, s, sums, kernels.NO_MASK, 1),
         "poly + exp + sums": lambda: kernels.run(jit, s, sums, ("poly", coef, add, kernels.NO_MASK, 1)),
         "max pass": lambda: kernels.run_max(jit, s, sums, ("exp", None, add, kernels.NO_MASK, 1), seen, shift, hit),
         "numpy exp": lambda: np.exp(s, out=s),

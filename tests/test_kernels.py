@@ -63,6 +63,30 @@ def test_the_bounded_exp_is_the_exp_on_its_range():
     np.testing.assert_array_equal(s, want)
 
 
+def test_exp2_rows_is_2_to_the_s_on_its_range_and_masks_the_diagonal(rng):
+    # base 2 (the engine's plain blocks, log₂ e folded into the query rows): every float32 exponent 2^n stays
+    # normal for, 2·10⁶ points, within 2e-7 relative (measured 1.66e-7: the polynomial's 9.1e-8 and rounding)
+    x = np.linspace(-126, 127, 2_000_001, dtype=np.float32)[None]
+    s, sums = x.copy(), np.empty(1, np.float32)
+    kernels.run_exp2(jit, s, sums, NO_MASK, 1)
+    want = np.exp2(x.astype(np.float64))
+    np.testing.assert_allclose(s, want, rtol=2e-7, atol=0)
+    # e^score from the score times log₂ e (the float32 product the engine's matmul gives): the product's
+    # rounding is the argument's, not the exponential's — against exp of the score itself, 30·2⁻²⁴·ln 2 more
+    y = np.linspace(-30, 30, 600_001, dtype=np.float32)
+    s = (y * np.float32(tiled._LOG2E))[None].copy()
+    kernels.run_exp2(jit, s, sums, NO_MASK, 1)
+    np.testing.assert_allclose(s[0], np.exp(y.astype(np.float64)), rtol=2e-7 + 30 * 2.0 ** -24)
+    x = rng.uniform(-40, 40, (12, 9)).astype(np.float32)
+    for d, rep in [(0, 1), (-2, 1), (3, 1), (0, 3), (-1, 2), (20, 1), (-20, 1)]:
+        s, sums = x.copy(), np.empty(12, np.float32)
+        kernels.run_exp2(jit, s, sums, d, rep)
+        allowed = np.arange(9)[None, :] <= d + np.arange(12)[:, None] // rep
+        want = np.where(allowed, np.exp2(x.astype(np.float64)), 0.0)
+        np.testing.assert_allclose(s, want, rtol=2e-7, atol=0, err_msg=f"d={d} rep={rep}")
+        np.testing.assert_allclose(sums, want.sum(1), rtol=2e-6, atol=1e-30)
+
+
 def test_exp_rows_edges():
     x = np.array([[-np.inf, np.nan, 0.0, 1.0, -87.0, -88.0, -200.0, 88.0, 89.0, np.inf]], np.float32)
     got, _ = _rows(x)
@@ -159,6 +183,8 @@ def counted(monkeypatch):
             calls.append("bounded")
         return real(j, s, sums, plan, bounded)
     monkeypatch.setattr(tiled, "_krun", krun)
+    real_exp2 = kernels.run_exp2
+    monkeypatch.setattr(tiled, "_krun_exp2", lambda j, s, *a: (calls.append("exp2"), real_exp2(j, s, *a)))
     real_rows = jit.exp_rows
 
     def rows(*a):
@@ -210,9 +236,10 @@ def test_sdpa_forward_and_backward_with_kernels(rng, counted, monkeypatch, case)
     assert counted, "the forward did not use the kernels"
     if "large" in case:
         assert "max" in counted and "exp" in counted, "lazy rescaling: the max pass and the lazy blocks"
-    # shift-free blocks with nothing masked but the diagonal take the exp without clamps; lazy ones (scores
-    # minus a running max can be below −88) and masked ones (−inf) never do
-    assert ("bounded" in counted) == (case in ("full", "causal", "gqa causal (grouped rows)")), counted
+    # shift-free blocks with nothing masked but the diagonal take base 2 (log₂ e in the query rows, no clamps);
+    # lazy ones (scores minus a running max can be below −88) and masked ones (−inf) never do
+    plain = case in ("full", "causal", "gqa causal (grouped rows)")
+    assert ("exp2" in counted) == plain and "bounded" not in counted, counted
     ref = qkv.scaled_dot_product_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
                                            backend="reference", **kw)
     # float32 scores up to ~80 carry ~1e-5 of rounding into exp: the float32 reference is off as much
@@ -389,3 +416,30 @@ def test_inputs_without_lead_dimensions(rng, counted):
                                                scale=0.2, is_causal=causal, backend="reference")
         np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
     assert counted
+
+
+@pytest.mark.parametrize("case", ["weights", "dropout", "block mask"])
+def test_plain_blocks_whose_scores_are_read_again_stay_in_base_e(rng, counted, case):
+    # base 2 changes the scores the blocks hold (times log₂ e): where anything else reads them — the weights'
+    # second pass, dropout's kept probabilities, a block mask's cells — the blocks take e^s (without clamps
+    # where nothing is masked but the diagonal)
+    q, k, v = _inputs(rng)
+    kw = dict(scale=0.2)
+    if case == "weights":
+        kw["return_weights"] = True
+    elif case == "dropout":
+        kw.update(dropout_p=0.25, rng=np.random.default_rng(3))
+    else:
+        kw["block_mask"] = qkv.create_block_mask(mods.causal(), None, None, 700, 900)
+    out, w, _ = tiled.forward(q, k, v, threads=2, **kw)
+    assert "exp2" not in counted and ("bounded" in counted) == (case != "block mask"), counted
+    if case == "dropout":
+        return
+    ref = qkv.scaled_dot_product_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                                           backend="reference", scale=0.2,
+                                           is_causal=case == "block mask")
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+    if case == "weights":
+        s = np.einsum("bhle,bhse->bhls", q.astype(np.float64), k.astype(np.float64)) * 0.2
+        want = np.exp(s - s.max(-1, keepdims=True))
+        np.testing.assert_allclose(w, want / want.sum(-1, keepdims=True), rtol=2e-5, atol=1e-7)

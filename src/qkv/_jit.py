@@ -31,6 +31,12 @@ degree-4 P measured 1.2e-7 at 8 % more time). Edge values: ``exp`` is 0 below �
 through subnormals to 0 at −103.9: values under 1.2e−38, below any row sum the engine divides by), a
 subnormal from there to −87.3, and inf from 88.38 (n = 128; NumPy's from 88.72); NaN stays NaN.
 
+``exp2`` (:func:`exp2_rows`, the forward's plain blocks): where the engine has folded log₂ e into the query
+rows, a block's scores are already ``score·log₂ e`` and e^score = 2^s — the rounding is then one add (n by the
+magic number), the reduction ``r = s − n`` exact (no Cody–Waite pair, no multiply by 1/ln 2), and 2^r a
+degree-5 polynomial: three multiply-class operations of nine fewer, 0.111 → 0.076 ms a 1024 × 512 block
+(Zen 4, one thread), 1.66e-7 relative on [−126, 127].
+
 The row max is ``llvm.maxnum`` (:func:`_maxf`), which LLVM vectorizes as a reduction; the ``a if a > b``
 select it replaces did not vectorize (0.31 against 0.07 ms a block) — NaN is skipped by both.
 """
@@ -41,7 +47,7 @@ import llvmlite.ir as ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "swiglu_rows"]
+__all__ = ["ds_rows", "exp2_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "swiglu_rows"]
 
 
 @intrinsic
@@ -108,6 +114,9 @@ _NC1, _NC2 = _F(-0.693359375), _F(2.12194440e-4)          # −ln 2 = NC1 + NC2,
 # e^r = 1 + r + r²·(P0 + P1·r + P2·r² + P3·r³) on |r| ≤ ln 2 / 2 (minimax for relative error: 1.05e-7)
 _P0, _P1, _P2, _P3 = _F(0.499992311000824), _F(0.16667114198207855), _F(0.04189009591937065), \
     _F(0.008312505669891834)
+# 2^r = 1 + r·(E1 + r·(E2 + r·(E3 + r·(E4 + r·E5)))) on |r| ≤ 1/2 (minimax for relative error: 9.1e-8)
+_E1, _E2, _E3, _E4, _E5 = _F(0.6931469775984711), _F(0.24022242084919251), _F(0.05550733744244796), \
+    _F(0.009671512660561586), _F(0.001326472689895554)
 # tanh: Eigen's float rational approximation (odd degree 13 over even degree 6), clamped where tanh = ±1
 _A1, _A3, _A5 = _F(4.89352455891786e-03), _F(6.37261928875436e-04), _F(1.48572235717979e-05)
 _A7, _A9, _A11 = _F(5.12229709037114e-08), _F(-8.60467152213735e-11), _F(2.00018790482477e-13)
@@ -129,6 +138,19 @@ def _expf_bounded(v):
     r = _fma(n, _NC1, v)                                     # Cody–Waite: two FMAs (llvm.fma: not merged)
     r = _fma(n, _NC2, r)
     p = (((_P3 * r + _P2) * r + _P1) * r + _P0) * (r * r) + r + _ONE
+    return p * _pow2_of(t)
+
+
+@njit(inline="always", **_OPTS)
+def _exp2f_bounded(v):
+    """2^v for ``v`` in [−126, 127] (no clamps): ``n`` = round(v) by the magic number (one add), ``r = v − n``
+    exact (|r| ≤ ½: no Cody–Waite pair, no multiply by 1/ln 2), 2^r by a degree-5 polynomial fitted for
+    relative error on |r| ≤ ½ (9.1e-8 in exact arithmetic), times 2^n in the exponent bits. For blocks whose
+    scores carry log₂ e already (the engine folds it into the query rows once): three multiply-class
+    operations fewer than :func:`_expf_bounded` (32 % less time a block), and 1.7e-7 relative, not 2.1e-7."""
+    t = v + _ROUND                                           # round(v) + 127 in t's low mantissa bits
+    r = v - _n_of(t)
+    p = ((((_E5 * r + _E4) * r + _E3) * r + _E2) * r + _E1) * r + _ONE
     return p * _pow2_of(t)
 
 
@@ -212,6 +234,25 @@ def exp_rows(s, kind, coef, cap, add, sums, d, rep, bounded=False):
             sums[r] = _exp_row(row, lim, a, _expf_bounded)
         else:
             sums[r] = _exp_row(row, lim, a)
+
+
+@njit(**_OPTS)
+def exp2_rows(s, sums, d, rep):
+    """``s[r, c] = 2^s[r, c]`` where ``c ≤ d + r // rep``, else 0, and ``sums[r]`` the row's sum: a shift-free
+    block with nothing masked but the causal diagonal, whose scores the engine computed times log₂ e (so
+    2^s is e^(score)), every one within ±SHIFT_FREE_BOUND·log₂ e (:func:`_exp2f_bounded`'s range)."""
+    rows, width = s.shape
+    for r in range(rows):
+        row = s[r]
+        lim = _limit(d, r, rep, width)
+        acc = _ZERO
+        for c in range(lim):
+            y = _exp2f_bounded(row[c])
+            row[c] = y
+            acc += y
+        for c in range(lim, width):
+            row[c] = _ZERO
+        sums[r] = acc
 
 
 @njit(**_OPTS)
