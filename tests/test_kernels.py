@@ -63,24 +63,28 @@ def test_the_bounded_exp_is_the_exp_on_its_range():
     np.testing.assert_array_equal(s, want)
 
 
-def test_exp2_rows_is_2_to_the_s_on_its_range_and_masks_the_diagonal(rng):
+def _exp2(s, sums, d=NO_MASK, rep=1):
+    kernels.run(jit, s, sums, ("exp", None, np.zeros(s.shape[0], np.float32), d, rep), base2=True)
+
+
+def test_exp2_is_2_to_the_s_on_its_range_and_masks_the_diagonal(rng):
     # base 2 (the engine's plain blocks, log₂ e folded into the query rows): every float32 exponent 2^n stays
     # normal for, 2·10⁶ points, within 2e-7 relative (measured 1.66e-7: the polynomial's 9.1e-8 and rounding)
     x = np.linspace(-126, 127, 2_000_001, dtype=np.float32)[None]
     s, sums = x.copy(), np.empty(1, np.float32)
-    kernels.run_exp2(jit, s, sums, NO_MASK, 1)
+    _exp2(s, sums)
     want = np.exp2(x.astype(np.float64))
     np.testing.assert_allclose(s, want, rtol=2e-7, atol=0)
     # e^score from the score times log₂ e (the float32 product the engine's matmul gives): the product's
     # rounding is the argument's, not the exponential's — against exp of the score itself, 30·2⁻²⁴·ln 2 more
     y = np.linspace(-30, 30, 600_001, dtype=np.float32)
     s = (y * np.float32(tiled._LOG2E))[None].copy()
-    kernels.run_exp2(jit, s, sums, NO_MASK, 1)
+    _exp2(s, sums)
     np.testing.assert_allclose(s[0], np.exp(y.astype(np.float64)), rtol=2e-7 + 30 * 2.0 ** -24)
     x = rng.uniform(-40, 40, (12, 9)).astype(np.float32)
     for d, rep in [(0, 1), (-2, 1), (3, 1), (0, 3), (-1, 2), (20, 1), (-20, 1)]:
         s, sums = x.copy(), np.empty(12, np.float32)
-        kernels.run_exp2(jit, s, sums, d, rep)
+        _exp2(s, sums, d, rep)
         allowed = np.arange(9)[None, :] <= d + np.arange(12)[:, None] // rep
         want = np.where(allowed, np.exp2(x.astype(np.float64)), 0.0)
         np.testing.assert_allclose(s, want, rtol=2e-7, atol=0, err_msg=f"d={d} rep={rep}")
@@ -177,14 +181,11 @@ def counted(monkeypatch):
     """The engine's kernel calls counted (tiled.forward's plans and the bands' and backward's direct calls)."""
     calls = []
     real = kernels.run
-    def krun(j, s, sums, plan, bounded=False):
+    def krun(j, s, sums, plan, bounded=False, base2=False):
         calls.append(plan[0])
-        if bounded:
-            calls.append("bounded")
-        return real(j, s, sums, plan, bounded)
+        calls.append("exp2" if base2 else "bounded" if bounded else "clamped")
+        return real(j, s, sums, plan, bounded, base2)
     monkeypatch.setattr(tiled, "_krun", krun)
-    real_exp2 = kernels.run_exp2
-    monkeypatch.setattr(tiled, "_krun_exp2", lambda j, s, *a: (calls.append("exp2"), real_exp2(j, s, *a)))
     real_rows = jit.exp_rows
 
     def rows(*a):
@@ -237,7 +238,8 @@ def test_sdpa_forward_and_backward_with_kernels(rng, counted, monkeypatch, case)
     if "large" in case:
         assert "max" in counted and "exp" in counted, "lazy rescaling: the max pass and the lazy blocks"
     # shift-free blocks with nothing masked but the diagonal take base 2 (log₂ e in the query rows, no clamps);
-    # lazy ones (scores minus a running max can be below −88) and masked ones (−inf) never do
+    # lazy ones (scores minus a running max can be below −88) and masked ones (−inf) never do, and none here
+    # takes the natural exp without clamps (shift-free blocks read again do: the test below)
     plain = case in ("full", "causal", "gqa causal (grouped rows)")
     assert ("exp2" in counted) == plain and "bounded" not in counted, counted
     ref = qkv.scaled_dot_product_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),

@@ -127,8 +127,7 @@ def _warm(jit) -> None:
     s = np.zeros((2, 2), np.float32)
     z = np.zeros(2, np.float32)
     one = np.float32(1.0)
-    jit.exp_rows(s, 0, _NO_COEF, one, z, z.copy(), 0, 1)
-    jit.exp2_rows(s, z.copy(), 0, 1)
+    jit.exp_rows(s, 0, _NO_COEF, one, z, z.copy(), 0, 1, False, False)
     jit.max_exp_rows(s, 0, _NO_COEF, one, z, z.copy(), 0, 1, np.zeros(2, bool), z.copy(), np.zeros(2, bool))
     jit.pattern_exp_rows(s.reshape(1, 2, 2), 0, _NO_COEF, one, s, z.copy())
     jit.swiglu_rows(np.zeros((2, 4), np.float32), 2)
@@ -158,22 +157,17 @@ def _args(kind: str, arg):
             np.float32(arg) if kind == "tanh" else np.float32(1.0))
 
 
-def run(jit, s: np.ndarray, sums: np.ndarray, plan, bounded: bool = False) -> None:
+def run(jit, s: np.ndarray, sums: np.ndarray, plan, bounded: bool = False, base2: bool = False) -> None:
     """Finish a block the scorer left for a kernel (:meth:`qkv.backends.tiled._Scorer.__call__` with
     ``fuse=True``): ``s ← exp(f(s) + add)``, masked to the causal diagonal ``d``, ``sums`` its row sums.
     ``plan = (kind, arg, add, d, rep)``: kind ``"exp"`` (f = identity), ``"poly"`` (arg: seven coefficients,
     f(y) = y·Σ arg[k]·y^2k) or ``"tanh"`` (arg: cap, f = cap·tanh). ``bounded``: the caller knows every
     argument of the exponential lies in [−87, 88] (a shift-free block without a mask's −inf): the kernel's
-    exp without its clamps."""
+    exp without its clamps. ``base2`` (kind ``"exp"``): the scores and ``add`` carry log₂ e (the engine folds
+    it into the query rows of shift-free blocks), the exponential is 2^x — e^score with a third less work;
+    no clamps (every argument in [−126, 127])."""
     kind, arg, add, d, rep = plan
-    jit.exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep, bounded)
-
-
-def run_exp2(jit, s: np.ndarray, sums: np.ndarray, d: int, rep: int) -> None:
-    """A shift-free block whose scores carry log₂ e (the engine folds it into the query rows): ``s ← 2^s``
-    masked to the causal diagonal ``d`` (``rep`` interleaved heads per position), ``sums`` its row sums — e^score
-    with a third less work than :func:`run`'s exponential. Every score within [−126, 127]: no clamps."""
-    jit.exp2_rows(s.reshape(-1, s.shape[-1]), sums, d, rep)
+    jit.exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep, bool(bounded), bool(base2))
 
 
 def run_max(jit, s: np.ndarray, sums: np.ndarray, plan, seen: np.ndarray, shift: np.ndarray, hit: np.ndarray) -> None:
