@@ -77,6 +77,8 @@ one exp and one row pass for the group (:data:`GROUP_GQA`).
 With the ``jit`` extra (numba), a block's elementwise steps after ``Q·Kᵀ`` — softcap, the causal diagonal's
 mask, the shift −m_i, ``exp`` and the row sums — run as one compiled pass (:mod:`qkv.kernels`): the scorer
 leaves them undone and returns the plan (``_Scorer.__call__(…, fuse=True)``). Without it, NumPy's passes.
+Shift-free blocks of unmodified scores that nothing reads again run in base 2: log₂ e is folded into the
+query rows once, so the block holds ``score·log₂ e`` and the kernel's exponential is 2^s (a third cheaper).
 
 Every matmul goes through the runtime's GEMM provider (:mod:`qkv.gemm`: NumPy's BLAS, or Intel MKL with
 ``qkv.set_gemm("mkl")`` / ``"auto"``), on the same buffers and views.
