@@ -205,14 +205,14 @@ def _limit(d, r, rep, width):
 @njit(inline="always", **_OPTS)
 def _exp_row(row, lim, a, expf=_expf):
     """``row[c] ← expf(row[c] + a)`` for c < lim, 0 after; returns the row's sum (``expf``: :func:`_expf`, or
-    :func:`_expf_bounded` where the caller knows the range)."""
+    :func:`_expf_bounded` where the caller knows the range). The zeros as a slice assignment, which numba
+    vectorizes: as a loop of stores they were 65 % of a 256-row causal square's time (22.8 → 9.6 µs)."""
     acc = _ZERO
     for c in range(lim):
         y = expf(row[c] + a)
         row[c] = y
         acc += y
-    for c in range(lim, row.shape[0]):
-        row[c] = _ZERO
+    row[lim:] = _ZERO
     return acc
 
 
