@@ -445,3 +445,20 @@ def test_plain_blocks_whose_scores_are_read_again_stay_in_base_e(rng, counted, c
         s = np.einsum("bhle,bhse->bhls", q.astype(np.float64), k.astype(np.float64)) * 0.2
         want = np.exp(s - s.max(-1, keepdims=True))
         np.testing.assert_allclose(w, want / want.sum(-1, keepdims=True), rtol=2e-5, atol=1e-7)
+
+
+def test_base2_scale_is_rounded_once_and_the_bound_reads_the_input_rows(rng):
+    # log₂ e goes into the scale (one rounding of each query value, as without base 2), and the shift-free
+    # bound comes from the input rows' norms before they are scaled; grouped rows interleaved (r·g + h)
+    q, k, v = _inputs(rng, H=6, Hk=2)
+    P = tiled._Problem(q, k, v, None, True, 0.2, True)
+    P.group = 3
+    got = np.empty((90, 32), np.float32)
+    P.q_rows_group((0, 0), 10, 40, got, tiled._LOG2E)
+    rows = q[0, :3, 10:40].transpose(1, 0, 2).reshape(90, 32)
+    np.testing.assert_array_equal(got, rows * np.float32(0.2 * tiled._LOG2E))
+    P.q_rows_group((0, 0), 10, 40, got)
+    np.testing.assert_array_equal(got, rows * np.float32(0.2))
+    want = np.linalg.norm(rows.astype(np.float64) * 0.2, axis=1).max()
+    np.testing.assert_allclose(P.q_norm_group((0, 0), 10, 40), want, rtol=1e-6)
+    assert P.q_norm_group((0, 0), 10, 10) == 0.0                       # no rows

@@ -342,20 +342,32 @@ class _Problem:
         q = self.query[_src(idx, self.query.shape[:-2])][i0:i1]
         return np.multiply(q, self.cdt.type(self.qscale), dtype=self.cdt)
 
-    def q_rows_group(self, idx: tuple, i0: int, i1: int, out: np.ndarray) -> None:
+    def _group_rows(self, idx: tuple, i0: int, i1: int):
+        """The input rows i0 … i1 of the ``group`` query heads from ``idx`` on (views)."""
+        if self.group == 1:                              # (also with no lead dimensions: idx = ())
+            return [self.query[_src(idx, self.query.shape[:-2])][i0:i1]]
+        return [self.query[_src(idx[:-1] + (idx[-1] + h,), self.query.shape[:-2])][i0:i1]
+                for h in range(self.group)]
+
+    def q_rows_group(self, idx: tuple, i0: int, i1: int, out: np.ndarray, factor: float = 1.0) -> None:
         """:meth:`q_rows` of the ``group`` query heads from ``idx`` on (they share one key/value head) into
         ``out`` (Bq·group, E), interleaved: row ``r·group + g`` is position ``i0 + r`` of head ``idx[-1] + g`` —
         so that a block of positions is a block of rows, and the scores of all the group's heads come from
-        one matmul. Each head's rows are scaled straight into their strided rows of ``out``."""
+        one matmul. Each head's rows are scaled straight into their strided rows of ``out``, by the scale
+        times ``factor`` (log₂ e for blocks in base 2), rounded once."""
         g = self.group
-        scale = self.cdt.type(self.qscale)
-        if g == 1:                                       # (also with no lead dimensions: idx = ())
-            q = self.query[_src(idx, self.query.shape[:-2])][i0:i1]
-            np.multiply(q, scale, out=out, dtype=self.cdt, casting="unsafe")
-            return
-        for h in range(g):
-            q = self.query[_src(idx[:-1] + (idx[-1] + h,), self.query.shape[:-2])][i0:i1]
-            np.multiply(q, scale, out=out[h::g], dtype=self.cdt, casting="unsafe")
+        scale = self.cdt.type(self.qscale * factor)
+        for h, q in enumerate(self._group_rows(idx, i0, i1)):
+            np.multiply(q, scale, out=out[h::g] if g > 1 else out, dtype=self.cdt, casting="unsafe")
+
+    def q_norm_group(self, idx: tuple, i0: int, i1: int) -> float:
+        """The largest norm of a scaled query row (``|Q[i]·scale|``) of :meth:`q_rows_group`'s rows, from the
+        input rows (so that the scale can take log₂ e in once the shift-free bound is known)."""
+        m = 0.0
+        for q in self._group_rows(idx, i0, i1):
+            if q.size:
+                m = max(m, float(np.einsum("le,le->l", q, q, dtype=self.cdt).max()))
+        return math.sqrt(m) * abs(self.qscale)
 
     def mask2d(self, idx: tuple):
         """The mask of head ``idx`` as an (L, S) view (broadcast, never copied), or None."""
@@ -1108,17 +1120,29 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     g = P.group                                              # rows per position: g interleaved query heads
     Bq = (i1 - i0) * g
     qs = np.empty((Bq, E + 1), P.cdt)                        # [Q·scale, row term]: scale folded in once
-    P.q_rows_group(idx, i0, i1, qs[:, :E])
     qs[:, E] = 0.0
     blocks = P.key_blocks(i0, i1, mask2d, block_k, idx)
     if keys is not None:                                     # split-K: this task's share of the blocks
         blocks = [b for b in blocks if keys[0] <= b[2] < keys[1]]
+    widest = max((b[3] - b[2] for b in blocks), default=1)
+    tallest = max((b[1] - b[0] for b in blocks), default=1) * g
+    # the fused block kernels (qkv.kernels: mask, softcap, shift, exp and row sums in one pass), where in use
+    jit = _KERNELS.for_block(P.cdt, tallest * widest)
     sc = _Scorer(P, idx, qs, i0, K_T, mask2d, row_col=True)
-    q_norm = float(np.sqrt(np.einsum("le,le->l", qs[:, :E], qs[:, :E]).max()))
+    q_norm = P.q_norm_group(idx, i0, i1)                    # max |Q·scale| of the rows, before they are scaled
     # How large a block's Σ exp(s − m_i) may grow before acc could overflow (float32 and float64 alike).
     log_room = _LOG_HEADROOM - math.log(P.S) - math.log1p(v_max)
     # Shift-free: no (modified) score can leave the bounds of P.shift_free, so m_i = 0 for good.
     shift_free = P.shift_free(q_norm * k_norm * P.mod.qdiv, log_room, sc.slope)
+    plain = shift_free and sc.kind == "none"                 # scores within ±SHIFT_FREE_BOUND, unmodified
+    # Base 2: log₂ e folded into the query rows' scale (one rounding), so that a plain block's exponential is
+    # 2^s — e^score with a third less work in the kernel (qkv.kernels.run, base2). Where every block is "full"
+    # or "causal" and nothing else reads the scores (no weights' second pass, no dropout, no mask or bands),
+    # and shift-free: the lazy blocks' larger scores (up to ~100 on the tests' inputs) made the backward's P,
+    # recomputed from e^s and this lse, off from the forward's by the two matmuls' rounding (1.7–4× the
+    # gradients' error against float64); within ±30 the error is as before.
+    base2 = plain and jit is not None and weights is None and dropout_p == 0 and P.bm is None and P.mask is None
+    P.q_rows_group(idx, i0, i1, qs[:, :E], _LOG2E if base2 else 1.0)
     k_poly = sc.use_poly(q_norm * k_norm)                    # softcap: |s/cap| ≤ q_norm·k_norm (qs holds 1/cap)
     if k_poly != 1.0:
         qs[:, :E] *= P.cdt.type(k_poly)
@@ -1133,15 +1157,10 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         blocks = sorted(blocks, key=lambda b: -(sl * (b[3] - 1 - (i0 + b[0])) if sl >= 0
                                                 else sl * (b[2] - (i0 + b[1] - 1))))
     row_limit = math.exp(LAZY_BOUND)
-    plain = shift_free and sc.kind == "none"                 # scores within ±SHIFT_FREE_BOUND, unmodified
     # ALiBi's column term folded into V: only shift-free (m_i = 0 for good), where a factor e^{c_j} ≤ 1
     # cannot hide a row's max from a running-max update
     fold_col = shift_free and sc.kind == "alibi" and sc.slope is not None and sc.slope >= 0
-    widest = max((b[3] - b[2] for b in blocks), default=1)
-    tallest = max((b[1] - b[0] for b in blocks), default=1) * g
     s_flat = _scratch(1, tallest * widest, P.cdt).reshape(-1)  # a block's scores, then probabilities
-    # the fused block kernels (qkv.kernels: mask, softcap, shift, exp and row sums in one pass), where in use
-    jit = _KERNELS.for_block(P.cdt, tallest * widest)
     ones = np.ones(widest, P.cdt)
     tmp = np.empty((Bq, Ev), P.cdt)
     v_buf = np.empty((widest, Ev), P.cdt) if fold_col else None
@@ -1152,15 +1171,6 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     seen = np.full(Bq, shift_free)                           # m_i is a max some block attained
     gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
     keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
-    # Base 2: log₂ e folded into the query rows (once, here), so that a plain block's exponential is 2^s —
-    # e^score with a third less work in the kernel (qkv.kernels.run, base2). Where every block is "full" or
-    # "causal" and nothing else reads the scores (no weights' second pass, no dropout, no mask or bands), and
-    # shift-free: the lazy blocks' larger scores (up to ~100 on the tests' inputs) made the backward's P,
-    # recomputed from e^s and this lse, off from the forward's by the two matmuls' rounding (1.7–4× the
-    # gradients' error against float64); within ±30 the error is as before.
-    base2 = plain and jit is not None and weights is None and gen is None and P.bm is None and P.mask is None
-    if base2:
-        qs[:, :E] *= P.cdt.type(_LOG2E)
     steps = blocks
     if (shift_free and gen is None and P.bm is not None and sc.kind in ("none", "alibi", "softcap", "alibi_softcap")
             and (sc.kind == "none" or sc.slope is not None or sc.cap is not None)):
