@@ -31,11 +31,12 @@ degree-4 P measured 1.2e-7 at 8 % more time). Edge values: ``exp`` is 0 below �
 through subnormals to 0 at −103.9: values under 1.2e−38, below any row sum the engine divides by), a
 subnormal from there to −87.3, and inf from 88.38 (n = 128; NumPy's from 88.72); NaN stays NaN.
 
-``exp2`` (:func:`exp_rows` with ``base2``, the forward's blocks of unmodified scores): where the engine has folded log₂ e into the query
-rows, a block's scores are already ``score·log₂ e`` and e^score = 2^s — the rounding is then one add (n by the
-magic number), the reduction ``r = s − n`` exact (no Cody–Waite pair, no multiply by 1/ln 2), and 2^r a
-degree-5 polynomial: three multiply-class operations of nine fewer, 0.111 → 0.076 ms a 1024 × 512 block
-(Zen 4, one thread), 1.66e-7 relative on [−126, 127].
+``exp2`` (:func:`exp_rows` with ``base2``, the forward's shift-free blocks of unmodified scores): where the
+engine has folded log₂ e into the query rows, a block's scores are already ``score·log₂ e`` and e^score = 2^s —
+the rounding is then one add (n by the magic number), the reduction ``r = s − n`` exact (no Cody–Waite pair, no
+multiply by 1/ln 2), and 2^r a degree-5 polynomial: three multiply-class operations of nine fewer, 0.103 →
+0.071 ms a 1024 × 512 block (Zen 4, one thread), 1.66e-7 relative on [−126, 127]. A row term is added in a pass
+of its own (:func:`_exp2_row`).
 
 The row max is ``llvm.maxnum`` (:func:`_maxf`), which LLVM vectorizes as a reduction; the ``a if a > b``
 select it replaces did not vectorize (0.31 against 0.07 ms a block) — NaN is skipped by both.
