@@ -110,6 +110,12 @@ def test_exp2_adds_the_row_term_on_rows_wide_enough_to_vectorize(rng):
     np.testing.assert_allclose(s, np.exp((x + add[:, None]).astype(np.float64)), rtol=2.5e-7, atol=1.2e-38)
 
 
+def test_base2_is_for_the_identity_only():
+    s, sums = np.zeros((2, 4), np.float32), np.empty(2, np.float32)
+    with pytest.raises(ValueError, match="base2 needs kind 'exp'"):
+        kernels.run(jit, s, sums, ("tanh", np.float32(30), np.zeros(2, np.float32), NO_MASK, 1), base2=True)
+
+
 def test_exp_rows_edges():
     x = np.array([[-np.inf, np.nan, 0.0, 1.0, -87.0, -88.0, -200.0, 88.0, 89.0, np.inf]], np.float32)
     got, _ = _rows(x)

@@ -168,6 +168,8 @@ def run(jit, s: np.ndarray, sums: np.ndarray, plan, bounded: bool = False, base2
     it into the query rows of shift-free blocks), the exponential is 2^x — e^score with a third less work;
     no clamps (every argument in [−126, 127])."""
     kind, arg, add, d, rep = plan
+    if base2 and kind != "exp":
+        raise ValueError(f"plan: base2 needs kind 'exp' (scores that carry log₂ e), got {kind!r}")
     jit.exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep, bool(bounded), bool(base2))
 
 
