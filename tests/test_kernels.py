@@ -17,11 +17,11 @@ jit = pytest.importorskip("qkv._jit", reason="needs numba (the jit extra)")
 NO_MASK = kernels.NO_MASK
 
 
-def _rows(s, add=None, d=NO_MASK, rep=1, kind="exp", arg=None):
+def _rows(s, add=None, d=NO_MASK, rep=1, kind="exp", arg=None, base2=False):
     s = np.array(s, np.float32)
     add = np.zeros(s.shape[0], np.float32) if add is None else np.asarray(add, np.float32)
     sums = np.empty(s.shape[0], np.float32)
-    kernels.run(jit, s, sums, (kind, arg, add, d, rep))
+    kernels.run(jit, s, sums, (kind, arg, add, d, rep), base2=base2)
     return s, sums
 
 
@@ -63,29 +63,21 @@ def test_the_bounded_exp_is_the_exp_on_its_range():
     np.testing.assert_array_equal(s, want)
 
 
-def _exp2(s, sums, d=NO_MASK, rep=1, add=None):
-    add = np.zeros(s.shape[0], np.float32) if add is None else add
-    kernels.run(jit, s, sums, ("exp", None, add, d, rep), base2=True)
-
-
 def test_exp2_is_2_to_the_s_on_its_range_and_masks_the_diagonal(rng):
     # base 2 (the engine's plain blocks, log₂ e folded into the query rows): every float32 exponent 2^n stays
     # normal for, 2·10⁶ points, within 2e-7 relative (measured 1.66e-7: the polynomial's 9.1e-8 and rounding)
     x = np.linspace(-126, 127, 2_000_001, dtype=np.float32)[None]
-    s, sums = x.copy(), np.empty(1, np.float32)
-    _exp2(s, sums)
+    s, _ = _rows(x, base2=True)
     want = np.exp2(x.astype(np.float64))
     np.testing.assert_allclose(s, want, rtol=2e-7, atol=0)
     # e^score from the score times log₂ e (the float32 product the engine's matmul gives): the product's
     # rounding is the argument's, not the exponential's — against exp of the score itself, 30·2⁻²⁴·ln 2 more
     y = np.linspace(-30, 30, 600_001, dtype=np.float32)
-    s = (y * np.float32(tiled._LOG2E))[None].copy()
-    _exp2(s, sums)
+    s, _ = _rows((y * np.float32(tiled._LOG2E))[None], base2=True)
     np.testing.assert_allclose(s[0], np.exp(y.astype(np.float64)), rtol=2e-7 + 30 * 2.0 ** -24)
     x = rng.uniform(-40, 40, (12, 9)).astype(np.float32)
     for d, rep in [(0, 1), (-2, 1), (3, 1), (0, 3), (-1, 2), (20, 1), (-20, 1)]:
-        s, sums = x.copy(), np.empty(12, np.float32)
-        _exp2(s, sums, d, rep)
+        s, sums = _rows(x, d=d, rep=rep, base2=True)
         allowed = np.arange(9)[None, :] <= d + np.arange(12)[:, None] // rep
         want = np.where(allowed, np.exp2(x.astype(np.float64)), 0.0)
         np.testing.assert_allclose(s, want, rtol=2e-7, atol=0, err_msg=f"d={d} rep={rep}")
@@ -99,14 +91,12 @@ def test_exp2_adds_the_row_term_on_rows_wide_enough_to_vectorize(rng):
     x = rng.uniform(-60, 40, (64, 512)).astype(np.float32)
     add = rng.uniform(-40, 20, 64).astype(np.float32)
     for d in (NO_MASK, 100):
-        s, sums = x.copy(), np.empty(64, np.float32)
-        _exp2(s, sums, d=d, add=add)
+        s, sums = _rows(x, add, d=d, base2=True)
         allowed = np.arange(512)[None, :] <= d + np.arange(64)[:, None]
         want = np.where(allowed, np.exp2((x + add[:, None]).astype(np.float64)), 0.0)
         np.testing.assert_allclose(s, want, rtol=2e-7, atol=0)
         np.testing.assert_allclose(sums, want.sum(1), rtol=2e-6)
-    s = x.copy()
-    kernels.run(jit, s, sums, ("exp", None, add, NO_MASK, 1))            # the natural exp, the same way
+    s, _ = _rows(x, add)                                                 # the natural exp, the same way
     np.testing.assert_allclose(s, np.exp((x + add[:, None]).astype(np.float64)), rtol=2.5e-7, atol=1.2e-38)
 
 

@@ -226,13 +226,7 @@ def _exp2_row(row, lim, a):
     if a != _ZERO:
         for c in range(lim):
             row[c] = row[c] + a
-    acc = _ZERO
-    for c in range(lim):
-        y = _exp2f_bounded(row[c])
-        row[c] = y
-        acc += y
-    row[lim:] = _ZERO
-    return acc
+    return _exp_row(row, lim, _ZERO, _exp2f_bounded)
 
 
 @njit(inline="always", **_OPTS)
