@@ -9,6 +9,7 @@ import pytest
 
 import qkv
 from qkv import gemm
+from qkv.backends import tiled
 from qkv.backends.runtime import RUNTIME
 
 HAS_MKL = gemm.GEMM.mkl() is not None
@@ -298,6 +299,13 @@ def counted_mkl(mkl, monkeypatch, restore_gemm):
         return real_exp(x, out=out)
     monkeypatch.setattr(mkl, "matmul", counting)
     monkeypatch.setattr(mkl, "exp", counting_exp)
+    real_plain = tiled._krun_plain                          # the compiled loop calls the provider's C sgemm
+
+    def plain(jit, gemm, *a):
+        if gemm is mkl:
+            calls.append(("plain loop", mkl.name))
+        return real_plain(jit, gemm, *a)
+    monkeypatch.setattr(tiled, "_krun_plain", plain)
     return calls
 
 

@@ -213,6 +213,8 @@ def counted(monkeypatch):
     monkeypatch.setattr(jit, "ds_rows", lambda *a: (calls.append("ds"), real_ds(*a)))
     real_bands = kernels.run_bands
     monkeypatch.setattr(tiled, "_krun_bands", lambda j, s, *a: (calls.append("bands"), real_bands(j, s, *a)))
+    real_plain = kernels.run_plain                           # the compiled loop of plain blocks: base 2
+    monkeypatch.setattr(tiled, "_krun_plain", lambda j, *a: (calls.extend(("plain", "exp2")), real_plain(j, *a)))
     monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
     return calls
 

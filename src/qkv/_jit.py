@@ -48,7 +48,7 @@ import llvmlite.ir as ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "swiglu_rows"]
+__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "plain_rows", "swiglu_rows"]
 
 
 @intrinsic
@@ -357,3 +357,63 @@ def ds_rows(dp, p, D):
         row, pr, dr = dp[r], p[r], D[r]
         for c in range(dp.shape[1]):
             row[c] = pr[c] * (row[c] - dr)
+
+
+_ROW_MAJOR, _NO_TRANS = 101, 111                            # CBLAS enums
+
+
+@njit(**_OPTS)
+def _now(clock, clock_id, ts):
+    clock(clock_id, ts.ctypes.data)
+    return ts[0] + 1e-9 * ts[1]
+
+
+@njit(**_OPTS)
+def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, coef, rep):
+    """The engine's shift-free blocks of plain scores (no mod, no mask but the causal diagonal; scores carry
+    log₂ e) in one compiled loop: per block ``(r0, r1, j0, j1, d, fresh)`` of ``blocks`` (rows r0 … r1 of
+    ``qs``, keys j0 … j1, the diagonal's offset ``d`` as :func:`exp_rows`), the scores
+    ``s = qs[r0:r1, :E] · k_t[:E, j0:j1]`` and ``acc[r0:r1] (+)= p · v[j0:j1]`` by ``sgemm`` (a CBLAS sgemm
+    as a ctypes function: NumPy's own OpenBLAS or MKL, the engine's GEMM provider — so the products are the
+    provider's, as :func:`qkv.gemm.matmul` would compute them, accumulated by its beta), ``p = 2^s`` with
+    row sums into ``l_i`` (:func:`exp_rows`, base 2) — written where ``fresh`` (the rows' first block), else
+    added. What the Python loop did between these calls (slices, views, the adds, ~1 ms a 1024-row task) is
+    gone. ``timing``: each GEMM's thread CPU time and flops added to ``clock``'s ``[seconds, flops]`` (see
+    :attr:`qkv.gemm.NumpyGemm.clock`), read with ``clock`` (libc's ``clock_gettime``) on ``clock_id``
+    (``time.CLOCK_THREAD_CPUTIME_ID``, as ``time.thread_time``)."""
+    E = k_t.shape[0] - 1
+    lda = qs.shape[1]
+    ldk = k_t.strides[0] // 4
+    ev = v.shape[1]
+    ldv = v.strides[0] // 4
+    lacc = acc.strides[0] // 4
+    qp, kp, vp = qs.ctypes.data, k_t.ctypes.data, v.ctypes.data
+    sp, ap = s_flat.ctypes.data, acc.ctypes.data
+    ts = np.zeros(2, np.int64)
+    spent = 0.0
+    flops = 0.0
+    for b in range(blocks.shape[0]):
+        r0, r1, j0, j1, d, fresh = (blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4],
+                                    blocks[b, 5])
+        m, w = r1 - r0, j1 - j0
+        if timing:
+            t0 = _now(clock, clock_id, ts)
+        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, w, E, _ONE, qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk,
+              _ZERO, sp, w)
+        if timing:
+            spent += _now(clock, clock_id, ts) - t0
+            flops += 2.0 * m * w * E
+        s = s_flat[:m * w].reshape(m, w)
+        exp_rows(s, 0, coef, _ONE, zeros, sums, d, rep, True, True)
+        if fresh:
+            l_i[r0:r1] = sums[:m]
+        else:
+            l_i[r0:r1] += sums[:m]
+        if timing:
+            t0 = _now(clock, clock_id, ts)
+        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, ev, w, _ONE, sp, w, vp + 4 * j0 * ldv, ldv,
+              _ZERO if fresh else _ONE, ap + 4 * r0 * lacc, lacc)
+        if timing:
+            spent += _now(clock, clock_id, ts) - t0
+            flops += 2.0 * m * ev * w
+    return spent, flops

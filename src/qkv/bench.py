@@ -402,12 +402,16 @@ def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repe
                     for _ in range(repeats):
                         acc.update(s=0.0, flops=0.0)
                         p.matmul = timed
+                        p.clock = clock = np.zeros(2)                # the compiled loop's GEMMs (qkv.kernels)
                         try:
                             t = time.thread_time()
                             tiled.forward(q, k, v, scale=dim ** -0.5, is_causal=causal, threads=1)
                             total = time.thread_time() - t
                         finally:
                             del p.matmul                             # the class's method again
+                            p.clock = None
+                        acc["s"] += clock[0]
+                        acc["flops"] += clock[1]
                         if best is None or total < best[0]:
                             best = (total, acc["s"], acc["flops"])
                 total, in_gemm, gflop = best

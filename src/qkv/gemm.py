@@ -94,6 +94,18 @@ class NumpyGemm:
     """``np.matmul``: NumPy's own BLAS."""
 
     name = "numpy"
+    #: Set by :func:`qkv.bench.gemm_share` (a float64 array ``[seconds, flops]``): the compiled block loop
+    #: then times its GEMM calls into it, as the share's wrapper times :meth:`matmul`. None: not timed.
+    clock = None
+
+    @property
+    def c_sgemm(self):
+        """NumPy's own ``cblas_sgemm`` as a ctypes function, for compiled code that calls the GEMM itself (the
+        engine's plain block loop, :func:`qkv._jit.plain_rows`): the OpenBLAS NumPy's wheels bundle
+        (``numpy.libs/libscipy_openblas64_*``: ``scipy_cblas_sgemm64_``, 64-bit ints; or the 32-bit-int
+        build's ``scipy_cblas_sgemm``), checked once against ``np.matmul`` on a small product. None where
+        NumPy was built against another BLAS (the engine then keeps its Python loop)."""
+        return _numpy_cblas_sgemm()
 
     @staticmethod
     def matmul(a, b, out=None):
@@ -117,6 +129,51 @@ class NumpyGemm:
         if info:
             return f"{info[0].get('internal_api')} {info[0].get('version')} ({info[0].get('architecture')})"
         return "numpy's BLAS (unknown)"
+
+
+_NUMPY_SGEMM: list = []                                   # [the ctypes function or None], once found
+
+
+def _numpy_cblas_sgemm():
+    """See :attr:`NumpyGemm.c_sgemm`."""
+    if _NUMPY_SGEMM:
+        return _NUMPY_SGEMM[0]
+    fn = None
+    libs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(np.__file__))), "numpy.libs")
+    try:
+        paths = sorted(os.path.join(libs, f) for f in os.listdir(libs) if "openblas" in f)
+    except OSError:                                      # no bundled libraries (a system or conda NumPy)
+        paths = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)                      # already loaded by NumPy: the same handle
+        except OSError:
+            continue
+        for name, int_t in (("scipy_cblas_sgemm64_", ctypes.c_int64), ("scipy_cblas_sgemm", ctypes.c_int32)):
+            got = getattr(lib, name, None)
+            if got is None:
+                continue
+            E, P, F = ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+            got.argtypes = [E, E, E, int_t, int_t, int_t, F, P, int_t, P, int_t, F, P, int_t]
+            got.restype = None
+            if _sgemm_agrees(got):
+                fn = got
+                break
+        if fn is not None:
+            break
+    _NUMPY_SGEMM.append(fn)
+    return fn
+
+
+def _sgemm_agrees(fn) -> bool:
+    """Whether ``fn`` (a CBLAS sgemm) computes ``np.matmul``'s product on a small case (a wrong guess of the
+    library or its int width would not)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((5, 3), dtype=np.float32)
+    b = rng.standard_normal((3, 4), dtype=np.float32)
+    c = np.full((5, 4), np.nan, np.float32)
+    fn(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, 5, 4, 3, 1.0, a.ctypes.data, 3, b.ctypes.data, 4, 0.0, c.ctypes.data, 4)
+    return bool(np.allclose(c, a @ b, rtol=1e-5, atol=1e-6))
 
 
 # ---------------------------------------------------------------------------------------------- mkl
@@ -208,6 +265,10 @@ class MklGemm:
                 self._vexp[np.dtype(dt)] = fn
         self._lib = lib
         self.path = path
+        #: MKL's ``cblas_sgemm`` (32-bit ints), for compiled code (as :attr:`NumpyGemm.c_sgemm`).
+        self.c_sgemm = self._fns[np.dtype(np.float32)][0]
+        #: As :attr:`NumpyGemm.clock`.
+        self.clock = None
 
     def kernel(self) -> str:
         """MKL's version and the processor family of the code path it runs here, e.g. ``mkl 2026.0.2 (Intel(R)

@@ -22,6 +22,7 @@ is within 2.1e-7 relative of the exact value, NumPy's float32 ``exp`` 1.2e-7).
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 
@@ -171,6 +172,60 @@ def run(jit, s: np.ndarray, sums: np.ndarray, plan, bounded: bool = False, base2
     if base2 and kind != "exp":
         raise ValueError(f"plan: base2 needs kind 'exp' (scores that carry log₂ e), got {kind!r}")
     jit.exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep, bool(bounded), bool(base2))
+
+
+_CLOCK: list = []                                          # [libc's clock_gettime as a ctypes function]
+
+
+def _clock():
+    if not _CLOCK:
+        import ctypes
+        fn = ctypes.CDLL(None).clock_gettime
+        fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_int
+        _CLOCK.append(fn)
+    return _CLOCK[0]
+
+
+def run_plain(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep: int) -> None:
+    """A task's shift-free blocks of plain scores in one compiled loop (:func:`qkv._jit.plain_rows`), the
+    GEMMs by ``gemm``'s C function (:attr:`qkv.gemm.NumpyGemm.c_sgemm`), timed into its ``clock`` when set."""
+    timer = gemm.clock
+    spent, flops = jit.plain_rows(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None, qs,
+                                  k_t, v, blocks, s_flat, acc, l_i, sums, zeros, _NO_COEF, rep)
+    if timer is not None:
+        timer[0] += spent
+        timer[1] += flops
+
+
+def plain_available(gemm) -> bool:
+    """Whether :func:`run_plain` can run on ``gemm`` (a provider with a C sgemm, libc's clock)."""
+    if getattr(gemm, "c_sgemm", None) is None or not hasattr(time, "CLOCK_THREAD_CPUTIME_ID"):
+        return False
+    try:
+        _clock()
+    except (OSError, AttributeError):                    # no libc clock_gettime
+        return False
+    return True
+
+
+def warm_plain(jit, gemm) -> None:
+    """:func:`run_plain`'s first call on a tiny block for ``gemm``'s C function (numba compiles or loads the
+    loop for its int width then, before the engine's BLAS limit, as :func:`_warm` the others)."""
+    if gemm.name in _WARM_PLAIN:
+        return
+    f = np.float32
+    qs, k_t, v = np.zeros((2, 3), f), np.ones((3, 2), f), np.zeros((2, 2), f)
+    blocks = np.array([[0, 2, 0, 2, NO_MASK, 1]], np.int64)
+    z = np.zeros(2, f)
+    saved, gemm.clock = gemm.clock, None
+    try:
+        run_plain(jit, gemm, qs, k_t, v, blocks, np.zeros(4, f), np.zeros((2, 2), f), z.copy(), z.copy(), z, 1)
+    finally:
+        gemm.clock = saved
+    _WARM_PLAIN.add(gemm.name)
+
+
+_WARM_PLAIN: set = set()
 
 
 def run_max(jit, s: np.ndarray, sums: np.ndarray, plan, seen: np.ndarray, shift: np.ndarray, hit: np.ndarray) -> None:

@@ -101,7 +101,8 @@ from .. import _checks
 from .. import shapes
 from ..gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
 from ..kernels import KERNEL_MIN as _KERNEL_MIN, KERNELS as _KERNELS, NO_MASK as _NO_MASK, run as _krun
-from ..kernels import run_bands as _krun_bands, run_max as _krun_max
+from ..kernels import run_bands as _krun_bands, run_max as _krun_max, run_plain as _krun_plain
+from .. import kernels as _kernels
 from ..merge import merge_partials
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
 from .base import Backend
@@ -122,7 +123,15 @@ SERIAL_BELOW_FLOPS = 1 << 23
 #: 257 (256) / 273 (512); N = 2048: 88 / 82; N = 1024: 30.5 / 26.9 / 26.1; SmolLM2's prefill shapes (9 query
 #: heads on 3, L = S = 512): 20.9 / 15.8 / 16.0 — fewer, larger blocks, fewer Python steps under the GIL.
 DIAGONAL_MIN = 256
+#: …and in the compiled loop of plain blocks (_plain_plan), where a block costs no Python: measured as
+#: DIAGONAL_MIN's (Zen 4, one thread, paired turns), 128 against 256 0.95–0.96× the time of a causal
+#: forward (N = 4096 H = 2; N = 2048 H = 4), 64 against 128 0.96–0.98×, 32 against 64 1.02–1.04×.
+DIAGONAL_MIN_PLAIN = 64
 _LOG2E = 1.4426950408889634                                 # log₂ e: 2^(s·log₂ e) = e^s
+#: Forward: plain shift-free blocks (no mod, no mask but the causal diagonal, nothing else reading the
+#: scores) run as one compiled loop per task, its GEMMs by the provider's C sgemm (:func:`_plain_plan`),
+#: where numba and that function are there. False: the Python loop always (tests compare the two).
+PLAIN_LOOP = True
 #: Forward: grouped-query heads (without masks, mods or sinks) run a group per task, rows interleaved.
 GROUP_GQA = True
 #: Backward: key block (rows of dK/dV per step) and query block.
@@ -265,6 +274,7 @@ class _Problem:
         self._bm_cache = _block_mask_cache(block_mask) if block_mask is not None else None
         self.fwd_budget = None                               # forward: scores per block (see grid_blocks)
         self.group = 1                                       # forward: query heads per task (see forward)
+        self.plain_gemm = None                               # forward: the provider of the compiled plain loop
 
     # leading index of the key/value head serving query lead index ``idx``
     def kv_index(self, idx: tuple) -> tuple:
@@ -405,14 +415,15 @@ class _Problem:
         return bound <= SHIFT_FREE_BOUND < log_room
 
     # ------------------------------------------------------------------------------------ block plans
-    def key_blocks(self, i0: int, i1: int, mask2d, block_k: int, idx: tuple = ()):
+    def key_blocks(self, i0: int, i1: int, mask2d, block_k: int, idx: tuple = (), diagonal_min: int = 0):
         """The blocks query rows i0..i1 need: ``(r0, r1, j0, j1, kind)``, rows i0+r0 … i0+r1 against keys
         j0 … j1, kind "full", "causal", "mask" or ``("grid", ops)`` (a block mask's partial and empty cells).
 
         Blocks a mask removes entirely are left out; blocks it allows entirely are "full". Causal: the keys
         before i0 in full blocks, then the diagonal square split in quadrants (upper-left and lower-right
         triangles recursively, lower-left full, upper-right skipped) down to DIAGONAL_MIN rows, so that
-        what is computed and thrown away is n·DIAGONAL_MIN/2 scores per block of n rows, not n²/2::
+        what is computed and thrown away is n·DIAGONAL_MIN/2 scores per block of n rows, not n²/2
+        (``diagonal_min``: another size than DIAGONAL_MIN, e.g. the compiled loop's DIAGONAL_MIN_PLAIN)::
 
             rows ↓  keys →     ■ full   ◣ causal   · skipped
             ■ ■ ■ ◣ ·
@@ -431,7 +442,7 @@ class _Problem:
             #                                so that every block's width is a multiple of the block sizes)
             for j0 in range(0, full_end, block_k):
                 out.append((0, i1 - i0, j0, min(j0 + block_k, full_end), "full"))
-            self._diagonal(out, i0, 0, i1 - i0, block_k)
+            self._diagonal(out, i0, 0, i1 - i0, block_k, diagonal_min or DIAGONAL_MIN)
             return out
         for j0 in range(0, S, block_k):
             j1 = min(j0 + block_k, S)
@@ -440,22 +451,23 @@ class _Problem:
                 out.append((0, i1 - i0, j0, j1, kind))
         return out
 
-    def _diagonal(self, out, i0, r0, r1, block_k):
-        """Blocks of the causal square rows i0+r0 … i0+r1 × keys i0+r0 … i0+r1 (clipped at S)."""
+    def _diagonal(self, out, i0, r0, r1, block_k, smallest):
+        """Blocks of the causal square rows i0+r0 … i0+r1 × keys i0+r0 … i0+r1 (clipped at S), halved down to
+        ``smallest`` rows."""
         a, b = i0 + r0, min(i0 + r1, self.S)               # its keys
         if a >= b:
             return
         n = r1 - r0
-        if n <= DIAGONAL_MIN:
+        if n <= smallest:
             for j0 in range(a, b, block_k):
                 out.append((r0, r1, j0, min(j0 + block_k, b), "causal"))
             return
         h = r0 + n // 2
-        self._diagonal(out, i0, r0, h, block_k)            # upper-left triangle
+        self._diagonal(out, i0, r0, h, block_k, smallest)  # upper-left triangle
         mid = min(i0 + h, self.S)
         for j0 in range(a, mid, block_k):                   # lower-left square: every key is before the rows
             out.append((h, r1, j0, min(j0 + block_k, mid), "full"))
-        self._diagonal(out, i0, h, r1, block_k)            # lower-right triangle
+        self._diagonal(out, i0, h, r1, block_k, smallest)  # lower-right triangle
 
     def backward_blocks(self, idx: tuple, j0: int, j1: int, block_q: int):
         """The blocks key columns j0..j1 need in the backward: ``(i0, i1, c0, c1, kind)`` (absolute rows and
@@ -1171,7 +1183,17 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     seen = np.full(Bq, shift_free)                           # m_i is a max some block attained
     gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
     keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
+    added = []                                               # (r0, r1) of the shift-free blocks accumulated
     steps = blocks
+    if base2 and P.plain_gemm is not None:
+        # nothing but products, 2^s and row sums: the whole loop compiled, the GEMMs by the provider's C
+        # function (qkv._jit.plain_rows) — the same steps as below, without the Python between them; with
+        # no per-block cost of its own, a causal diagonal in smaller squares (less computed for nothing).
+        # The plan depends on the shapes alone (no mask, no mod): made once, kept.
+        plan = _cached(("plain", P.is_causal, i0, i1, P.S, block_k, g, keys),
+                       lambda: (_plain_plan(P, blocks, i0, i1, block_k, g, keys),))[0]
+        _krun_plain(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, l_blk, sc.zeros, g)
+        steps = ()
     if (shift_free and gen is None and P.bm is not None and sc.kind in ("none", "alibi", "softcap", "alibi_softcap")
             and (sc.kind == "none" or sc.slope is not None or sc.cap is not None)):
         steps = _band_groups(P, blocks, i0, sc.slope if sc.kind in ("alibi", "alibi_softcap") else None,
@@ -1188,6 +1210,10 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
         summed = False                                        # the kernel wrote the row sums into l_blk
         if shift_free:
+            # nothing accumulated in these rows yet: no earlier block had rows among them (a Python test on
+            # the plan, where `l_i[rs].any()` cost ~16 µs a block)
+            fresh = not any(b0 < r1 and r0 < b1 for b0, b1 in added)
+            added.append((r0, r1))
             # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked; p = exp(s − 0)
             plan = sc(s, a0, a1, j0, j1, kind, fold_col=fold_col, fuse=jit is not None)
             if plan is not None:
@@ -1211,8 +1237,6 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 _mm(s, Vb, out=t)
                 acc[rs] += t
                 continue
-            fresh = not l_i[rs].any()                        # nothing accumulated in these rows yet (l_i = 0
-            #                                                  means every p so far was 0, so acc is 0 too)
         else:
             # lazy where every row of this block has a max already (these rows, not the whole task's: a causal
             # diagonal's lower rows first see keys in a later block than the upper ones — measured on SmolLM2's
@@ -1274,17 +1298,22 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             acc[rs] += t
     nz = l_i > 0                                             # l_i = 0: a query that may attend to nothing
     inv = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=nz)
-    rows_out = acc * inv[:, None] if g == 1 else None       # grouped rows: scaled into each head's output
+    sink = P.sinks is not None and keys is None
+    rows_out = None                                          # grouped rows: scaled into each head's output
+    if g == 1:                                               # straight into the output (unless a sink is
+        rows_out = np.empty_like(acc) if sink else out[idx][i0:i1]   # merged in first): one pass
+        np.multiply(acc, inv[:, None], out=rows_out)
     row_lse = None
     if lse is not None or P.sinks is not None or keys is not None or weights is not None:
         log_l = np.log(l_i, out=np.full_like(l_i, -np.inf), where=nz)
         row_lse = np.where(nz, m_i + log_l, -np.inf).astype(P.cdt, copy=False)
-    if P.sinks is not None and keys is None:
+    if sink:
         # The sink is one more key, with no value: a partial result out = 0, lse = sink, merged in.
         rows_out, row_lse = merge_partials(rows_out, row_lse, np.zeros_like(rows_out),
                                            np.full_like(row_lse, P.sinks[sc.sh]))
     if g == 1:
-        out[idx][i0:i1] = rows_out
+        if sink:
+            out[idx][i0:i1] = rows_out
         if lse is not None:
             lse[idx][i0:i1] = row_lse
     else:                                                    # back to each head of the group
@@ -1308,6 +1337,25 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 np.multiply(s, keep, out=s)
                 s *= keep_scale
             w_rows[i0 + r0:i0 + r1, j0:j1] = s
+
+
+def _plain_plan(P: _Problem, blocks, i0, i1, block_k, g, keys) -> np.ndarray:
+    """The blocks of :func:`_forward_rows`'s plain shift-free task (kinds "full" and "causal", base 2) for the
+    compiled loop (:func:`qkv.kernels.run_plain`), as rows ``(r0, r1, j0, j1, d, fresh)``: rows of ``qs``
+    (positions × ``g``), keys, the causal diagonal's offset (the kernels' ``d``) and whether no earlier block
+    accumulated into these rows (its P·V is then written, not added). A causal diagonal in squares of
+    DIAGONAL_MIN_PLAIN rows."""
+    if P.is_causal:
+        blocks = P.key_blocks(i0, i1, None, block_k, diagonal_min=DIAGONAL_MIN_PLAIN)
+        if keys is not None:
+            blocks = [b for b in blocks if keys[0] <= b[2] < keys[1]]
+    plan = np.empty((len(blocks), 6), np.int64)
+    added = []
+    for t, (r0, r1, j0, j1, kind) in enumerate(blocks):
+        fresh = not any(b0 < r1 and r0 < b1 for b0, b1 in added)
+        added.append((r0, r1))
+        plan[t] = (r0 * g, r1 * g, j0, j1, i0 + r0 - j0 if kind == "causal" else _NO_MASK, fresh)
+    return plan
 
 
 def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, ones) -> None:
@@ -1416,8 +1464,12 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
             g = P.grid(idx)[0] >= 0
             work[idx] = [int(g[i0 // P.cell:-(-min(i0 + bq, P.L) // P.cell)].sum()) for i0 in range(0, P.L, bq)]
         tasks.sort(key=lambda t: -work[t[1]][t[2] // bq])
-    RUNTIME.gemm.active()                                    # resolve the GEMM provider here, not in a worker
-    _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))    # …and load the fused kernels, if blocks use them
+    gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
+    jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))   # …and load the fused kernels, if blocks use them
+    # The compiled loop of plain blocks (_plain_plan): where the kernels run and the provider has a C sgemm
+    if jit is not None and PLAIN_LOOP and _kernels.plain_available(gemm):
+        _kernels.warm_plain(jit, gemm)
+        P.plain_gemm = gemm
     splits = _key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
     if splits > 1:
         return _forward_split(P, tasks, splits, bk, threads, query.dtype, return_lse)
