@@ -1,0 +1,220 @@
+"""The engine's compiled loop of plain blocks (qkv._jit.plain_rows through qkv.kernels.run_plain): shift-free
+blocks of unmodified scores, the whole task in numba, its GEMMs by the provider's C sgemm. Checked against
+the Python loop it replaces (tiled.PLAIN_LOOP = False), the float64 reference, and its own plan."""
+import os
+
+import numpy as np
+import pytest
+
+import qkv
+from qkv import bench, gemm, kernels, mods
+from qkv.backends import tiled
+
+pytest.importorskip("numba")
+
+NUMPY_SGEMM = gemm.NumpyGemm().c_sgemm
+needs_sgemm = pytest.mark.skipif(NUMPY_SGEMM is None, reason="NumPy's BLAS has no CBLAS sgemm qkv can find")
+
+
+@pytest.fixture
+def plain_calls(monkeypatch):
+    """The compiled loop's calls: the provider each got."""
+    calls = []
+    real = kernels.run_plain
+    monkeypatch.setattr(tiled, "_krun_plain", lambda jit, g, *a: (calls.append(g.name), real(jit, g, *a)))
+    monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
+    return calls
+
+
+def _inputs(rng, H=2, Hk=None, L=700, S=900, E=32, Ev=24, amp=1.0):
+    Hk = Hk or H
+    q = (rng.standard_normal((1, H, L, E)) * amp).astype(np.float32)
+    k = (rng.standard_normal((1, Hk, S, E)) * amp).astype(np.float32)
+    v = rng.standard_normal((1, Hk, S, Ev)).astype(np.float32)
+    return q, k, v
+
+
+def _reference(q, k, v, **kw):
+    f = np.float64
+    return qkv.scaled_dot_product_attention(q.astype(f), k.astype(f), v.astype(f), backend="reference", **kw)
+
+
+CASES = {
+    "full": dict(),
+    "causal": dict(is_causal=True),
+    "causal, more queries than keys": dict(L=1100, S=600, is_causal=True),
+    "causal, more keys than queries": dict(L=300, S=1500, is_causal=True),
+    "odd sizes": dict(L=333, S=1025, E=40, Ev=17),
+    "grouped-query causal": dict(H=6, Hk=2, is_causal=True, enable_gqa=True),
+    "grouped-query full": dict(H=4, Hk=2, enable_gqa=True),
+    "one thread": dict(is_causal=True, threads=1),
+    "split-K (one short query block, many keys)": dict(H=1, L=64, S=4096, threads=2),
+    "sinks": dict(is_causal=True, sinks=True),
+}
+
+
+@needs_sgemm
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_compiled_loop_equals_the_python_loop_and_the_reference(rng, plain_calls, monkeypatch, case):
+    kw = dict(CASES[case])
+    shape = {n: kw.pop(n) for n in ("H", "Hk", "L", "S", "E", "Ev") if n in kw}
+    q, k, v = _inputs(rng, **shape)
+    threads = kw.pop("threads", 2)
+    if kw.pop("sinks", False):
+        kw["sink_logits"] = rng.standard_normal(q.shape[1])
+    kw["scale"] = 0.2
+    out, _, lse = tiled.forward(q, k, v, return_lse=True, threads=threads, **kw)
+    assert plain_calls and set(plain_calls) == {gemm.GEMM.active().name}
+    n = len(plain_calls)
+    with monkeypatch.context() as m:
+        m.setattr(tiled, "PLAIN_LOOP", False)
+        base, _, base_lse = tiled.forward(q, k, v, return_lse=True, threads=threads, **kw)
+    assert len(plain_calls) == n, "PLAIN_LOOP = False still took the compiled loop"
+    # the same products and 2^s; only the order of additions differs (P·V accumulated by the GEMM's beta, the
+    # diagonal in smaller squares)
+    np.testing.assert_allclose(out, base, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse, base_lse, rtol=1e-6, atol=2e-6)
+    f = np.float64
+    if "sink_logits" in kw:
+        bm = qkv.create_block_mask(mods.causal(), None, None, q.shape[2], k.shape[2])
+        ref = qkv.flex_attention(q.astype(f), k.astype(f), v.astype(f), scale=0.2, block_mask=bm,
+                                 sink_logits=kw["sink_logits"], backend="reference")
+    else:
+        ref = _reference(q, k, v, **kw)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
+
+
+NOT_PLAIN = {
+    "large scores (lazy blocks)": dict(amp=4.0),
+    "a boolean mask": dict(mask=True),
+    "weights returned": dict(return_weights=True),
+    "dropout": dict(dropout_p=0.1, rng=np.random.default_rng(0)),
+    "softcap": dict(score_mod=mods.softcap(20.0)),
+    "ALiBi": dict(score_mod=mods.alibi(mods.alibi_slopes(2)), is_causal=True),
+    "a block mask": dict(block_mask=True),
+    "float64": dict(dtype=np.float64),
+}
+
+
+@needs_sgemm
+@pytest.mark.parametrize("case", list(NOT_PLAIN))
+def test_only_plain_blocks_take_the_compiled_loop(rng, plain_calls, case):
+    kw = dict(NOT_PLAIN[case])
+    q, k, v = _inputs(rng, amp=kw.pop("amp", 1.0))
+    dt = kw.pop("dtype", np.float32)
+    q, k, v = q.astype(dt), k.astype(dt), v.astype(dt)
+    if kw.pop("mask", False):
+        kw["attn_mask"] = rng.random((700, 900)) > 0.3
+    if kw.pop("block_mask", False):
+        kw["block_mask"] = qkv.create_block_mask(mods.sliding_window(200), None, None, 700, 900)
+    tiled.forward(q, k, v, scale=0.2, threads=2, **kw)
+    assert plain_calls == []
+    if case != "float64":
+        tiled.forward(q / 4, k / 4, v, scale=0.2, threads=2)
+        assert plain_calls, "the same inputs, plain, did not take it (the test would be vacuous)"
+
+
+def test_the_python_loop_runs_where_numpys_blas_has_no_c_sgemm(rng, plain_calls, monkeypatch):
+    monkeypatch.setattr(gemm, "_NUMPY_SGEMM", [None])             # as where NumPy links another BLAS
+    monkeypatch.setattr(gemm.GEMM, "_active", gemm.GEMM.provider("numpy"))
+    assert gemm.NumpyGemm().c_sgemm is None and not kernels.plain_available(gemm.NumpyGemm())
+    q, k, v = _inputs(rng)
+    out = tiled.forward(q, k, v, scale=0.2, is_causal=True, threads=2)[0]
+    assert plain_calls == []
+    np.testing.assert_allclose(out, _reference(q, k, v, scale=0.2, is_causal=True), rtol=2e-5, atol=2e-6)
+
+
+@needs_sgemm
+def test_numpys_c_sgemm_is_its_own_blas_and_takes_leading_dimensions(rng):
+    libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs")
+    assert os.path.isdir(libs)                                     # the wheel's bundled OpenBLAS
+    a = rng.standard_normal((40, 70), dtype=np.float32)
+    b = rng.standard_normal((30, 90), dtype=np.float32)
+    c = rng.standard_normal((50, 60), dtype=np.float32)
+    want = c[5:25, 3:28] + a[3:23, 10:30] @ b[4:24, 7:32]         # sub-blocks: offsets and leading dimensions
+    it = 4
+    NUMPY_SGEMM(101, 111, 111, 20, 25, 20, 1.0, a.ctypes.data + it * (3 * 70 + 10), 70,
+                b.ctypes.data + it * (4 * 90 + 7), 90, 1.0, c.ctypes.data + it * (5 * 60 + 3), 60)
+    np.testing.assert_allclose(c[5:25, 3:28], want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("L,S", [(1024, 1024), (1024, 4096), (700, 900), (3000, 1000), (64, 64), (200, 3000)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_plan_covers_every_allowed_pair_once(L, S, causal):
+    P = tiled._Problem(np.zeros((L, 8), np.float32), np.zeros((S, 8), np.float32), np.zeros((S, 8), np.float32),
+                       None, causal, 1.0, False)
+    bq, bk = min(1024, L), 512
+    for i0 in range(0, L, bq):
+        i1 = min(i0 + bq, L)
+        blocks = P.key_blocks(i0, i1, None, bk)
+        plan = tiled._plain_plan(P, blocks, i0, i1, bk, 1, None)
+        cover = np.zeros((i1 - i0, S), np.int64)
+        seen_rows = np.zeros(i1 - i0, bool)
+        computed = 0
+        for r0, r1, j0, j1, d, fresh in plan:
+            assert r0 < r1 and j0 < j1 <= S
+            i = np.arange(i0 + r0, i0 + r1)[:, None]
+            j = np.arange(j0, j1)[None, :]
+            allowed = np.ones((r1 - r0, j1 - j0), bool) if d == kernels.NO_MASK else (j - j0 <= d + (i - i0 - r0))
+            if d != kernels.NO_MASK:
+                assert d == i0 + r0 - j0                                 # the kernels' diagonal offset
+            np.testing.assert_array_equal(allowed, (j <= i) if causal else True)  # a block masks what causal does
+            cover[r0:r1, j0:j1] += allowed
+            computed += (r1 - r0) * (j1 - j0)
+            assert bool(fresh) == (not seen_rows[r0:r1].any())           # written exactly where nothing was yet
+            assert fresh or seen_rows[r0:r1].all()                       # (rows are never half-new)
+            seen_rows[r0:r1] = True
+        want = (np.arange(i0, i1)[:, None] >= np.arange(S)[None, :]) if causal else np.ones((i1 - i0, S), bool)
+        np.testing.assert_array_equal(cover, want.astype(np.int64))     # every allowed pair exactly once
+        if causal:                                                       # thrown away: ≤ n·64/2 (+ the clip)
+            assert computed - want.sum() <= (i1 - i0) * tiled.DIAGONAL_MIN_PLAIN // 2 + tiled.DIAGONAL_MIN_PLAIN
+
+
+@needs_sgemm
+def test_gemm_share_times_the_compiled_loops_gemms(plain_calls):
+    rows = bench.gemm_share(256, heads=1, dim=16, repeats=1, torch_sdpa=False, gemms=["numpy"])
+    assert plain_calls, "the share's forward did not take the compiled loop (the test is vacuous)"
+    full, causal = rows
+    # the full forward computes exactly its nominal flops, all in the loop's timed GEMMs
+    assert full["gemm_gflops"] * full["gemm_s"] * 1e9 == pytest.approx(bench.flops("forward", 1, 1, 256, 16))
+    done = causal["gemm_gflops"] * causal["gemm_s"] * 1e9
+    assert bench.flops("causal", 1, 1, 256, 16) < done < 1.25 * bench.flops("causal", 1, 1, 256, 16)
+    assert 0 < full["gemm_s"] < full["cpu_s"]
+    assert gemm.GEMM.provider("numpy").clock is None                # the timer is taken off again
+
+
+@needs_sgemm
+def test_run_plain_times_into_the_providers_clock(rng):
+    jit = kernels.KERNELS.jit()
+    p = gemm.NumpyGemm()
+    qs = rng.standard_normal((256, 17), dtype=np.float32) * np.float32(0.1)
+    k_t = rng.standard_normal((17, 512), dtype=np.float32)
+    v = rng.standard_normal((512, 8), dtype=np.float32)
+    plan = np.array([[0, 256, 0, 512, kernels.NO_MASK, 1]], np.int64)
+    acc, l_i = np.zeros((256, 8), np.float32), np.zeros(256, np.float32)
+    sums, zeros = np.zeros(256, np.float32), np.zeros(256, np.float32)
+    p.clock = clock = np.zeros(2)
+    kernels.run_plain(jit, p, qs, k_t, v, plan, np.empty(256 * 512, np.float32), acc, l_i, sums, zeros, 1)
+    assert clock[0] > 0 and clock[1] == 2 * 256 * 512 * 16 + 2 * 256 * 8 * 512   # E = 16: the last row is 1s
+    p2 = np.exp2(qs[:, :16].astype(np.float64) @ k_t[:16].astype(np.float64))      # base 2: scores carry log₂ e
+    np.testing.assert_allclose(l_i, p2.sum(1), rtol=1e-5)
+    np.testing.assert_allclose(acc, p2 @ v, rtol=1e-4, atol=1e-4)
+
+
+def test_the_mkl_provider_runs_the_compiled_loop_on_its_own_sgemm(rng, plain_calls):
+    mkl = gemm.GEMM.mkl()
+    if mkl is None:
+        pytest.skip("the mkl extra is not installed: pip install 'qkv[mkl]'")
+    saved = gemm.GEMM.choice
+    q, k, v = _inputs(rng, L=900, S=900)
+    try:
+        outs = {}
+        for name in ("numpy", "mkl"):
+            gemm.set_gemm(name)
+            for causal in (False, True):
+                outs[name, causal] = tiled.forward(q, k, v, scale=0.2, is_causal=causal, threads=2)[0]
+    finally:
+        gemm.set_gemm(saved)
+    assert "mkl" in plain_calls and "numpy" in plain_calls
+    for causal in (False, True):
+        np.testing.assert_allclose(outs["mkl", causal], outs["numpy", causal], rtol=1e-5, atol=1e-6)
