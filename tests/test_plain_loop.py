@@ -218,3 +218,113 @@ def test_the_mkl_provider_runs_the_compiled_loop_on_its_own_sgemm(rng, plain_cal
     assert "mkl" in plain_calls and "numpy" in plain_calls
     for causal in (False, True):
         np.testing.assert_allclose(outs["mkl", causal], outs["numpy", causal], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- backward
+@pytest.fixture
+def plain_backward_calls(monkeypatch):
+    calls = []
+    real = kernels.run_plain_backward
+    monkeypatch.setattr(tiled, "_krun_plain_backward", lambda jit, g, *a: (calls.append(g.name), real(jit, g, *a)))
+    monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
+    return calls
+
+
+BACKWARD = {
+    "full": dict(),
+    "causal": dict(is_causal=True),
+    "causal, more queries than keys": dict(L=1100, S=600, is_causal=True),
+    "causal, more keys than queries": dict(L=300, S=1500, is_causal=True),
+    "causal, blocks that straddle the diagonal off-grid": dict(L=700, S=700, is_causal=True, block_q=300,
+                                                               block_k=230),
+    "odd sizes": dict(L=333, S=1025, E=40, Ev=17),
+    "grouped-query causal": dict(H=6, Hk=2, is_causal=True, enable_gqa=True),
+    "one thread": dict(is_causal=True, threads=1),
+    "sinks": dict(is_causal=True, sinks=True),
+}
+
+
+@needs_sgemm
+@pytest.mark.parametrize("case", list(BACKWARD))
+def test_the_compiled_backward_equals_the_python_loop_and_float64(rng, plain_backward_calls, monkeypatch, case):
+    kw = dict(BACKWARD[case])
+    shape = {n: kw.pop(n) for n in ("H", "Hk", "L", "S", "E", "Ev") if n in kw}
+    q, k, v = _inputs(rng, **shape)
+    threads = kw.pop("threads", 2)
+    if kw.pop("sinks", False):
+        kw["sink_logits"] = rng.standard_normal(q.shape[1])
+    kw["scale"] = 0.2
+    g = rng.standard_normal(q.shape[:3] + (v.shape[-1],)).astype(np.float32)
+    got = tiled.backward(g, q, k, v, threads=threads, **kw)
+    assert plain_backward_calls, "the backward did not take the compiled loop"
+    n = len(plain_backward_calls)
+    with monkeypatch.context() as m:
+        m.setattr(tiled, "PLAIN_LOOP", False)
+        base = tiled.backward(g, q, k, v, threads=threads, **kw)
+    assert len(plain_backward_calls) == n
+    f = np.float64
+    ref = tiled.backward(g.astype(f), q.astype(f), k.astype(f), v.astype(f), threads=threads, **kw)  # NumPy, f64
+    for a, b, r in zip(got, base, ref):
+        scale = np.abs(r).max()
+        assert np.abs(a - r).max() <= 2e-6 * scale                        # as close to float64 as float32 gets
+        assert np.abs(a - b).max() <= 2e-6 * scale                        # and to the Python loop's
+
+
+@needs_sgemm
+@pytest.mark.parametrize("case", ["a boolean mask", "softcap", "a block mask", "float64"])
+def test_only_plain_backwards_take_the_compiled_loop(rng, plain_backward_calls, case):
+    q, k, v = _inputs(rng)
+    kw = dict(scale=0.2, threads=2)
+    if case == "a boolean mask":
+        kw["attn_mask"] = rng.random((700, 900)) > 0.3
+    elif case == "softcap":
+        kw["score_mod"] = mods.softcap(20.0)
+    elif case == "a block mask":
+        kw["block_mask"] = qkv.create_block_mask(mods.sliding_window(200), None, None, 700, 900)
+    else:
+        q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    g = np.ones(q.shape[:3] + (v.shape[-1],), q.dtype)
+    tiled.backward(g, q, k, v, **kw)
+    assert plain_backward_calls == []
+
+
+def _causal_cover(a, b, c, d, smallest):
+    out = []
+    tiled._causal_split(a, b, c, d, smallest, out)
+    cover = np.zeros((b - a, d - c), np.int64)
+    computed = 0
+    for r0, r1, c0, c1, off in out:
+        assert a <= r0 < r1 <= b and c <= c0 < c1 <= d
+        i, j = np.arange(r0, r1)[:, None], np.arange(c0, c1)[None, :]
+        if off == kernels.NO_MASK:
+            assert (j <= i).all()                                   # a whole block: every pair allowed
+            allowed = np.ones((r1 - r0, c1 - c0), bool)
+        else:
+            assert off == r0 - c0 and max(r1 - r0, c1 - c0) <= smallest
+            allowed = (j - c0) <= off + (i - r0)                    # the kernels' limit, c ≤ d + r
+        cover[r0 - a:r1 - a, c0 - c:c1 - c] += allowed
+        computed += (r1 - r0) * (c1 - c0)
+    return cover, computed
+
+
+@pytest.mark.parametrize("a,b,c,d", [(0, 512, 0, 512), (512, 1024, 512, 1024), (300, 600, 230, 460),
+                                     (0, 97, 0, 1000), (1000, 1100, 0, 1024), (5, 6, 0, 9), (0, 512, 512, 1024)])
+def test_causal_split_covers_the_causal_pairs_once(a, b, c, d):
+    cover, computed = _causal_cover(a, b, c, d, 64)
+    want = (np.arange(a, b)[:, None] >= np.arange(c, d)[None, :]).astype(np.int64)
+    np.testing.assert_array_equal(cover, want)
+    if (a, b, c, d) == (0, 512, 0, 512):                             # thrown away: 8 squares' upper halves
+        assert computed - want.sum() == 8 * 64 * 63 // 2
+
+
+@needs_sgemm
+def test_gemm_share_times_the_compiled_backwards_gemms(plain_calls, plain_backward_calls):
+    rows = bench.gemm_share(256, heads=1, dim=16, repeats=1, torch_sdpa=False, gemms=["numpy"],
+                            modes=("backward",))
+    assert plain_backward_calls and plain_calls
+    (r,) = rows
+    assert r["mode"] == "backward" and 0 < r["gemm_s"] < r["cpu_s"]
+    # the forward's two products and the backward's five, nothing thrown away: exactly the nominal flops
+    assert r["gemm_gflops"] * r["gemm_s"] * 1e9 == pytest.approx(bench.flops("backward", 1, 1, 256, 16))
+    with pytest.raises(ValueError, match="modes: expected some of forward, causal, backward, got 'sideways'"):
+        bench.gemm_share(64, modes=("sideways",), torch_sdpa=False)

@@ -48,7 +48,8 @@ import llvmlite.ir as ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "plain_rows", "swiglu_rows"]
+__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "plain_backward_rows", "plain_rows",
+           "swiglu_rows"]
 
 
 @intrinsic
@@ -416,4 +417,57 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, 
         if timing:
             spent += _now(clock, clock_id, ts) - t0
             flops += 2.0 * m * ev * w
+    return spent, flops
+
+
+_TRANS = 112
+
+
+@njit(**_OPTS)
+def plain_backward_rows(sgemm, clock, clock_id, timing, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf,
+                        dp_buf, sums, dk, dv, dq, coef):
+    """The backward's blocks of one query head against keys j0 … j1 (no mod, no mask but the causal diagonal),
+    in one compiled loop: per block ``(i0, i1, c0, c1, d)`` of ``blocks`` (query rows, keys within j0 … j1,
+    the diagonal's offset as :func:`exp_rows`), ``P = exp(qs·k_tᵀ − lse)`` recomputed, ``dv += Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dS = P ∘ (dP −
+    D)`` (:func:`ds_rows`), ``dk += dSᵀ·qs``, ``dq[i0:i1] += dS·k`` — the five products by ``sgemm`` (as
+    :func:`plain_rows`), the three accumulations by its beta. ``dk``/``dv`` are the key block's rows of the
+    gradients, ``dq`` this head's partial (L, E). ``timing``: as :func:`plain_rows`."""
+    E = qs.shape[1]
+    ev = do.shape[1]
+    ldk = k_t.strides[0] // 4
+    qp, dop, kp, ktp, vp = qs.ctypes.data, do.ctypes.data, k.ctypes.data, k_t.ctypes.data, v.ctypes.data
+    sp, dpp, dkp, dvp, dqp = s_buf.ctypes.data, dp_buf.ctypes.data, dk.ctypes.data, dv.ctypes.data, dq.ctypes.data
+    ts = np.zeros(2, np.int64)
+    spent = 0.0
+    flops = 0.0
+    for b in range(blocks.shape[0]):
+        i0, i1, c0, c1, d = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4]
+        m, n, o = i1 - i0, c1 - c0, c0 - j0
+        if timing:
+            t0 = _now(clock, clock_id, ts)
+        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, n, E, _ONE, qp + 4 * i0 * E, E, ktp + 4 * c0, ldk,
+              _ZERO, sp, n)                                                  # S = Q·Kᵀ (scale in qs)
+        if timing:
+            spent += _now(clock, clock_id, ts) - t0
+        p = s_buf[:m * n].reshape(m, n)
+        exp_rows(p, 0, coef, _ONE, lse_neg[i0:i1], sums, d, 1, False, False)   # P = exp(S − lse)
+        if timing:
+            t0 = _now(clock, clock_id, ts)
+        sgemm(_ROW_MAJOR, _TRANS, _NO_TRANS, n, ev, m, _ONE, sp, n, dop + 4 * i0 * ev, ev,
+              _ONE, dvp + 4 * o * ev, ev)                                    # dV += Pᵀ·dO
+        sgemm(_ROW_MAJOR, _NO_TRANS, _TRANS, m, n, ev, _ONE, dop + 4 * i0 * ev, ev, vp + 4 * c0 * ev, ev,
+              _ZERO, dpp, n)                                                 # dP = dO·Vᵀ
+        if timing:
+            spent += _now(clock, clock_id, ts) - t0
+        dp = dp_buf[:m * n].reshape(m, n)
+        ds_rows(dp, p, dd[i0:i1])                                            # dS = P ∘ (dP − D)
+        if timing:
+            t0 = _now(clock, clock_id, ts)
+        sgemm(_ROW_MAJOR, _TRANS, _NO_TRANS, n, E, m, _ONE, dpp, n, qp + 4 * i0 * E, E,
+              _ONE, dkp + 4 * o * E, E)                                      # dK += dSᵀ·Q
+        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, E, n, _ONE, dpp, n, kp + 4 * c0 * E, E,
+              _ONE, dqp + 4 * i0 * E, E)                                     # dQ += dS·K
+        if timing:
+            spent += _now(clock, clock_id, ts) - t0
+            flops += 2.0 * m * n * (3 * E + 2 * ev)
     return spent, flops

@@ -367,7 +367,8 @@ def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repe
     call, the CPU time inside the provider's matmuls (each timed), their rate, and the forward's nominal rate
     as a share of that rate — how close the engine runs to its GEMM (1.0: nothing but matmuls). CPU time
     (``time.thread_time``), one thread, best of ``repeats``: what other jobs on a shared machine take is not
-    counted.
+    counted. ``modes``: of ``forward``, ``causal`` and ``backward`` (the gradients, forward included, as
+    :func:`flops` counts them: ``tiled.backward`` without ``out``/``lse``; torch: autograd through SDPA).
 
     ``torch_sdpa`` (None: when torch is installed): also torch's SDPA on the same inputs and thread, rows with
     ``gemm="torch"``, against torch's own GEMM (``torch.mm``, one thread) on its CPU flash kernel's block shapes
@@ -380,6 +381,11 @@ def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repe
     gemms = _check_gemms(gemms)
     rng = np.random.default_rng(n)
     q, k, v = (rng.standard_normal((1, heads, n, dim), dtype=np.float32) for _ in range(3))
+    go = rng.standard_normal((1, heads, n, dim), dtype=np.float32)
+    modes = tuple(modes)
+    bad = [m for m in modes if m not in MODES]
+    if bad:
+        raise ValueError(f"modes: expected some of {', '.join(MODES)}, got {bad[0]!r}")
     rows = []
     try:
         for g in gemms:
@@ -395,17 +401,22 @@ def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repe
                 acc["flops"] += 2 * np.size(a) * (np.shape(b)[-1] if np.ndim(b) > 1 else 1)
                 return r
             for mode in modes:
-                causal = mode == "causal"
+                if mode == "backward":                               # gradients, the forward included
+                    def call():
+                        tiled.backward(go, q, k, v, scale=dim ** -0.5, threads=1)
+                else:
+                    def call(causal=mode == "causal"):
+                        tiled.forward(q, k, v, scale=dim ** -0.5, is_causal=causal, threads=1)
                 best = None
                 with RUNTIME.blas_single_threaded():
-                    tiled.forward(q, k, v, scale=dim ** -0.5, is_causal=causal, threads=1)   # warm-up
+                    call()                                           # warm-up
                     for _ in range(repeats):
                         acc.update(s=0.0, flops=0.0)
                         p.matmul = timed
                         p.clock = clock = np.zeros(2)                # the compiled loop's GEMMs (qkv.kernels)
                         try:
                             t = time.thread_time()
-                            tiled.forward(q, k, v, scale=dim ** -0.5, is_causal=causal, threads=1)
+                            call()
                             total = time.thread_time() - t
                         finally:
                             del p.matmul                             # the class's method again
@@ -464,7 +475,14 @@ def _torch_share(q, k, v, modes, repeats: int) -> list:
         rows = []
         for mode in modes:
             causal = mode == "causal"
-            fn = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)   # noqa: E731
+            if mode == "backward":                             # autograd's gradients, the forward included
+                gq, gk, gv = (x.clone().requires_grad_(True) for x in (tq, tk, tv))
+                tgo = torch.ones_like(tq)
+
+                def fn():
+                    F.scaled_dot_product_attention(gq, gk, gv).backward(tgo)
+            else:
+                fn = lambda: F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)   # noqa: E731
             fn()                                               # warm-up
             total = _best_cpu(fn, repeats)
             nominal = flops(mode, 1, heads, n, dim)

@@ -197,6 +197,19 @@ def run_plain(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep:
         timer[1] += flops
 
 
+def run_plain_backward(jit, gemm, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf, dp_buf, sums, dk, dv,
+                       dq) -> None:
+    """One query head's backward blocks against keys j0 … j1 in one compiled loop
+    (:func:`qkv._jit.plain_backward_rows`), the GEMMs by ``gemm``'s C function, timed into its ``clock``."""
+    timer = gemm.clock
+    spent, flops = jit.plain_backward_rows(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None,
+                                           qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf, dp_buf, sums,
+                                           dk, dv, dq, _NO_COEF)
+    if timer is not None:
+        timer[0] += spent
+        timer[1] += flops
+
+
 def plain_available(gemm) -> bool:
     """Whether :func:`run_plain` can run on ``gemm`` (a provider with a C sgemm, libc's clock)."""
     if getattr(gemm, "c_sgemm", None) is None or not hasattr(time, "CLOCK_THREAD_CPUTIME_ID"):
@@ -220,6 +233,10 @@ def warm_plain(jit, gemm) -> None:
     saved, gemm.clock = gemm.clock, None
     try:
         run_plain(jit, gemm, qs, k_t, v, blocks, np.zeros(4, f), np.zeros((2, 2), f), z.copy(), z.copy(), z, 1)
+        q2 = np.zeros((2, 2), f)
+        run_plain_backward(jit, gemm, q2, q2.copy(), z.copy(), z.copy(), q2.copy(), np.ones((3, 2), f), q2.copy(),
+                           np.array([[0, 2, 0, 2, NO_MASK]], np.int64), 0, 2, np.zeros(4, f), np.zeros(4, f), z.copy(),
+                           q2.copy(), q2.copy(), q2.copy())
     finally:
         gemm.clock = saved
     _WARM_PLAIN.add(gemm.name)

@@ -102,6 +102,7 @@ from .. import shapes
 from ..gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
 from ..kernels import KERNEL_MIN as _KERNEL_MIN, KERNELS as _KERNELS, NO_MASK as _NO_MASK, run as _krun
 from ..kernels import run_bands as _krun_bands, run_max as _krun_max, run_plain as _krun_plain
+from ..kernels import run_plain_backward as _krun_plain_backward
 from .. import kernels as _kernels
 from ..merge import merge_partials
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
@@ -1190,7 +1191,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         # function (qkv._jit.plain_rows) — the same steps as below, without the Python between them; with
         # no per-block cost of its own, a causal diagonal in smaller squares (less computed for nothing).
         # The plan depends on the shapes alone (no mask, no mod): made once, kept.
-        plan = _cached(("plain", P.is_causal, i0, i1, P.S, block_k, g, keys),
+        plan = _cached(("plain", P.is_causal, i0, i1, P.S, block_k, g, keys, DIAGONAL_MIN_PLAIN),
                        lambda: (_plain_plan(P, blocks, i0, i1, block_k, g, keys),))[0]
         _krun_plain(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, l_blk, sc.zeros, g)
         steps = ()
@@ -1586,9 +1587,23 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
     jit = _KERNELS.for_block(P.cdt, bq * bk)                   # exp(S' − lse) in one pass (qkv.kernels)
     sums = np.empty(bq, P.cdt) if jit is not None else None
     dv_t, dk_t, dq_t = np.empty((bk, Ev), P.cdt), np.empty((bk, E), P.cdt), np.empty((bq, E), P.cdt)
+    # No mod, no mask but the causal one: each head's blocks of a key block in one compiled loop
+    # (qkv._jit.plain_backward_rows), the same steps as below, the adds done by the GEMMs
+    plain = P.plain_gemm is not None and jit is not None and P.mod.kind == "none" and P.bm is None and P.mask is None
     for j0 in key_starts:
         j1 = min(j0 + block_k, P.S)
         n_j = j1 - j0
+        if plain:
+            dk_j, dv_j = dk[kv_idx][j0:j1], dv[kv_idx][j0:j1]
+            dk_j.fill(0.0)
+            dv_j.fill(0.0)
+            for r, idx in enumerate(q_heads):
+                qs, do, lse_neg, D = prep[idx]
+                plan = _cached(("plain backward", P.is_causal, P.L, P.S, j0, j1, block_q, DIAGONAL_MIN_PLAIN),
+                               lambda: (_plain_backward_plan(P, idx, j0, j1, block_q),))[0]
+                _krun_plain_backward(jit, P.plain_gemm, qs, do, lse_neg, D, K, K_T, V, plan, j0, j1, s_buf, dp_buf,
+                                     sums, dk_j, dv_j, dq_part[r])
+            continue
         dk_j = np.zeros((n_j, E), P.cdt)
         dv_j = np.zeros((n_j, Ev), P.cdt)
         for r, idx in enumerate(q_heads):
@@ -1630,6 +1645,43 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
                 dq_part[r][i0:i1] += dq_t[:m]
         dk[kv_idx][j0:j1] = dk_j
         dv[kv_idx][j0:j1] = dv_j
+
+
+def _plain_backward_plan(P: _Problem, idx, j0: int, j1: int, block_q: int) -> np.ndarray:
+    """The backward's blocks of keys j0 … j1 for the compiled loop: rows ``(i0, i1, c0, c1, d)``, query rows,
+    keys and the causal diagonal's offset (the kernels' ``d``: key c0 + c is allowed for row i0 + r where
+    c ≤ d + r). A causal block that straddles the diagonal is split (:func:`_causal_split`) down to squares of
+    DIAGONAL_MIN_PLAIN, so that what is computed and thrown away is not half of it."""
+    rows = []
+    for i0, i1, c0, c1, kind in P.backward_blocks(idx, j0, j1, block_q):
+        if kind == "causal":
+            _causal_split(i0, i1, c0, c1, DIAGONAL_MIN_PLAIN, rows)
+        else:
+            rows.append((i0, i1, c0, c1, _NO_MASK))
+    return np.array(rows, np.int64).reshape(-1, 5)
+
+
+def _causal_split(a: int, b: int, c: int, d: int, smallest: int, out: list) -> None:
+    """Rows a … b × keys c … d of a top-left causal mask (row i sees key j ≤ i) as blocks ``(a, b, c, d,
+    offset)`` into ``out``: none where no row sees a key, whole ones (offset NO_MASK) where every row sees every
+    key, else halved along the longer side down to ``smallest``, where a block carries the diagonal (offset
+    a − c)."""
+    if b - 1 < c:                                          # every key after every row
+        return
+    if a >= d - 1:                                         # every key at or before every row
+        out.append((a, b, c, d, _NO_MASK))
+        return
+    if max(b - a, d - c) <= smallest:
+        out.append((a, b, c, d, a - c))
+        return
+    if b - a >= d - c:
+        h = a + (b - a) // 2
+        _causal_split(a, h, c, d, smallest, out)
+        _causal_split(h, b, c, d, smallest, out)
+    else:
+        h = c + (d - c) // 2
+        _causal_split(a, b, c, h, smallest, out)
+        _causal_split(a, b, h, d, smallest, out)
 
 
 _sum_to_shape = shapes.sum_to_shape
@@ -1685,8 +1737,11 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
             tasks.append((P, kv_idx, heads, key_starts[c::n_chunks], bq, bk, part, dk, dv, prep))
     if 2 * min(bk, P.S) * P.L * (2 * P.E + 3 * P.Ev) * P.n_rep < SERIAL_BELOW_FLOPS:
         threads = 1
-    RUNTIME.gemm.active()                                    # resolve the GEMM provider here, not in a worker
-    _KERNELS.for_call(P.cdt, min(bq, P.L) * min(bk, P.S))    # …and load the fused kernels, if blocks use them
+    gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
+    jit = _KERNELS.for_call(P.cdt, min(bq, P.L) * min(bk, P.S))   # …and load the fused kernels, if blocks use them
+    if jit is not None and PLAIN_LOOP and _kernels.plain_available(gemm):
+        _kernels.warm_plain(jit, gemm)
+        P.plain_gemm = gemm
     RUNTIME.run(tasks, _backward_task, threads)
     for heads, part in partials:
         for r, idx in enumerate(heads):

@@ -175,7 +175,9 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
     if long_n is not None:
         result["long"] = B.long_sequence(long_n, dim=dim, threads=threads)
     if share:
-        result["gemm_share"] = B.gemm_share(max(n_list), dim=dim, gemms=gemms, repeats=max(3, min(repeats, 5)))
+        share_modes = ("forward", "causal") + (("backward",) if "backward" in mode_list else ())
+        result["gemm_share"] = B.gemm_share(max(n_list), dim=dim, gemms=gemms, repeats=max(3, min(repeats, 5)),
+                                            modes=share_modes)
     if plot_out:
         try:
             import matplotlib  # noqa: F401
