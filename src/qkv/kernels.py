@@ -11,6 +11,11 @@ ms against 1.25 for NumPy's two passes. On a Zen 4 EPYC (AVX-512; NumPy's exp 0.
 row sums 0.11–0.13 ms, the running max's pass 0.19–0.21 ms; a shift-free block in base 2 (the engine folds
 log₂ e into the query rows, :func:`run` with ``base2``) 0.071 ms.
 
+Where a task's blocks are nothing else — shift-free, unmodified, no mask but the causal one — the engine runs
+the whole task as one compiled loop (:func:`run_plain`, :func:`run_plain_backward`), the kernels called
+between the GEMM provider's own C ``sgemm`` calls with nothing of Python in between (see
+:mod:`qkv.backends.tiled`).
+
 Choice, as the GEMM's (:mod:`qkv.gemm`): ``set_kernels("auto" | "numpy" | "numba")`` / :func:`get_kernels`,
 or ``QKV_KERNELS`` in the environment. ``auto`` (the default) takes numba where it is installed; ``numpy``
 keeps the engine on NumPy alone; ``numba`` without the extra is a ValueError naming it. Only float32 blocks
