@@ -239,6 +239,14 @@ def _exp_rows_with(s, add, sums, d, rep, expf):
         sums[r] = _exp_row(s[r], _limit(d, r, rep, width), add[r], expf)
 
 
+@njit(inline="always", **_OPTS)
+def _exp2_rows(s, add, sums, d, rep):
+    """:func:`exp_rows` in base 2 (the identity ``f``)."""
+    rows, width = s.shape
+    for r in range(rows):
+        sums[r] = _exp2_row(s[r], _limit(d, r, rep, width), add[r])
+
+
 @njit(**_OPTS)
 def exp_rows(s, kind, coef, cap, add, sums, d, rep, bounded=False, base2=False):
     """``s[r, c] = exp(f(s[r, c]) + add[r])`` where ``c ≤ d + r // rep``, else 0 (``f`` by ``kind``, as
@@ -249,9 +257,7 @@ def exp_rows(s, kind, coef, cap, add, sums, d, rep, bounded=False, base2=False):
     without clamps (:func:`_exp2f_bounded`: every argument within [−126, 127])."""
     if kind == 0:
         if base2:
-            rows, width = s.shape
-            for r in range(rows):
-                sums[r] = _exp2_row(s[r], _limit(d, r, rep, width), add[r])
+            _exp2_rows(s, add, sums, d, rep)
         elif bounded:
             _exp_rows_with(s, add, sums, d, rep, _expf_bounded)
         else:
@@ -354,6 +360,13 @@ def pattern_exp_rows(s, kind, coef, cap, pat, sums):
 @njit(**_OPTS)
 def ds_rows(dp, p, D):
     """The backward's ``dS' = P ∘ (dP − D)`` in place of ``dp`` (rows × keys), ``D`` per row: one pass for two."""
+    _ds_rows(dp, p, D)
+
+
+@njit(inline="always", **_OPTS)
+def _ds_rows(dp, p, D):
+    """:func:`ds_rows`' loop, compiled into its callers (the compiled backward's too: a module global that is not
+    a public kernel, so that a test wrapping ``ds_rows`` in Python leaves the loops that call it compilable)."""
     for r in range(dp.shape[0]):
         row, pr, dr = dp[r], p[r], D[r]
         for c in range(dp.shape[1]):
@@ -370,7 +383,7 @@ def _now(clock, clock_id, ts):
 
 
 @njit(**_OPTS)
-def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, coef, rep):
+def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep):
     """The engine's shift-free blocks of plain scores (no mod, no mask but the causal diagonal; scores carry
     log₂ e) in one compiled loop: per block ``(r0, r1, j0, j1, d, fresh)`` of ``blocks`` (rows r0 … r1 of
     ``qs``, keys j0 … j1, the diagonal's offset ``d`` as :func:`exp_rows`), the scores
@@ -405,7 +418,7 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, 
             spent += _now(clock, clock_id, ts) - t0
             flops += 2.0 * m * w * E
         s = s_flat[:m * w].reshape(m, w)
-        exp_rows(s, 0, coef, _ONE, zeros, sums, d, rep, True, True)
+        _exp2_rows(s, zeros, sums, d, rep)                # exp_rows' base 2, compiled in alone
         if fresh:
             l_i[r0:r1] = sums[:m]
         else:
@@ -425,7 +438,7 @@ _TRANS = 112
 
 @njit(**_OPTS)
 def plain_backward_rows(sgemm, clock, clock_id, timing, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf,
-                        dp_buf, sums, dk, dv, dq, coef):
+                        dp_buf, sums, dk, dv, dq):
     """The backward's blocks of one query head against keys j0 … j1 (no mod, no mask but the causal diagonal),
     in one compiled loop: per block ``(i0, i1, c0, c1, d)`` of ``blocks`` (query rows, keys within j0 … j1,
     the diagonal's offset as :func:`exp_rows`), ``P = exp(qs·k_tᵀ − lse)`` recomputed, ``dv += Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dS = P ∘ (dP −
@@ -450,7 +463,7 @@ def plain_backward_rows(sgemm, clock, clock_id, timing, qs, do, lse_neg, dd, k, 
         if timing:
             spent += _now(clock, clock_id, ts) - t0
         p = s_buf[:m * n].reshape(m, n)
-        exp_rows(p, 0, coef, _ONE, lse_neg[i0:i1], sums, d, 1, False, False)   # P = exp(S − lse)
+        _exp_rows_with(p, lse_neg[i0:i1], sums, d, 1, _expf)               # P = exp(S − lse)
         if timing:
             t0 = _now(clock, clock_id, ts)
         sgemm(_ROW_MAJOR, _TRANS, _NO_TRANS, n, ev, m, _ONE, sp, n, dop + 4 * i0 * ev, ev,
@@ -460,7 +473,7 @@ def plain_backward_rows(sgemm, clock, clock_id, timing, qs, do, lse_neg, dd, k, 
         if timing:
             spent += _now(clock, clock_id, ts) - t0
         dp = dp_buf[:m * n].reshape(m, n)
-        ds_rows(dp, p, dd[i0:i1])                                            # dS = P ∘ (dP − D)
+        _ds_rows(dp, p, dd[i0:i1])                                           # dS = P ∘ (dP − D)
         if timing:
             t0 = _now(clock, clock_id, ts)
         sgemm(_ROW_MAJOR, _TRANS, _NO_TRANS, n, E, m, _ONE, dpp, n, qp + 4 * i0 * E, E,

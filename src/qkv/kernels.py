@@ -196,7 +196,7 @@ def run_plain(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep:
     GEMMs by ``gemm``'s C function (:attr:`qkv.gemm.NumpyGemm.c_sgemm`), timed into its ``clock`` when set."""
     timer = gemm.clock
     spent, flops = jit.plain_rows(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None, qs,
-                                  k_t, v, blocks, s_flat, acc, l_i, sums, zeros, _NO_COEF, rep)
+                                  k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep)
     if timer is not None:
         timer[0] += spent
         timer[1] += flops
@@ -209,7 +209,7 @@ def run_plain_backward(jit, gemm, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1
     timer = gemm.clock
     spent, flops = jit.plain_backward_rows(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None,
                                            qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf, dp_buf, sums,
-                                           dk, dv, dq, _NO_COEF)
+                                           dk, dv, dq)
     if timer is not None:
         timer[0] += spent
         timer[1] += flops
@@ -226,25 +226,29 @@ def plain_available(gemm) -> bool:
     return True
 
 
-def warm_plain(jit, gemm) -> None:
-    """:func:`run_plain`'s first call on a tiny block for ``gemm``'s C function (numba compiles or loads the
-    loop for its int width then, before the engine's BLAS limit, as :func:`_warm` the others)."""
-    if gemm.name in _WARM_PLAIN:
+def warm_plain(jit, gemm, backward: bool = False) -> None:
+    """:func:`run_plain`'s (``backward``: :func:`run_plain_backward`'s) first call on a tiny block for ``gemm``'s
+    C function: numba compiles or loads the loop for its int width then, before the engine's BLAS limit, as
+    :func:`_warm` the others (each loop apart: the forward never compiles the backward's)."""
+    key = (gemm.name, backward)
+    if key in _WARM_PLAIN:
         return
     f = np.float32
-    qs, k_t, v = np.zeros((2, 3), f), np.ones((3, 2), f), np.zeros((2, 2), f)
-    blocks = np.array([[0, 2, 0, 2, NO_MASK, 1]], np.int64)
     z = np.zeros(2, f)
     saved, gemm.clock = gemm.clock, None
     try:
-        run_plain(jit, gemm, qs, k_t, v, blocks, np.zeros(4, f), np.zeros((2, 2), f), z.copy(), z.copy(), z, 1)
-        q2 = np.zeros((2, 2), f)
-        run_plain_backward(jit, gemm, q2, q2.copy(), z.copy(), z.copy(), q2.copy(), np.ones((3, 2), f), q2.copy(),
-                           np.array([[0, 2, 0, 2, NO_MASK]], np.int64), 0, 2, np.zeros(4, f), np.zeros(4, f), z.copy(),
-                           q2.copy(), q2.copy(), q2.copy())
+        if backward:
+            q2 = np.zeros((2, 2), f)
+            run_plain_backward(jit, gemm, q2, q2.copy(), z.copy(), z.copy(), q2.copy(), np.ones((3, 2), f), q2.copy(),
+                               np.array([[0, 2, 0, 2, NO_MASK]], np.int64), 0, 2, np.zeros(4, f), np.zeros(4, f),
+                               z.copy(), q2.copy(), q2.copy(), q2.copy())
+        else:
+            qs, k_t, v = np.zeros((2, 3), f), np.ones((3, 2), f), np.zeros((2, 2), f)
+            blocks = np.array([[0, 2, 0, 2, NO_MASK, 1]], np.int64)
+            run_plain(jit, gemm, qs, k_t, v, blocks, np.zeros(4, f), np.zeros((2, 2), f), z.copy(), z.copy(), z, 1)
     finally:
         gemm.clock = saved
-    _WARM_PLAIN.add(gemm.name)
+    _WARM_PLAIN.add(key)
 
 
 _WARM_PLAIN: set = set()

@@ -1752,7 +1752,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     jit = _KERNELS.for_call(P.cdt, min(bq, P.L) * min(bk, P.S))   # …and load the fused kernels, if blocks use them
     if jit is not None and PLAIN_LOOP and _kernels.plain_available(gemm):
-        _kernels.warm_plain(jit, gemm)
+        _kernels.warm_plain(jit, gemm, backward=True)
         P.plain_gemm = gemm
     RUNTIME.run(tasks, _backward_task, threads)
     for heads, part in partials:
