@@ -16,14 +16,18 @@ NUMPY_SGEMM = gemm.NumpyGemm().c_sgemm
 needs_sgemm = pytest.mark.skipif(NUMPY_SGEMM is None, reason="NumPy's BLAS has no CBLAS sgemm qkv can find")
 
 
-@pytest.fixture
-def plain_calls(monkeypatch):
-    """The compiled loop's calls: the provider each got."""
+def _spy(monkeypatch, name: str, real) -> list:
+    """The calls of the engine's ``tiled.<name>`` (a compiled loop's entry): the provider each got."""
     calls = []
-    real = kernels.run_plain
-    monkeypatch.setattr(tiled, "_krun_plain", lambda jit, g, *a: (calls.append(g.name), real(jit, g, *a)))
+    monkeypatch.setattr(tiled, name, lambda jit, g, *a: (calls.append(g.name), real(jit, g, *a)))
     monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
     return calls
+
+
+@pytest.fixture
+def plain_calls(monkeypatch):
+    """The forward's compiled loop's calls."""
+    return _spy(monkeypatch, "_krun_plain", kernels.run_plain)
 
 
 def _inputs(rng, H=2, Hk=None, L=700, S=900, E=32, Ev=24, amp=1.0):
@@ -32,6 +36,19 @@ def _inputs(rng, H=2, Hk=None, L=700, S=900, E=32, Ev=24, amp=1.0):
     k = (rng.standard_normal((1, Hk, S, E)) * amp).astype(np.float32)
     v = rng.standard_normal((1, Hk, S, Ev)).astype(np.float32)
     return q, k, v
+
+
+def _case(rng, spec):
+    """Inputs of a table's case: ``(q, k, v, threads, kw)``, the shape keys and ``threads`` taken out of ``kw``,
+    ``sinks`` turned into ``sink_logits``, the scale 0.2."""
+    kw = dict(spec)
+    shape = {n: kw.pop(n) for n in ("H", "Hk", "L", "S", "E", "Ev") if n in kw}
+    q, k, v = _inputs(rng, **shape)
+    threads = kw.pop("threads", 2)
+    if kw.pop("sinks", False):
+        kw["sink_logits"] = rng.standard_normal(q.shape[1])
+    kw["scale"] = 0.2
+    return q, k, v, threads, kw
 
 
 def _reference(q, k, v, **kw):
@@ -56,13 +73,7 @@ CASES = {
 @needs_sgemm
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_compiled_loop_equals_the_python_loop_and_the_reference(rng, plain_calls, monkeypatch, case):
-    kw = dict(CASES[case])
-    shape = {n: kw.pop(n) for n in ("H", "Hk", "L", "S", "E", "Ev") if n in kw}
-    q, k, v = _inputs(rng, **shape)
-    threads = kw.pop("threads", 2)
-    if kw.pop("sinks", False):
-        kw["sink_logits"] = rng.standard_normal(q.shape[1])
-    kw["scale"] = 0.2
+    q, k, v, threads, kw = _case(rng, CASES[case])
     out, _, lse = tiled.forward(q, k, v, return_lse=True, threads=threads, **kw)
     assert plain_calls and set(plain_calls) == {gemm.GEMM.active().name}
     n = len(plain_calls)
@@ -223,11 +234,8 @@ def test_the_mkl_provider_runs_the_compiled_loop_on_its_own_sgemm(rng, plain_cal
 # ---------------------------------------------------------------------------------------------- backward
 @pytest.fixture
 def plain_backward_calls(monkeypatch):
-    calls = []
-    real = kernels.run_plain_backward
-    monkeypatch.setattr(tiled, "_krun_plain_backward", lambda jit, g, *a: (calls.append(g.name), real(jit, g, *a)))
-    monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
-    return calls
+    """The backward's compiled loop's calls."""
+    return _spy(monkeypatch, "_krun_plain_backward", kernels.run_plain_backward)
 
 
 BACKWARD = {
@@ -247,13 +255,7 @@ BACKWARD = {
 @needs_sgemm
 @pytest.mark.parametrize("case", list(BACKWARD))
 def test_the_compiled_backward_equals_the_python_loop_and_float64(rng, plain_backward_calls, monkeypatch, case):
-    kw = dict(BACKWARD[case])
-    shape = {n: kw.pop(n) for n in ("H", "Hk", "L", "S", "E", "Ev") if n in kw}
-    q, k, v = _inputs(rng, **shape)
-    threads = kw.pop("threads", 2)
-    if kw.pop("sinks", False):
-        kw["sink_logits"] = rng.standard_normal(q.shape[1])
-    kw["scale"] = 0.2
+    q, k, v, threads, kw = _case(rng, BACKWARD[case])
     g = rng.standard_normal(q.shape[:3] + (v.shape[-1],)).astype(np.float32)
     got = tiled.backward(g, q, k, v, threads=threads, **kw)
     assert plain_backward_calls, "the backward did not take the compiled loop"
