@@ -330,3 +330,23 @@ def test_gemm_share_times_the_compiled_backwards_gemms(plain_calls, plain_backwa
     assert r["gemm_gflops"] * r["gemm_s"] * 1e9 == pytest.approx(bench.flops("backward", 1, 1, 256, 16))
     with pytest.raises(ValueError, match="modes: expected some of forward, causal, backward, got 'sideways'"):
         bench.gemm_share(64, modes=("sideways",), torch_sdpa=False)
+
+
+@needs_sgemm
+def test_a_block_outside_the_buffers_is_refused_not_written(rng):
+    # the loops hand raw pointers to the GEMM: a plan that does not fit its buffers must stop before it
+    jit = kernels.KERNELS.jit()
+    p = gemm.NumpyGemm()
+    f = np.float32
+    qs, k_t, v = np.zeros((64, 9), f), np.zeros((9, 128), f), np.zeros((128, 4), f)
+    acc, l_i, sums, zeros = np.zeros((64, 4), f), np.zeros(64, f), np.zeros(64, f), np.zeros(64, f)
+    for bad in ([0, 65, 0, 64, kernels.NO_MASK, 1], [0, 64, 64, 129, kernels.NO_MASK, 1],
+                [0, 64, 0, 128, kernels.NO_MASK, 1]):                # rows, keys, the scores' scratch (64·64)
+        with pytest.raises(ValueError, match="a block outside its buffers"):
+            kernels.run_plain(jit, p, qs, k_t, v, np.array([bad], np.int64), np.zeros(64 * 64, f), acc, l_i, sums,
+                              zeros, 1)
+    q2, g2 = np.zeros((64, 8), f), np.zeros((64, 4), f)
+    with pytest.raises(ValueError, match="a block outside its buffers"):
+        kernels.run_plain_backward(jit, p, q2, g2, l_i, l_i, np.zeros((128, 8), f), k_t, v,
+                                   np.array([[0, 64, 0, 100, kernels.NO_MASK]], np.int64), 0, 64,
+                                   np.zeros(64 * 64, f), np.zeros(64 * 64, f), sums, np.zeros((64, 8), f), g2, q2)

@@ -410,6 +410,8 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, 
         r0, r1, j0, j1, d, fresh = (blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4],
                                     blocks[b, 5])
         m, w = r1 - r0, j1 - j0
+        if r0 < 0 or m <= 0 or w <= 0 or j0 < 0 or r1 > qs.shape[0] or j1 > k_t.shape[1] or m * w > s_flat.shape[0]:
+            raise ValueError("plain_rows: a block outside its buffers")     # the GEMM writes raw memory
         if timing:
             t0 = _now(clock, clock_id, ts)
         sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, w, E, _ONE, qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk,
@@ -456,6 +458,9 @@ def plain_backward_rows(sgemm, clock, clock_id, timing, qs, do, lse_neg, dd, k, 
     for b in range(blocks.shape[0]):
         i0, i1, c0, c1, d = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4]
         m, n, o = i1 - i0, c1 - c0, c0 - j0
+        if (i0 < 0 or m <= 0 or n <= 0 or o < 0 or c1 > j1 or i1 > qs.shape[0] or c1 > k.shape[0]
+                or m * n > s_buf.shape[0] or m * n > dp_buf.shape[0] or j1 - j0 > dk.shape[0]):
+            raise ValueError("plain_backward_rows: a block outside its buffers")   # the GEMMs write raw memory
         if timing:
             t0 = _now(clock, clock_id, ts)
         sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, n, E, _ONE, qp + 4 * i0 * E, E, ktp + 4 * c0, ldk,
