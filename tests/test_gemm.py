@@ -299,14 +299,17 @@ def counted_mkl(mkl, monkeypatch, restore_gemm):
         return real_exp(x, out=out)
     monkeypatch.setattr(mkl, "matmul", counting)
     monkeypatch.setattr(mkl, "exp", counting_exp)
-    real_plain = tiled._krun_plain                          # the compiled loop calls the provider's C sgemm
-
-    def plain(jit, gemm, *a):
-        if gemm is mkl:
-            calls.append(("plain loop", mkl.name))
-        return real_plain(jit, gemm, *a)
-    monkeypatch.setattr(tiled, "_krun_plain", plain)
+    for name in ("_krun_plain", "_krun_plain_lazy", "_krun_plain_backward"):   # the compiled loops call the
+        monkeypatch.setattr(tiled, name, _counting_loop(calls, mkl, getattr(tiled, name)))   # provider's C sgemm
     return calls
+
+
+def _counting_loop(calls, mkl, real):
+    def loop(jit, gemm, *a):
+        if gemm is mkl:
+            calls.append(("compiled loop", mkl.name))
+        return real(jit, gemm, *a)
+    return loop
 
 
 class _Calls(list):

@@ -96,7 +96,6 @@ def test_the_compiled_loop_equals_the_python_loop_and_the_reference(rng, plain_c
 
 
 NOT_PLAIN = {
-    "large scores (lazy blocks)": dict(amp=4.0),
     "a boolean mask": dict(mask=True),
     "weights returned": dict(return_weights=True),
     "dropout": dict(dropout_p=0.1, rng=np.random.default_rng(0)),
@@ -109,20 +108,22 @@ NOT_PLAIN = {
 
 @needs_sgemm
 @pytest.mark.parametrize("case", list(NOT_PLAIN))
-def test_only_plain_blocks_take_the_compiled_loop(rng, plain_calls, case):
+def test_only_plain_blocks_take_the_compiled_loop(rng, plain_calls, lazy_calls, case):
     kw = dict(NOT_PLAIN[case])
-    q, k, v = _inputs(rng, amp=kw.pop("amp", 1.0))
+    q, k, v = _inputs(rng)
     dt = kw.pop("dtype", np.float32)
     q, k, v = q.astype(dt), k.astype(dt), v.astype(dt)
     if kw.pop("mask", False):
         kw["attn_mask"] = rng.random((700, 900)) > 0.3
     if kw.pop("block_mask", False):
         kw["block_mask"] = qkv.create_block_mask(mods.sliding_window(200), None, None, 700, 900)
-    tiled.forward(q, k, v, scale=0.2, threads=2, **kw)
-    assert plain_calls == []
+    for amp in (1.0, 3.0):                                    # bounded scores and lazy ones: neither loop
+        tiled.forward(q * amp, k * amp, v, scale=0.2, threads=2, **kw)
+    assert plain_calls == [] and lazy_calls == []
     if case != "float64":
-        tiled.forward(q / 4, k / 4, v, scale=0.2, threads=2)
-        assert plain_calls, "the same inputs, plain, did not take it (the test would be vacuous)"
+        tiled.forward(q, k, v, scale=0.2, threads=2)
+        tiled.forward(q * 3, k * 3, v, scale=0.2, threads=2)
+        assert plain_calls and lazy_calls, "the same inputs, plain, did not take them (the test would be vacuous)"
 
 
 def test_the_python_loop_runs_where_numpys_blas_has_no_c_sgemm(rng, plain_calls, monkeypatch):
@@ -229,6 +230,63 @@ def test_the_mkl_provider_runs_the_compiled_loop_on_its_own_sgemm(rng, plain_cal
     assert "mkl" in plain_calls and "numpy" in plain_calls
     for causal in (False, True):
         np.testing.assert_allclose(outs["mkl", causal], outs["numpy", causal], rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- lazy blocks
+@pytest.fixture
+def lazy_calls(monkeypatch):
+    """The forward's compiled loop for unbounded scores (lazy rescaling)."""
+    return _spy(monkeypatch, "_krun_plain_lazy", kernels.run_plain_lazy)
+
+
+LAZY = {
+    "full": dict(amp=3.0),
+    "causal": dict(amp=4.0, is_causal=True),
+    "grouped-query causal (SmolLM2's shapes)": dict(H=9, Hk=3, L=512, S=512, E=64, amp=3.0, is_causal=True,
+                                                    enable_gqa=True),
+    "causal, more keys than queries": dict(L=300, S=1500, amp=5.0, is_causal=True),
+    "odd sizes": dict(L=333, S=1025, E=40, Ev=17, amp=4.0),
+    "split-K": dict(H=1, L=64, S=4096, amp=3.0),
+    "sinks": dict(amp=3.0, is_causal=True, sinks=True),
+    "values too large to be lazy (every block's max pass)": dict(amp=3.0, vamp=1e30),
+    "a late key far above the running max (a lazy block redone)": dict(amp=3.0, late_key=True),
+}
+
+
+@needs_sgemm
+@pytest.mark.parametrize("case", list(LAZY))
+def test_the_compiled_lazy_loop_equals_the_python_loop_and_the_reference(rng, lazy_calls, plain_calls, monkeypatch,
+                                                                         case):
+    spec = dict(LAZY[case])
+    amp, vamp = spec.pop("amp"), spec.pop("vamp", 1.0)
+    late = spec.pop("late_key", False)
+    q, k, v, threads, kw = _case(rng, spec)
+    q, k, v = q * amp, k * amp, v * vamp
+    if late:                # every query shares a direction u; the last key, 4u, scores ≈ 400 against ≈ 50:
+        u = rng.standard_normal(q.shape[-1]).astype(np.float32)      # e^(s − m) would overflow, so its block
+        u *= np.float32(np.sqrt(500 / (u @ u)))                       # must be redone with the max pass
+        q += u
+        k[..., -1, :] = 4 * u
+    out, _, lse = tiled.forward(q, k, v, return_lse=True, threads=threads, **kw)
+    assert lazy_calls and not plain_calls, "not the lazy loop (or the scores were bounded after all)"
+    n = len(lazy_calls)
+    with monkeypatch.context() as m:
+        m.setattr(tiled, "PLAIN_LOOP", False)
+        base, _, base_lse = tiled.forward(q, k, v, return_lse=True, threads=threads, **kw)
+    assert len(lazy_calls) == n
+    # scores of ~100: the running max differs with the blocks (the diagonal's squares are smaller here), and
+    # with it the rounding of exp(s − m) — as far apart as each is from float64
+    np.testing.assert_allclose(out, base, rtol=2e-5, atol=2e-5 * vamp)
+    np.testing.assert_allclose(lse, base_lse, rtol=1e-6, atol=2e-5)
+    f = np.float64
+    if "sink_logits" in kw:
+        bm = qkv.create_block_mask(mods.causal(), None, None, q.shape[2], k.shape[2])
+        ref = qkv.flex_attention(q.astype(f), k.astype(f), v.astype(f), scale=0.2, block_mask=bm,
+                                 sink_logits=kw["sink_logits"], backend="reference")
+    else:
+        ref = _reference(q, k, v, **kw)
+    # float32 scores of ~100 carry ~1e-5 of rounding into exp (as the Python loop's; see test_kernels)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=5e-5 * vamp)
 
 
 # ---------------------------------------------------------------------------------------------- backward

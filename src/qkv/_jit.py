@@ -48,8 +48,8 @@ import llvmlite.ir as ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "plain_backward_rows", "plain_rows",
-           "swiglu_rows"]
+__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "plain_backward_rows", "plain_lazy_rows",
+           "plain_rows", "swiglu_rows"]
 
 
 @intrinsic
@@ -289,18 +289,22 @@ def max_exp_rows(s, kind, coef, cap, add, sums, d, rep, seen, shift, hit):
         if kind != 0:                                        # f(s) + add written into the row (in L1)
             _f_row(row, lim, kind, coef, cap, a)
             a = _ZERO
-        m = -_INF
-        for c in range(lim):
-            m = _maxf(m, row[c])
-        m = m + a                                            # max(s + a) = max(s) + a: rounding is monotone
-        h = m > -_INF and m < _INF
-        if seen[r]:
-            sh = m if m > _ZERO else _ZERO
-        else:
-            sh = m if h else _ZERO
-        shift[r] = sh
-        hit[r] = h
-        sums[r] = _exp_row(row, lim, a - sh)
+        shift[r], hit[r], sums[r] = _max_exp_row(row, lim, a, seen[r])
+
+
+@njit(inline="always", **_OPTS)
+def _max_exp_row(row, lim, a, seen_r):
+    """:func:`max_exp_rows` on one row of ``v = row + a``: ``(shift, hit, sum)``."""
+    m = -_INF
+    for c in range(lim):
+        m = _maxf(m, row[c])
+    m = m + a                                                # max(s + a) = max(s) + a: rounding is monotone
+    h = m > -_INF and m < _INF
+    if seen_r:
+        sh = m if m > _ZERO else _ZERO
+    else:
+        sh = m if h else _ZERO
+    return sh, h, _exp_row(row, lim, a - sh)
 
 
 @njit(**_OPTS)
@@ -488,4 +492,89 @@ def plain_backward_rows(sgemm, clock, clock_id, timing, qs, do, lse_neg, dd, k, 
         if timing:
             spent += _now(clock, clock_id, ts) - t0
             flops += 2.0 * m * n * (3 * E + 2 * ev)
+    return spent, flops
+
+
+@njit(**_OPTS)
+def plain_lazy_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_i, m_i, seen, sums, zeros,
+                    rep, lazy, row_limit):
+    """:func:`plain_rows` for blocks whose scores are not bounded (no mod, no mask but the causal diagonal):
+    the engine's lazy rescaling, compiled. Per block ``(r0, r1, j0, j1, d, _)``: ``qs[rows, E] = −m_i`` so the
+    product is ``s − m_i`` (``k_t``'s last row is ones); where every row has a max already (``seen``) and
+    ``lazy``, ``p = exp(s − m_i)`` as is, kept when every row sum is at most ``row_limit``; otherwise (or when
+    a sum is larger, the block's product made again) the running max's pass (:func:`max_exp_rows`): the shift,
+    ``acc`` and ``l_i`` rescaled by ``exp(−shift)``, ``m_i`` raised, ``seen`` set where a row met a finite
+    score. ``acc (+)= p·V`` by the GEMM's beta — written where none of the rows had a max (their acc was 0).
+    The Python loop's steps (:func:`qkv.backends.tiled._forward_rows`), in its order."""
+    E1 = k_t.shape[0]
+    lda = qs.shape[1]
+    ldk = k_t.strides[0] // 4
+    ev = v.shape[1]
+    ldv = v.strides[0] // 4
+    lacc = acc.strides[0] // 4
+    qp, kp, vp = qs.ctypes.data, k_t.ctypes.data, v.ctypes.data
+    sp, ap = s_flat.ctypes.data, acc.ctypes.data
+    ts = np.zeros(2, np.int64)
+    spent = 0.0
+    flops = 0.0
+    for b in range(blocks.shape[0]):
+        r0, r1, j0, j1, d = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4]
+        m, w = r1 - r0, j1 - j0
+        if r0 < 0 or m <= 0 or w <= 0 or j0 < 0 or r1 > qs.shape[0] or j1 > k_t.shape[1] or m * w > s_flat.shape[0]:
+            raise ValueError("plain_lazy_rows: a block outside its buffers")   # the GEMM writes raw memory
+        all_seen = True
+        any_seen = False
+        for r in range(r0, r1):
+            qs[r, E1 - 1] = -m_i[r]
+            all_seen = all_seen and seen[r]
+            any_seen = any_seen or seen[r]
+        s = s_flat[:m * w].reshape(m, w)
+        sm = sums[:m]
+        passes = 1
+        if lazy and all_seen:
+            if timing:
+                t0 = _now(clock, clock_id, ts)
+            sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, w, E1, _ONE, qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk,
+                  _ZERO, sp, w)                                      # s − m_i
+            if timing:
+                spent += _now(clock, clock_id, ts) - t0
+                flops += 2.0 * m * w * E1
+            _exp_rows_with(s, zeros, sm, d, rep, _expf)              # p = exp(s − m_i), m_i unchanged
+            small = True
+            for r in range(m):
+                if not sm[r] <= row_limit:                           # (NaN too)
+                    small = False
+            if small:
+                for r in range(m):
+                    l_i[r0 + r] += sm[r]
+                passes = 0
+            else:
+                passes = 2                                           # grew too much: the product again
+        if passes:
+            if timing:
+                t0 = _now(clock, clock_id, ts)
+            sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, w, E1, _ONE, qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk,
+                  _ZERO, sp, w)
+            if timing:
+                spent += _now(clock, clock_id, ts) - t0
+                flops += 2.0 * m * w * E1
+            for r in range(m):                                       # the running max's pass, row by row
+                lim = _limit(d, r, rep, w)
+                sh, h, total = _max_exp_row(s[r], lim, _ZERO, seen[r0 + r])
+                if any_seen:
+                    alpha = np.exp(-sh) if seen[r0 + r] else _ZERO   # exp(m_old − m_new); nothing yet: 0
+                    for c in range(ev):
+                        acc[r0 + r, c] *= alpha
+                    l_i[r0 + r] = l_i[r0 + r] * alpha + total
+                else:
+                    l_i[r0 + r] = total
+                m_i[r0 + r] += sh
+                seen[r0 + r] = seen[r0 + r] or h
+        if timing:
+            t0 = _now(clock, clock_id, ts)
+        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, ev, w, _ONE, sp, w, vp + 4 * j0 * ldv, ldv,
+              _ONE if any_seen or not passes else _ZERO, ap + 4 * r0 * lacc, lacc)   # acc (+)= p·V
+        if timing:
+            spent += _now(clock, clock_id, ts) - t0
+            flops += 2.0 * m * ev * w
     return spent, flops

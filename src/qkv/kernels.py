@@ -202,6 +202,19 @@ def run_plain(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep:
         timer[1] += flops
 
 
+def run_plain_lazy(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, m_i, seen, sums, zeros, rep: int, lazy: bool,
+                   row_limit: float) -> None:
+    """A task's blocks of unbounded plain scores (lazy rescaling) in one compiled loop
+    (:func:`qkv._jit.plain_lazy_rows`), as :func:`run_plain`."""
+    timer = gemm.clock
+    spent, flops = jit.plain_lazy_rows(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None, qs,
+                                       k_t, v, blocks, s_flat, acc, l_i, m_i, seen, sums, zeros, rep, bool(lazy),
+                                       np.float32(row_limit))
+    if timer is not None:
+        timer[0] += spent
+        timer[1] += flops
+
+
 def run_plain_backward(jit, gemm, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf, dp_buf, sums, dk, dv,
                        dq) -> None:
     """One query head's backward blocks against keys j0 … j1 in one compiled loop
@@ -246,6 +259,8 @@ def warm_plain(jit, gemm, backward: bool = False) -> None:
             qs, k_t, v = np.zeros((2, 3), f), np.ones((3, 2), f), np.zeros((2, 2), f)
             blocks = np.array([[0, 2, 0, 2, NO_MASK, 1]], np.int64)
             run_plain(jit, gemm, qs, k_t, v, blocks, np.zeros(4, f), np.zeros((2, 2), f), z.copy(), z.copy(), z, 1)
+            run_plain_lazy(jit, gemm, qs, k_t, v, blocks, np.zeros(4, f), np.zeros((2, 2), f), z.copy(), z.copy(),
+                           np.zeros(2, np.bool_), z.copy(), z, 1, True, 1e30)
     finally:
         gemm.clock = saved
     _WARM_PLAIN.add(key)

@@ -114,7 +114,7 @@ from .. import shapes
 from ..gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
 from ..kernels import KERNEL_MIN as _KERNEL_MIN, KERNELS as _KERNELS, NO_MASK as _NO_MASK, run as _krun
 from ..kernels import run_bands as _krun_bands, run_max as _krun_max, run_plain as _krun_plain
-from ..kernels import run_plain_backward as _krun_plain_backward
+from ..kernels import run_plain_backward as _krun_plain_backward, run_plain_lazy as _krun_plain_lazy
 from .. import kernels as _kernels
 from ..merge import merge_partials
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
@@ -1206,6 +1206,14 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         plan = _cached(("plain", P.is_causal, i0, i1, P.S, block_k, g, keys, DIAGONAL_MIN_PLAIN),
                        lambda: (_plain_plan(P, blocks, i0, i1, block_k, g, keys),))[0]
         _krun_plain(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, l_blk, sc.zeros, g)
+        steps = ()
+    elif (not shift_free and P.plain_gemm is not None and jit is not None and sc.kind == "none" and weights is None
+          and dropout_p == 0 and P.bm is None and P.mask is None):
+        # the same for scores that are not bounded: lazy rescaling in the compiled loop (qkv._jit.plain_lazy_rows)
+        plan = _cached(("plain", P.is_causal, i0, i1, P.S, block_k, g, keys, DIAGONAL_MIN_PLAIN),
+                       lambda: (_plain_plan(P, blocks, i0, i1, block_k, g, keys),))[0]
+        _krun_plain_lazy(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, m_i, seen, l_blk, sc.zeros, g, lazy,
+                         row_limit)
         steps = ()
     if (shift_free and gen is None and P.bm is not None and sc.kind in ("none", "alibi", "softcap", "alibi_softcap")
             and (sc.kind == "none" or sc.slope is not None or sc.cap is not None)):
