@@ -81,8 +81,9 @@ Shift-free blocks of unmodified scores that nothing reads again run in base 2: l
 query rows once, so the block holds ``score·log₂ e`` and the kernel's exponential is 2^s (a third cheaper).
 
 *The compiled loop of plain blocks* (:data:`PLAIN_LOOP`): where a task's blocks are nothing but products,
-2^s and row sums — shift-free, no mod, no mask but the causal one, no weights or dropout — the whole task's
-loop runs in numba (:func:`qkv._jit.plain_rows`), calling the GEMM provider's own C ``sgemm`` (NumPy's
+exponentials and row sums — no mod, no mask but the causal one, no weights or dropout — the whole task's
+loop runs in numba (:func:`qkv._jit.plain_rows` shift-free, in base 2; :func:`qkv._jit.plain_lazy_rows` with the
+lazy rescaling), calling the GEMM provider's own C ``sgemm`` (NumPy's
 bundled OpenBLAS or MKL, :attr:`qkv.gemm.NumpyGemm.c_sgemm`) on the same buffers, P·V accumulated by the
 GEMM's beta; the backward's blocks of such problems likewise, per head and key block
 (:func:`qkv._jit.plain_backward_rows`: five products, the three accumulations by beta). Without Python
@@ -141,7 +142,7 @@ DIAGONAL_MIN = 256
 #: forward (N = 4096 H = 2; N = 2048 H = 4), 64 against 128 0.96–0.98×, 32 against 64 1.02–1.04×.
 DIAGONAL_MIN_PLAIN = 64
 _LOG2E = 1.4426950408889634                                 # log₂ e: 2^(s·log₂ e) = e^s
-#: Forward: plain shift-free blocks (no mod, no mask but the causal diagonal, nothing else reading the
+#: Forward (and backward): plain blocks (no mod, no mask but the causal diagonal, nothing else reading the
 #: scores) run as one compiled loop per task, its GEMMs by the provider's C sgemm (:func:`_plain_plan`),
 #: where numba and that function are there. False: the Python loop always (tests compare the two).
 PLAIN_LOOP = True
