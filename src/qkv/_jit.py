@@ -425,10 +425,8 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, 
             flops += 2.0 * m * w * E
         s = s_flat[:m * w].reshape(m, w)
         _exp2_rows(s, zeros, sums, d, rep)                # exp_rows' base 2, compiled in alone
-        if fresh:
-            l_i[r0:r1] = sums[:m]
-        else:
-            l_i[r0:r1] += sums[:m]
+        for r in range(m):                                   # (a loop: as an array expression it tripled
+            l_i[r0 + r] = sums[r] if fresh else l_i[r0 + r] + sums[r]   # the loop's compile time, 3.1 → 1.2 s)
         if timing:
             t0 = _now(clock, clock_id, ts)
         sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, ev, w, _ONE, sp, w, vp + 4 * j0 * ldv, ldv,
