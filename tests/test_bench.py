@@ -96,6 +96,12 @@ def test_environment_line_names_cpu_blas_gemm_and_kernels(monkeypatch):
     for part in (f"CPU {bench.cpu_model()}", f"numpy {np.__version__} ({gemm.NumpyGemm.kernel()})",
                  f"GEMM {qkv.get_gemm()}", f"block kernels {bench._kernels_in_use()}"):
         assert part in line
+    # the compiled loop of plain blocks, where it runs (numba and the provider's C sgemm), and only there
+    assert line.endswith(", compiled loop") == (bench._kernels_in_use() != "numpy"
+                                                and kernels.plain_available(gemm.GEMM.active()))
+    from qkv.backends import tiled
+    monkeypatch.setattr(tiled, "PLAIN_LOOP", False)
+    assert not bench.environment_line().endswith(", compiled loop")
     # QKV_KERNELS=numba without numba is an error of the engine's, not of a benchmark's first line
     monkeypatch.setattr(kernels.KERNELS, "choice", "numba")
     monkeypatch.setattr(kernels.KERNELS, "_jit", False)

@@ -535,6 +535,21 @@ def _kernels_in_use() -> str:
         return "numpy"
 
 
+def _plain_loop_in_use() -> bool:
+    """Whether the engine's plain blocks run as its compiled loop (:data:`qkv.backends.tiled.PLAIN_LOOP`: numba
+    and the GEMM provider's C sgemm there), as benchmark headers say (``…, compiled loop``)."""
+    from . import gemm, kernels
+    from .backends import tiled
+    if _kernels_in_use() == "numpy" or not tiled.PLAIN_LOOP:
+        return False
+    return kernels.plain_available(gemm.GEMM.active())
+
+
+def _kernels_line() -> str:
+    """``numba 0.68.1, compiled loop``, ``numba 0.68.1`` or ``numpy``."""
+    return _kernels_in_use() + (", compiled loop" if _plain_loop_in_use() else "")
+
+
 def _machine(threads, rate, torch, providers=None) -> dict:
     """What ran where: CPU, NumPy's BLAS and its rate (``blas``, ``matmul_gflops``), the GEMM provider in
     use (``gemm``) and, per provider measured, its kernel and rate (``gemms``)."""
@@ -543,17 +558,17 @@ def _machine(threads, rate, torch, providers=None) -> dict:
                 numpy=np.__version__, blas=gemm.NumpyGemm.kernel(), openblas_coretype=os.environ.get("OPENBLAS_CORETYPE"),
                 torch=None if torch is None else torch.__version__, matmul_gflops=rate,
                 gemm=gemm.get_gemm(), gemms=providers or {}, kernels=_kernels_in_use(),
-                date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                plain_loop=_plain_loop_in_use(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def environment_line() -> str:
     """What a benchmark script's figures ran on, for its first line: the CPU (:func:`cpu_model`), NumPy's BLAS
-    and kernel, the GEMM provider in use and the engine's block kernels —
+    and kernel, the GEMM provider in use and the engine's block kernels (and its compiled loop) —
     ``CPU AMD EPYC (family 25 model 17, AVX-512); numpy 2.4.6 (openblas 0.3.31 (SkylakeX)); GEMM numpy;
-    block kernels numba 0.68.1``."""
+    block kernels numba 0.68.1, compiled loop``."""
     from . import gemm
     return (f"CPU {cpu_model()}; numpy {np.__version__} ({gemm.NumpyGemm.kernel()}); GEMM {gemm.get_gemm()}; "
-            f"block kernels {_kernels_in_use()}")
+            f"block kernels {_kernels_line()}")
 
 
 def header(result: dict) -> str:
@@ -568,7 +583,7 @@ def header(result: dict) -> str:
     torch_part = f"; torch {m['torch']}" if m.get("torch") else ""
     return (f"B={c.get('batch', 1)} H={c['heads']} E={c['dim']} float32, {c['threads']} threads, median of "
             f"{c['repeats']}; CPU {m.get('cpu', '?')}; GEMM {m.get('gemm', 'numpy')} in use; "
-            f"block kernels {m.get('kernels', 'numpy')}; "
+            f"block kernels {m.get('kernels', 'numpy')}{', compiled loop' if m.get('plain_loop') else ''}; "
             f"{'; '.join(parts)}{torch_part}; {m['date']}")
 
 
