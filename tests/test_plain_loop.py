@@ -52,7 +52,12 @@ def _case(rng, spec):
 
 
 def _reference(q, k, v, **kw):
+    """float64 attention: SDPA's reference, or with ``sink_logits`` (causal) flex attention's."""
     f = np.float64
+    if "sink_logits" in kw:
+        bm = qkv.create_block_mask(mods.causal(), None, None, q.shape[2], k.shape[2])
+        return qkv.flex_attention(q.astype(f), k.astype(f), v.astype(f), scale=kw["scale"], block_mask=bm,
+                                  sink_logits=kw["sink_logits"], backend="reference")
     return qkv.scaled_dot_product_attention(q.astype(f), k.astype(f), v.astype(f), backend="reference", **kw)
 
 
@@ -85,13 +90,7 @@ def test_the_compiled_loop_equals_the_python_loop_and_the_reference(rng, plain_c
     # diagonal in smaller squares)
     np.testing.assert_allclose(out, base, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(lse, base_lse, rtol=1e-6, atol=2e-6)
-    f = np.float64
-    if "sink_logits" in kw:
-        bm = qkv.create_block_mask(mods.causal(), None, None, q.shape[2], k.shape[2])
-        ref = qkv.flex_attention(q.astype(f), k.astype(f), v.astype(f), scale=0.2, block_mask=bm,
-                                 sink_logits=kw["sink_logits"], backend="reference")
-    else:
-        ref = _reference(q, k, v, **kw)
+    ref = _reference(q, k, v, **kw)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)
 
 
@@ -278,13 +277,7 @@ def test_the_compiled_lazy_loop_equals_the_python_loop_and_the_reference(rng, la
     # with it the rounding of exp(s − m) — as far apart as each is from float64
     np.testing.assert_allclose(out, base, rtol=2e-5, atol=2e-5 * vamp)
     np.testing.assert_allclose(lse, base_lse, rtol=1e-6, atol=2e-5)
-    f = np.float64
-    if "sink_logits" in kw:
-        bm = qkv.create_block_mask(mods.causal(), None, None, q.shape[2], k.shape[2])
-        ref = qkv.flex_attention(q.astype(f), k.astype(f), v.astype(f), scale=0.2, block_mask=bm,
-                                 sink_logits=kw["sink_logits"], backend="reference")
-    else:
-        ref = _reference(q, k, v, **kw)
+    ref = _reference(q, k, v, **kw)
     # float32 scores of ~100 carry ~1e-5 of rounding into exp (as the Python loop's; see test_kernels)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=5e-5 * vamp)
 

@@ -386,6 +386,30 @@ def _now(clock, clock_id, ts):
     return ts[0] + 1e-9 * ts[1]
 
 
+@njit(inline="always", **_OPTS)
+def _gemm(sgemm, clock, clock_id, timing, ts, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
+    """``C = op(A)·op(B) + beta·C`` (row-major, pointers and leading dimensions in floats) by ``sgemm``; the
+    call's thread CPU seconds when ``timing``, else 0."""
+    t0 = _now(clock, clock_id, ts) if timing else 0.0
+    sgemm(_ROW_MAJOR, ta, tb, m, n, k, _ONE, a, lda, b, ldb, beta, c, ldc)
+    return _now(clock, clock_id, ts) - t0 if timing else 0.0
+
+
+@njit(inline="always", **_OPTS)
+def _forward_layout(qs, k_t, v, acc, s_flat):
+    """The forward loops' value width, leading dimensions, base pointers and the clock's scratch: ``(ev, lda,
+    ldk, ldv, lacc, qp, kp, vp, ap, sp, ts)``."""
+    return (v.shape[1], qs.shape[1], k_t.strides[0] // 4, v.strides[0] // 4, acc.strides[0] // 4,
+            qs.ctypes.data, k_t.ctypes.data, v.ctypes.data, acc.ctypes.data, s_flat.ctypes.data,
+            np.zeros(2, np.int64))
+
+
+@njit(inline="always", **_OPTS)
+def _fits(r0, r1, j0, j1, rows, keys, scratch):
+    """Whether block rows r0 … r1 × keys j0 … j1 lie within ``rows`` × ``keys`` and its scores in ``scratch``."""
+    return 0 <= r0 < r1 <= rows and 0 <= j0 < j1 <= keys and (r1 - r0) * (j1 - j0) <= scratch
+
+
 @njit(**_OPTS)
 def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep):
     """The engine's shift-free blocks of plain scores (no mod, no mask but the causal diagonal; scores carry
@@ -400,41 +424,24 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, 
     :attr:`qkv.gemm.NumpyGemm.clock`), read with ``clock`` (libc's ``clock_gettime``) on ``clock_id``
     (``time.CLOCK_THREAD_CPUTIME_ID``, as ``time.thread_time``)."""
     E = k_t.shape[0] - 1
-    lda = qs.shape[1]
-    ldk = k_t.strides[0] // 4
-    ev = v.shape[1]
-    ldv = v.strides[0] // 4
-    lacc = acc.strides[0] // 4
-    qp, kp, vp = qs.ctypes.data, k_t.ctypes.data, v.ctypes.data
-    sp, ap = s_flat.ctypes.data, acc.ctypes.data
-    ts = np.zeros(2, np.int64)
-    spent = 0.0
-    flops = 0.0
+    ev, lda, ldk, ldv, lacc, qp, kp, vp, ap, sp, ts = _forward_layout(qs, k_t, v, acc, s_flat)
+    spent = flops = 0.0
     for b in range(blocks.shape[0]):
         r0, r1, j0, j1, d, fresh = (blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4],
                                     blocks[b, 5])
-        m, w = r1 - r0, j1 - j0
-        if r0 < 0 or m <= 0 or w <= 0 or j0 < 0 or r1 > qs.shape[0] or j1 > k_t.shape[1] or m * w > s_flat.shape[0]:
+        if not _fits(r0, r1, j0, j1, qs.shape[0], k_t.shape[1], s_flat.shape[0]):
             raise ValueError("plain_rows: a block outside its buffers")     # the GEMM writes raw memory
-        if timing:
-            t0 = _now(clock, clock_id, ts)
-        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, w, E, _ONE, qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk,
-              _ZERO, sp, w)
-        if timing:
-            spent += _now(clock, clock_id, ts) - t0
-            flops += 2.0 * m * w * E
+        m, w = r1 - r0, j1 - j0
+        spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, w, E,
+                       qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk, _ZERO, sp, w)                    # s = Q·Kᵀ
         s = s_flat[:m * w].reshape(m, w)
         _exp2_rows(s, zeros, sums, d, rep)                # exp_rows' base 2, compiled in alone
         for r in range(m):                                   # (a loop: as an array expression it tripled
             l_i[r0 + r] = sums[r] if fresh else l_i[r0 + r] + sums[r]   # the loop's compile time, 3.1 → 1.2 s)
-        if timing:
-            t0 = _now(clock, clock_id, ts)
-        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, ev, w, _ONE, sp, w, vp + 4 * j0 * ldv, ldv,
-              _ZERO if fresh else _ONE, ap + 4 * r0 * lacc, lacc)
-        if timing:
-            spent += _now(clock, clock_id, ts) - t0
-            flops += 2.0 * m * ev * w
-    return spent, flops
+        spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, ev, w, sp, w,
+                       vp + 4 * j0 * ldv, ldv, _ZERO if fresh else _ONE, ap + 4 * r0 * lacc, lacc)  # acc (+)= p·V
+        flops += 2.0 * m * w * (E + ev)
+    return spent, flops if timing else 0.0
 
 
 _TRANS = 112
@@ -459,38 +466,26 @@ def plain_backward_rows(sgemm, clock, clock_id, timing, qs, do, lse_neg, dd, k, 
     flops = 0.0
     for b in range(blocks.shape[0]):
         i0, i1, c0, c1, d = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4]
-        m, n, o = i1 - i0, c1 - c0, c0 - j0
-        if (i0 < 0 or m <= 0 or n <= 0 or o < 0 or c1 > j1 or i1 > qs.shape[0] or c1 > k.shape[0]
-                or m * n > s_buf.shape[0] or m * n > dp_buf.shape[0] or j1 - j0 > dk.shape[0]):
+        if not (_fits(i0, i1, c0, c1, qs.shape[0], min(j1, k.shape[0]), min(s_buf.shape[0], dp_buf.shape[0]))
+                and c0 >= j0 and j1 - j0 <= dk.shape[0]):
             raise ValueError("plain_backward_rows: a block outside its buffers")   # the GEMMs write raw memory
-        if timing:
-            t0 = _now(clock, clock_id, ts)
-        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, n, E, _ONE, qp + 4 * i0 * E, E, ktp + 4 * c0, ldk,
-              _ZERO, sp, n)                                                  # S = Q·Kᵀ (scale in qs)
-        if timing:
-            spent += _now(clock, clock_id, ts) - t0
+        m, n, o = i1 - i0, c1 - c0, c0 - j0
+        spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, n, E, qp + 4 * i0 * E, E,
+                       ktp + 4 * c0, ldk, _ZERO, sp, n)                       # S = Q·Kᵀ (scale in qs)
         p = s_buf[:m * n].reshape(m, n)
         _exp_rows_with(p, lse_neg[i0:i1], sums, d, 1, _expf)               # P = exp(S − lse)
-        if timing:
-            t0 = _now(clock, clock_id, ts)
-        sgemm(_ROW_MAJOR, _TRANS, _NO_TRANS, n, ev, m, _ONE, sp, n, dop + 4 * i0 * ev, ev,
-              _ONE, dvp + 4 * o * ev, ev)                                    # dV += Pᵀ·dO
-        sgemm(_ROW_MAJOR, _NO_TRANS, _TRANS, m, n, ev, _ONE, dop + 4 * i0 * ev, ev, vp + 4 * c0 * ev, ev,
-              _ZERO, dpp, n)                                                 # dP = dO·Vᵀ
-        if timing:
-            spent += _now(clock, clock_id, ts) - t0
+        spent += _gemm(sgemm, clock, clock_id, timing, ts, _TRANS, _NO_TRANS, n, ev, m, sp, n,
+                       dop + 4 * i0 * ev, ev, _ONE, dvp + 4 * o * ev, ev)     # dV += Pᵀ·dO
+        spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _TRANS, m, n, ev, dop + 4 * i0 * ev, ev,
+                       vp + 4 * c0 * ev, ev, _ZERO, dpp, n)                   # dP = dO·Vᵀ
         dp = dp_buf[:m * n].reshape(m, n)
         _ds_rows(dp, p, dd[i0:i1])                                           # dS = P ∘ (dP − D)
-        if timing:
-            t0 = _now(clock, clock_id, ts)
-        sgemm(_ROW_MAJOR, _TRANS, _NO_TRANS, n, E, m, _ONE, dpp, n, qp + 4 * i0 * E, E,
-              _ONE, dkp + 4 * o * E, E)                                      # dK += dSᵀ·Q
-        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, E, n, _ONE, dpp, n, kp + 4 * c0 * E, E,
-              _ONE, dqp + 4 * i0 * E, E)                                     # dQ += dS·K
-        if timing:
-            spent += _now(clock, clock_id, ts) - t0
-            flops += 2.0 * m * n * (3 * E + 2 * ev)
-    return spent, flops
+        spent += _gemm(sgemm, clock, clock_id, timing, ts, _TRANS, _NO_TRANS, n, E, m, dpp, n,
+                       qp + 4 * i0 * E, E, _ONE, dkp + 4 * o * E, E)          # dK += dSᵀ·Q
+        spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, E, n, dpp, n,
+                       kp + 4 * c0 * E, E, _ONE, dqp + 4 * i0 * E, E)         # dQ += dS·K
+        flops += 2.0 * m * n * (3 * E + 2 * ev)
+    return spent, flops if timing else 0.0
 
 
 @njit(**_OPTS)
@@ -505,21 +500,13 @@ def plain_lazy_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, 
     score. ``acc (+)= p·V`` by the GEMM's beta — written where none of the rows had a max (their acc was 0).
     The Python loop's steps (:func:`qkv.backends.tiled._forward_rows`), in its order."""
     E1 = k_t.shape[0]
-    lda = qs.shape[1]
-    ldk = k_t.strides[0] // 4
-    ev = v.shape[1]
-    ldv = v.strides[0] // 4
-    lacc = acc.strides[0] // 4
-    qp, kp, vp = qs.ctypes.data, k_t.ctypes.data, v.ctypes.data
-    sp, ap = s_flat.ctypes.data, acc.ctypes.data
-    ts = np.zeros(2, np.int64)
-    spent = 0.0
-    flops = 0.0
+    ev, lda, ldk, ldv, lacc, qp, kp, vp, ap, sp, ts = _forward_layout(qs, k_t, v, acc, s_flat)
+    spent = flops = 0.0
     for b in range(blocks.shape[0]):
         r0, r1, j0, j1, d = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4]
-        m, w = r1 - r0, j1 - j0
-        if r0 < 0 or m <= 0 or w <= 0 or j0 < 0 or r1 > qs.shape[0] or j1 > k_t.shape[1] or m * w > s_flat.shape[0]:
+        if not _fits(r0, r1, j0, j1, qs.shape[0], k_t.shape[1], s_flat.shape[0]):
             raise ValueError("plain_lazy_rows: a block outside its buffers")   # the GEMM writes raw memory
+        m, w = r1 - r0, j1 - j0
         all_seen = True
         any_seen = False
         for r in range(r0, r1):
@@ -530,13 +517,9 @@ def plain_lazy_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, 
         sm = sums[:m]
         passes = 1
         if lazy and all_seen:
-            if timing:
-                t0 = _now(clock, clock_id, ts)
-            sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, w, E1, _ONE, qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk,
-                  _ZERO, sp, w)                                      # s − m_i
-            if timing:
-                spent += _now(clock, clock_id, ts) - t0
-                flops += 2.0 * m * w * E1
+            spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, w, E1,
+                           qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk, _ZERO, sp, w)   # s − m_i
+            flops += 2.0 * m * w * E1
             _exp_rows_with(s, zeros, sm, d, rep, _expf)              # p = exp(s − m_i), m_i unchanged
             small = True
             for r in range(m):
@@ -549,13 +532,9 @@ def plain_lazy_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, 
             else:
                 passes = 2                                           # grew too much: the product again
         if passes:
-            if timing:
-                t0 = _now(clock, clock_id, ts)
-            sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, w, E1, _ONE, qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk,
-                  _ZERO, sp, w)
-            if timing:
-                spent += _now(clock, clock_id, ts) - t0
-                flops += 2.0 * m * w * E1
+            spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, w, E1,
+                           qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk, _ZERO, sp, w)
+            flops += 2.0 * m * w * E1
             for r in range(m):                                       # the running max's pass, row by row
                 lim = _limit(d, r, rep, w)
                 sh, h, total = _max_exp_row(s[r], lim, _ZERO, seen[r0 + r])
@@ -568,11 +547,8 @@ def plain_lazy_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, 
                     l_i[r0 + r] = total
                 m_i[r0 + r] += sh
                 seen[r0 + r] = seen[r0 + r] or h
-        if timing:
-            t0 = _now(clock, clock_id, ts)
-        sgemm(_ROW_MAJOR, _NO_TRANS, _NO_TRANS, m, ev, w, _ONE, sp, w, vp + 4 * j0 * ldv, ldv,
-              _ONE if any_seen or not passes else _ZERO, ap + 4 * r0 * lacc, lacc)   # acc (+)= p·V
-        if timing:
-            spent += _now(clock, clock_id, ts) - t0
-            flops += 2.0 * m * ev * w
-    return spent, flops
+        spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, ev, w, sp, w,
+                       vp + 4 * j0 * ldv, ldv, _ONE if any_seen or not passes else _ZERO, ap + 4 * r0 * lacc,
+                       lacc)                                                 # acc (+)= p·V
+        flops += 2.0 * m * ev * w
+    return spent, flops if timing else 0.0
