@@ -11,9 +11,9 @@ ms against 1.25 for NumPy's two passes. On a Zen 4 EPYC (AVX-512; NumPy's exp 0.
 row sums 0.11–0.13 ms, the running max's pass 0.19–0.21 ms; a shift-free block in base 2 (the engine folds
 log₂ e into the query rows, :func:`run` with ``base2``) 0.071 ms.
 
-Where a task's blocks are nothing else — shift-free, unmodified, no mask but the causal one — the engine runs
-the whole task as one compiled loop (:func:`run_plain`, :func:`run_plain_backward`), the kernels called
-between the GEMM provider's own C ``sgemm`` calls with nothing of Python in between (see
+Where a task's blocks are nothing else — unmodified, no mask but the causal one — the engine runs the whole
+task as one compiled loop (:func:`run_plain` shift-free, :func:`run_plain_lazy`, :func:`run_plain_backward`),
+the kernels called between the GEMM provider's own C ``sgemm`` calls with nothing of Python in between (see
 :mod:`qkv.backends.tiled`).
 
 Choice, as the GEMM's (:mod:`qkv.gemm`): ``set_kernels("auto" | "numpy" | "numba")`` / :func:`get_kernels`,
@@ -191,41 +191,36 @@ def _clock():
     return _CLOCK[0]
 
 
-def run_plain(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep: int) -> None:
-    """A task's shift-free blocks of plain scores in one compiled loop (:func:`qkv._jit.plain_rows`), the
-    GEMMs by ``gemm``'s C function (:attr:`qkv.gemm.NumpyGemm.c_sgemm`), timed into its ``clock`` when set."""
+def _run_loop(loop, gemm, *args) -> None:
+    """A compiled loop of :mod:`qkv._jit` on ``gemm``'s C sgemm, its GEMMs' time and flops added to
+    ``gemm.clock`` when that is set (:func:`qkv.bench.gemm_share`)."""
     timer = gemm.clock
-    spent, flops = jit.plain_rows(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None, qs,
-                                  k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep)
+    spent, flops = loop(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None, *args)
     if timer is not None:
         timer[0] += spent
         timer[1] += flops
+
+
+def run_plain(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep: int) -> None:
+    """A task's shift-free blocks of plain scores in one compiled loop (:func:`qkv._jit.plain_rows`), the
+    GEMMs by ``gemm``'s C function (:attr:`qkv.gemm.NumpyGemm.c_sgemm`), timed into its ``clock`` when set."""
+    _run_loop(jit.plain_rows, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep)
 
 
 def run_plain_lazy(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, m_i, seen, sums, zeros, rep: int, lazy: bool,
                    row_limit: float) -> None:
     """A task's blocks of unbounded plain scores (lazy rescaling) in one compiled loop
     (:func:`qkv._jit.plain_lazy_rows`), as :func:`run_plain`."""
-    timer = gemm.clock
-    spent, flops = jit.plain_lazy_rows(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None, qs,
-                                       k_t, v, blocks, s_flat, acc, l_i, m_i, seen, sums, zeros, rep, bool(lazy),
-                                       np.float32(row_limit))
-    if timer is not None:
-        timer[0] += spent
-        timer[1] += flops
+    _run_loop(jit.plain_lazy_rows, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, m_i, seen, sums, zeros, rep,
+              bool(lazy), np.float32(row_limit))
 
 
 def run_plain_backward(jit, gemm, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf, dp_buf, sums, dk, dv,
                        dq) -> None:
     """One query head's backward blocks against keys j0 … j1 in one compiled loop
-    (:func:`qkv._jit.plain_backward_rows`), the GEMMs by ``gemm``'s C function, timed into its ``clock``."""
-    timer = gemm.clock
-    spent, flops = jit.plain_backward_rows(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None,
-                                           qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf, dp_buf, sums,
-                                           dk, dv, dq)
-    if timer is not None:
-        timer[0] += spent
-        timer[1] += flops
+    (:func:`qkv._jit.plain_backward_rows`), as :func:`run_plain`."""
+    _run_loop(jit.plain_backward_rows, gemm, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf, dp_buf, sums,
+              dk, dv, dq)
 
 
 def plain_available(gemm) -> bool:
