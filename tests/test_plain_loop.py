@@ -401,3 +401,16 @@ def test_a_block_outside_the_buffers_is_refused_not_written(rng):
         kernels.run_plain_backward(jit, p, q2, g2, l_i, l_i, np.zeros((128, 8), f), k_t, v,
                                    np.array([[0, 64, 0, 100, kernels.NO_MASK]], np.int64), 0, 64,
                                    np.zeros(64 * 64, f), np.zeros(64 * 64, f), sums, np.zeros((64, 8), f), g2, q2)
+
+
+def test_without_libcs_clock_the_python_loop_runs(rng, plain_calls, monkeypatch):
+    # the loop needs libc's clock_gettime (for the share's timing); where ctypes cannot find it, no loop
+    monkeypatch.setattr(kernels, "_CLOCK", [])
+    def no_libc(*a, **k):
+        raise TypeError("CDLL(None): no process-wide symbol table here")
+    monkeypatch.setattr(kernels, "_clock", lambda: no_libc())
+    assert not kernels.plain_available(gemm.NumpyGemm())
+    q, k, v = _inputs(rng)
+    out = tiled.forward(q, k, v, scale=0.2, threads=2)[0]
+    assert plain_calls == []
+    np.testing.assert_allclose(out, _reference(q, k, v, scale=0.2), rtol=2e-5, atol=2e-6)

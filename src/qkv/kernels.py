@@ -229,7 +229,7 @@ def plain_available(gemm) -> bool:
         return False
     try:
         _clock()
-    except (OSError, AttributeError):                    # no libc clock_gettime
+    except Exception:                                    # no libc clock_gettime (or no CDLL(None) to find it in)
         return False
     return True
 
