@@ -414,3 +414,32 @@ def test_without_libcs_clock_the_python_loop_runs(rng, plain_calls, monkeypatch)
     out = tiled.forward(q, k, v, scale=0.2, threads=2)[0]
     assert plain_calls == []
     np.testing.assert_allclose(out, _reference(q, k, v, scale=0.2), rtol=2e-5, atol=2e-6)
+
+
+def test_a_block_after_bands_on_the_same_rows_adds_to_them(rng, monkeypatch):
+    # the Python loop writes a shift-free block's P·V (instead of adding it) only where no earlier step
+    # accumulated into its rows — batched bands included. After each band run of a sliding window, one more
+    # step over the same rows whose cells are all empty: it adds nothing, and written instead of added it
+    # would wipe the bands' sums (the planner emits no such step today; the bookkeeping must not rely on it)
+    L = 2048
+    q, k, v = (rng.standard_normal((1, 2, L, 32)).astype(np.float32) for _ in range(3))
+    bm = qkv.create_block_mask(mods.sliding_window(64), None, None, L, L)
+    real = tiled._band_groups
+    runs = []
+
+    def bands_then_empty(P, blocks, i0, slope, max_scores):
+        steps = real(P, blocks, i0, slope, max_scores)
+        extra = []
+        for s in steps:
+            if s[0] == "bands":                                     # ("bands", r0, nb, h, j0, w, pattern)
+                for b in range(s[2]):
+                    r0, r1 = s[1] + b * s[3], s[1] + (b + 1) * s[3]
+                    extra.append((r0, r1, 0, s[3], ("grid", [(i0 + r0, i0 + r1, 0, s[3], -1)])))
+        runs.extend(extra)
+        return steps + extra
+    monkeypatch.setattr(tiled, "_band_groups", bands_then_empty)
+    out = qkv.flex_attention(q, k, v, block_mask=bm)
+    assert runs, "no band runs (the test would be vacuous)"
+    f = np.float64
+    ref = qkv.flex_attention(q.astype(f), k.astype(f), v.astype(f), block_mask=bm, backend="reference")
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6)

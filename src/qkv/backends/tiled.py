@@ -1224,6 +1224,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         if step[0] == "bands":                               # a run of bands, batched
             _, r0, nb, h, j0, w, pattern = step
             _bands(P, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, ones)
+            added.append((r0, r0 + nb * h))                  # its rows accumulated (a later block adds to them)
             continue
         r0, r1, j0, j1, kind = step
         rs = slice(r0 * g, r1 * g)                           # the block's rows (all, but on the diagonal)
