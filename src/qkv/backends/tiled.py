@@ -288,7 +288,7 @@ class _Problem:
         self._bm_cache = _block_mask_cache(block_mask) if block_mask is not None else None
         self.fwd_budget = None                               # forward: scores per block (see grid_blocks)
         self.group = 1                                       # forward: query heads per task (see forward)
-        self.plain_gemm = None                               # forward: the provider of the compiled plain loop
+        self.plain_gemm = None                               # the provider of the compiled plain loops (_plain_loops)
 
     # leading index of the key/value head serving query lead index ``idx``
     def kv_index(self, idx: tuple) -> tuple:
@@ -1167,7 +1167,11 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     # and shift-free: the lazy blocks' larger scores (up to ~100 on the tests' inputs) made the backward's P,
     # recomputed from e^s and this lse, off from the forward's by the two matmuls' rounding (1.7–4× the
     # gradients' error against float64); within ±30 the error is as before.
-    base2 = plain and jit is not None and weights is None and dropout_p == 0 and P.bm is None and P.mask is None
+    # nothing but products, exponentials and row sums (no mod, no mask but the causal one, nothing else reading
+    # the scores), with the kernels
+    bare = jit is not None and sc.kind == "none" and weights is None and dropout_p == 0 and P.bm is None \
+        and P.mask is None
+    base2 = bare and shift_free
     P.q_rows_group(idx, i0, i1, qs[:, :E], _LOG2E if base2 else 1.0)
     k_poly = sc.use_poly(q_norm * k_norm)                    # softcap: |s/cap| ≤ q_norm·k_norm (qs holds 1/cap)
     if k_poly != 1.0:
@@ -1199,22 +1203,18 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
     added = []                                               # (r0, r1) of the shift-free blocks accumulated
     steps = blocks
-    if base2 and P.plain_gemm is not None:
-        # nothing but products, 2^s and row sums: the whole loop compiled, the GEMMs by the provider's C
-        # function (qkv._jit.plain_rows) — the same steps as below, without the Python between them; with
-        # no per-block cost of its own, a causal diagonal in smaller squares (less computed for nothing).
-        # The plan depends on the shapes alone (no mask, no mod): made once, kept.
+    if bare and P.plain_gemm is not None:
+        # the whole loop compiled, the GEMMs by the provider's C function — the same steps as below, without the
+        # Python between them: 2^s where shift-free (qkv._jit.plain_rows), else the lazy rescaling
+        # (qkv._jit.plain_lazy_rows); with no per-block cost of its own, a causal diagonal in smaller squares
+        # (less computed for nothing). The plan depends on the shapes alone (no mask, no mod): made once, kept.
         plan = _cached(("plain", P.is_causal, i0, i1, P.S, block_k, g, keys, DIAGONAL_MIN_PLAIN),
                        lambda: (_plain_plan(P, blocks, i0, i1, block_k, g, keys),))[0]
-        _krun_plain(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, l_blk, sc.zeros, g)
-        steps = ()
-    elif (not shift_free and P.plain_gemm is not None and jit is not None and sc.kind == "none" and weights is None
-          and dropout_p == 0 and P.bm is None and P.mask is None):
-        # the same for scores that are not bounded: lazy rescaling in the compiled loop (qkv._jit.plain_lazy_rows)
-        plan = _cached(("plain", P.is_causal, i0, i1, P.S, block_k, g, keys, DIAGONAL_MIN_PLAIN),
-                       lambda: (_plain_plan(P, blocks, i0, i1, block_k, g, keys),))[0]
-        _krun_plain_lazy(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, m_i, seen, l_blk, sc.zeros, g, lazy,
-                         row_limit)
+        if shift_free:
+            _krun_plain(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, l_blk, sc.zeros, g)
+        else:
+            _krun_plain_lazy(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, m_i, seen, l_blk, sc.zeros, g,
+                             lazy, row_limit)
         steps = ()
     if (shift_free and gen is None and P.bm is not None and sc.kind in ("none", "alibi", "softcap", "alibi_softcap")
             and (sc.kind == "none" or sc.slope is not None or sc.cap is not None)):
@@ -1233,10 +1233,9 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
         summed = False                                        # the kernel wrote the row sums into l_blk
         if shift_free:
-            # nothing accumulated in these rows yet: no earlier block had rows among them (a Python test on
-            # the plan, where `l_i[rs].any()` cost ~16 µs a block)
-            fresh = not any(b0 < r1 and r0 < b1 for b0, b1 in added)
-            added.append((r0, r1))
+            # nothing accumulated in these rows yet (a Python test on the plan, where `l_i[rs].any()` cost
+            # ~16 µs a block)
+            fresh = _first_rows(added, r0, r1)
             # (Bq, E) x (E, bk) -> (Bq, bk), modded, masked; p = exp(s − 0)
             plan = sc(s, a0, a1, j0, j1, kind, fold_col=fold_col, fuse=jit is not None)
             if plan is not None:
@@ -1362,12 +1361,20 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             w_rows[i0 + r0:i0 + r1, j0:j1] = s
 
 
+def _plain_loops(P: _Problem, jit, gemm, backward: bool) -> None:
+    """Before the tasks: where the kernels run (``jit``) and the GEMM provider has a C sgemm, the compiled loops
+    of plain blocks are loaded (compiled on first use) and ``P.plain_gemm`` set, so that plain tasks take them."""
+    if jit is not None and PLAIN_LOOP and _kernels.plain_available(gemm):
+        _kernels.warm_plain(jit, gemm, backward=backward)
+        P.plain_gemm = gemm
+
+
 def _plain_plan(P: _Problem, blocks, i0, i1, block_k, g, keys) -> np.ndarray:
-    """The blocks of :func:`_forward_rows`'s plain shift-free task (kinds "full" and "causal", base 2) for the
-    compiled loop (:func:`qkv.kernels.run_plain`), as rows ``(r0, r1, j0, j1, d, fresh)``: rows of ``qs``
-    (positions × ``g``), keys, the causal diagonal's offset (the kernels' ``d``) and whether no earlier block
-    accumulated into these rows (its P·V is then written, not added). A causal diagonal in squares of
-    DIAGONAL_MIN_PLAIN rows."""
+    """The blocks of :func:`_forward_rows`'s plain task (kinds "full" and "causal") for the compiled loops
+    (:func:`qkv.kernels.run_plain`, :func:`qkv.kernels.run_plain_lazy`), as rows ``(r0, r1, j0, j1, d, fresh)``:
+    rows of ``qs`` (positions × ``g``), keys, the causal diagonal's offset (the kernels' ``d``) and whether no
+    earlier block accumulated into these rows (its P·V is then written, not added; the lazy loop tests its rows'
+    maxima instead). A causal diagonal in squares of DIAGONAL_MIN_PLAIN rows."""
     if P.is_causal:
         blocks = P.key_blocks(i0, i1, None, block_k, diagonal_min=DIAGONAL_MIN_PLAIN)
         if keys is not None:
@@ -1375,10 +1382,17 @@ def _plain_plan(P: _Problem, blocks, i0, i1, block_k, g, keys) -> np.ndarray:
     plan = np.empty((len(blocks), 6), np.int64)
     added = []
     for t, (r0, r1, j0, j1, kind) in enumerate(blocks):
-        fresh = not any(b0 < r1 and r0 < b1 for b0, b1 in added)
-        added.append((r0, r1))
-        plan[t] = (r0 * g, r1 * g, j0, j1, i0 + r0 - j0 if kind == "causal" else _NO_MASK, fresh)
+        plan[t] = (r0 * g, r1 * g, j0, j1, i0 + r0 - j0 if kind == "causal" else _NO_MASK,
+                   _first_rows(added, r0, r1))
     return plan
+
+
+def _first_rows(added: list, r0: int, r1: int) -> bool:
+    """Whether no earlier step accumulated into rows r0 … r1 (``added``: the row ranges that did, which this
+    one joins)."""
+    fresh = not any(a < r1 and r0 < b for a, b in added)
+    added.append((r0, r1))
+    return fresh
 
 
 def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, ones) -> None:
@@ -1489,10 +1503,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
         tasks.sort(key=lambda t: -work[t[1]][t[2] // bq])
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))   # …and load the fused kernels, if blocks use them
-    # The compiled loop of plain blocks (_plain_plan): where the kernels run and the provider has a C sgemm
-    if jit is not None and PLAIN_LOOP and _kernels.plain_available(gemm):
-        _kernels.warm_plain(jit, gemm)
-        P.plain_gemm = gemm
+    _plain_loops(P, jit, gemm, backward=False)
     splits = _key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
     if splits > 1:
         return _forward_split(P, tasks, splits, bk, threads, query.dtype, return_lse)
@@ -1761,9 +1772,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
         threads = 1
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     jit = _KERNELS.for_call(P.cdt, min(bq, P.L) * min(bk, P.S))   # …and load the fused kernels, if blocks use them
-    if jit is not None and PLAIN_LOOP and _kernels.plain_available(gemm):
-        _kernels.warm_plain(jit, gemm, backward=True)
-        P.plain_gemm = gemm
+    _plain_loops(P, jit, gemm, backward=True)
     RUNTIME.run(tasks, _backward_task, threads)
     for heads, part in partials:
         for r, idx in enumerate(heads):
