@@ -48,8 +48,10 @@ import llvmlite.ir as ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "plain_backward_rows", "plain_lazy_rows",
-           "plain_rows", "swiglu_rows"]
+from .gemm import _NO_TRANS, _ROW_MAJOR, _TRANS                # CBLAS enums, as qkv.gemm passes them
+
+__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "plain_backward_rows",
+           "plain_lazy_rows", "plain_rows", "swiglu_rows"]
 
 
 @intrinsic
@@ -377,7 +379,6 @@ def _ds_rows(dp, p, D):
             row[c] = pr[c] * (row[c] - dr)
 
 
-_ROW_MAJOR, _NO_TRANS = 101, 111                            # CBLAS enums
 
 
 @njit(**_OPTS)
@@ -388,8 +389,8 @@ def _now(clock, clock_id, ts):
 
 @njit(inline="always", **_OPTS)
 def _gemm(sgemm, clock, clock_id, timing, ts, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
-    """``C = op(A)·op(B) + beta·C`` (row-major, pointers and leading dimensions in floats) by ``sgemm``; the
-    call's thread CPU seconds when ``timing``, else 0."""
+    """``C = op(A)·op(B) + beta·C`` by ``sgemm`` (row-major; ``a``, ``b``, ``c`` addresses, leading dimensions in
+    floats); the call's thread CPU seconds when ``timing``, else 0."""
     t0 = _now(clock, clock_id, ts) if timing else 0.0
     sgemm(_ROW_MAJOR, ta, tb, m, n, k, _ONE, a, lda, b, ldb, beta, c, ldc)
     return _now(clock, clock_id, ts) - t0 if timing else 0.0
@@ -442,9 +443,6 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, 
                        vp + 4 * j0 * ldv, ldv, _ZERO if fresh else _ONE, ap + 4 * r0 * lacc, lacc)  # acc (+)= p·V
         flops += 2.0 * m * w * (E + ev)
     return spent, flops if timing else 0.0
-
-
-_TRANS = 112
 
 
 @njit(**_OPTS)
