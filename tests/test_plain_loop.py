@@ -151,19 +151,19 @@ def test_numpys_c_sgemm_is_its_own_blas_and_takes_leading_dimensions(rng):
 
 @pytest.mark.parametrize("L,S", [(1024, 1024), (1024, 4096), (700, 900), (3000, 1000), (64, 64), (200, 3000)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_plan_covers_every_allowed_pair_once(L, S, causal):
+@pytest.mark.parametrize("bk", [512, tiled.BLOCK_K_PLAIN])
+def test_the_plan_covers_every_allowed_pair_once(L, S, causal, bk):
     P = tiled._Problem(np.zeros((L, 8), np.float32), np.zeros((S, 8), np.float32), np.zeros((S, 8), np.float32),
                        None, causal, 1.0, False)
-    bq, bk = min(1024, L), 512
+    bq = min(1024, L)
     for i0 in range(0, L, bq):
         i1 = min(i0 + bq, L)
-        blocks = P.key_blocks(i0, i1, None, bk)
-        plan = tiled._plain_plan(P, blocks, i0, i1, bk, 1, None)
+        plan = tiled._plain_plan(P, i0, i1, bk, 1, None)
         cover = np.zeros((i1 - i0, S), np.int64)
         seen_rows = np.zeros(i1 - i0, bool)
         computed = 0
         for r0, r1, j0, j1, d, fresh in plan:
-            assert r0 < r1 and j0 < j1 <= S
+            assert r0 < r1 and j0 < j1 <= S and j1 - j0 <= bk
             i = np.arange(i0 + r0, i0 + r1)[:, None]
             j = np.arange(j0, j1)[None, :]
             allowed = np.ones((r1 - r0, j1 - j0), bool) if d == kernels.NO_MASK else (j - j0 <= d + (i - i0 - r0))
@@ -179,6 +179,30 @@ def test_the_plan_covers_every_allowed_pair_once(L, S, causal):
         np.testing.assert_array_equal(cover, want.astype(np.int64))     # every allowed pair exactly once
         if causal:                                                       # thrown away: ≤ n·64/2 (+ the clip)
             assert computed - want.sum() <= (i1 - i0) * tiled.DIAGONAL_MIN_PLAIN // 2 + tiled.DIAGONAL_MIN_PLAIN
+
+
+@needs_sgemm
+@pytest.mark.parametrize("block_k,want", [(None, tiled.BLOCK_K_PLAIN), (512, 512), (96, 96)])
+def test_the_compiled_loops_key_blocks_are_block_k_plain_unless_block_k_is_given(rng, monkeypatch, block_k, want):
+    """Without ``block_k`` the compiled loop's blocks are BLOCK_K_PLAIN keys wide (the Python loop's BLOCK_K);
+    a given ``block_k`` is the width of both. Either way the result is the Python loop's."""
+    widths = []
+    real = tiled._krun_plain
+
+    def spy(jit, g, qs, k_t, v, plan, *a):
+        widths.extend(int(w) for w in plan[:, 3] - plan[:, 2])
+        return real(jit, g, qs, k_t, v, plan, *a)
+    monkeypatch.setattr(tiled, "_krun_plain", spy)
+    monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
+    q, k, v = _inputs(rng, H=2, L=1024, S=1024, E=32, Ev=32)
+    for causal in (False, True):
+        widths.clear()
+        got = tiled.forward(q, k, v, scale=0.2, is_causal=causal, threads=1, block_k=block_k)[0]
+        assert widths and max(widths) == want
+        monkeypatch.setattr(tiled, "PLAIN_LOOP", False)
+        ref = tiled.forward(q, k, v, scale=0.2, is_causal=causal, threads=1, block_k=block_k)[0]
+        monkeypatch.setattr(tiled, "PLAIN_LOOP", True)
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
 
 
 @needs_sgemm

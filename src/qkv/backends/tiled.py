@@ -141,6 +141,12 @@ DIAGONAL_MIN = 256
 #: DIAGONAL_MIN's (Zen 4, one thread, paired turns), 128 against 256 0.95–0.96× the time of a causal
 #: forward (N = 4096 H = 2; N = 2048 H = 4), 64 against 128 0.96–0.98×, 32 against 64 1.02–1.04×.
 DIAGONAL_MIN_PLAIN = 64
+#: …whose key blocks are BLOCK_K_PLAIN wide (where no block_k is given): 1024 × 256 scores (1 MB, L2's size
+#: on Zen 4) against BLOCK_K's 2 MB, which the GEMM writes, the exponential rewrites and the P·V product packs
+#: from L3. Measured (Zen 4, paired turns, medians of 11): one thread, N = 4096 H = 2, 256 against 512 0.97–0.98×
+#: (full), 0.975–0.98× (causal); N = 2048 H = 4 0.97×; two threads H = 8 0.97× / 1.00×; 128 as 256 (0.97–0.98×).
+#: The backward's blocks showed no such gain (512 × 256 0.98×, 256 × 512 0.99–1.00×: noise), and stay.
+BLOCK_K_PLAIN = 256
 _LOG2E = 1.4426950408889634                                 # log₂ e: 2^(s·log₂ e) = e^s
 #: Forward (and backward): plain blocks (no mod, no mask but the causal diagonal, nothing else reading the
 #: scores) run as one compiled loop per task, its GEMMs by the provider's C sgemm (:func:`_plain_plan`),
@@ -289,6 +295,7 @@ class _Problem:
         self.fwd_budget = None                               # forward: scores per block (see grid_blocks)
         self.group = 1                                       # forward: query heads per task (see forward)
         self.plain_gemm = None                               # the provider of the compiled plain loops (_plain_loops)
+        self.plain_block_k = None                            # …and their key block (None: the call's)
 
     # leading index of the key/value head serving query lead index ``idx``
     def kv_index(self, idx: tuple) -> tuple:
@@ -1208,8 +1215,9 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         # Python between them: 2^s where shift-free (qkv._jit.plain_rows), else the lazy rescaling
         # (qkv._jit.plain_lazy_rows); with no per-block cost of its own, a causal diagonal in smaller squares
         # (less computed for nothing). The plan depends on the shapes alone (no mask, no mod): made once, kept.
-        plan = _cached(("plain", P.is_causal, i0, i1, P.S, block_k, g, keys, DIAGONAL_MIN_PLAIN),
-                       lambda: (_plain_plan(P, blocks, i0, i1, block_k, g, keys),))[0]
+        pbk = P.plain_block_k or block_k
+        plan = _cached(("plain", P.is_causal, i0, i1, P.S, pbk, g, keys, DIAGONAL_MIN_PLAIN),
+                       lambda: (_plain_plan(P, i0, i1, pbk, g, keys),))[0]
         if shift_free:
             _krun_plain(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, l_blk, sc.zeros, g)
         else:
@@ -1369,16 +1377,15 @@ def _plain_loops(P: _Problem, jit, gemm, backward: bool) -> None:
         P.plain_gemm = gemm
 
 
-def _plain_plan(P: _Problem, blocks, i0, i1, block_k, g, keys) -> np.ndarray:
+def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> np.ndarray:
     """The blocks of :func:`_forward_rows`'s plain task (kinds "full" and "causal") for the compiled loops
     (:func:`qkv.kernels.run_plain`, :func:`qkv.kernels.run_plain_lazy`), as rows ``(r0, r1, j0, j1, d, fresh)``:
     rows of ``qs`` (positions × ``g``), keys, the causal diagonal's offset (the kernels' ``d``) and whether no
     earlier block accumulated into these rows (its P·V is then written, not added; the lazy loop tests its rows'
     maxima instead). A causal diagonal in squares of DIAGONAL_MIN_PLAIN rows."""
-    if P.is_causal:
-        blocks = P.key_blocks(i0, i1, None, block_k, diagonal_min=DIAGONAL_MIN_PLAIN)
-        if keys is not None:
-            blocks = [b for b in blocks if keys[0] <= b[2] < keys[1]]
+    blocks = P.key_blocks(i0, i1, None, block_k, diagonal_min=DIAGONAL_MIN_PLAIN)
+    if keys is not None:
+        blocks = [b for b in blocks if keys[0] <= b[2] < keys[1]]
     plan = np.empty((len(blocks), 6), np.int64)
     added = []
     for t, (r0, r1, j0, j1, kind) in enumerate(blocks):
@@ -1504,6 +1511,8 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))   # …and load the fused kernels, if blocks use them
     _plain_loops(P, jit, gemm, backward=False)
+    if block_k is None:
+        P.plain_block_k = min(BLOCK_K_PLAIN, bk)
     splits = _key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
     if splits > 1:
         return _forward_split(P, tasks, splits, bk, threads, query.dtype, return_lse)
