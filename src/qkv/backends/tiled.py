@@ -1146,6 +1146,16 @@ def _forward_task(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         _forward_rows(P, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed, keys)
 
 
+def _task_blocks(P: _Problem, idx, i0, i1, mask2d, block_k, g, keys):
+    """A forward task's blocks (:meth:`_Problem.key_blocks`; split-K, ``keys``: those starting in its key range),
+    the widest's keys and the tallest's rows."""
+    blocks = P.key_blocks(i0, i1, mask2d, block_k, idx)
+    if keys is not None:                                     # split-K: this task's share of the blocks
+        blocks = [b for b in blocks if keys[0] <= b[2] < keys[1]]
+    return (blocks, max((b[3] - b[2] for b in blocks), default=1),
+            max((b[1] - b[0] for b in blocks), default=1) * g)
+
+
 def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_p, seed, keys=None):
     K, V, k_norm, v_max, K_T = P.kv(idx)                     # (S, E), (S, Ev), (E+1, S)
     E, Ev = P.E, P.Ev
@@ -1154,11 +1164,11 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     Bq = (i1 - i0) * g
     qs = np.empty((Bq, E + 1), P.cdt)                        # [Q·scale, row term]: scale folded in once
     qs[:, E] = 0.0
-    blocks = P.key_blocks(i0, i1, mask2d, block_k, idx)
-    if keys is not None:                                     # split-K: this task's share of the blocks
-        blocks = [b for b in blocks if keys[0] <= b[2] < keys[1]]
-    widest = max((b[3] - b[2] for b in blocks), default=1)
-    tallest = max((b[1] - b[0] for b in blocks), default=1) * g
+    if mask2d is None and P.bm is None:                      # the blocks depend on the shapes alone: made once
+        blocks, widest, tallest = _cached(("blocks", P.is_causal, i0, i1, P.S, block_k, g, keys, DIAGONAL_MIN),
+                                          lambda: _task_blocks(P, idx, i0, i1, None, block_k, g, keys))
+    else:
+        blocks, widest, tallest = _task_blocks(P, idx, i0, i1, mask2d, block_k, g, keys)
     # the fused block kernels (qkv.kernels: mask, softcap, shift, exp and row sums in one pass), where in use
     jit = _KERNELS.for_block(P.cdt, tallest * widest)
     sc = _Scorer(P, idx, qs, i0, K_T, mask2d, row_col=True)
