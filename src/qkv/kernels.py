@@ -127,19 +127,16 @@ class Kernels:
 
 
 def _warm(jit) -> None:
-    """Each kernel's first call, on a tiny block: numba compiles it (or loads it from its cache) then. The
-    engine asks for the kernels before its BLAS limit (:meth:`Kernels.for_call`): measured, a first call
-    made while threadpoolctl held OpenBLAS at one thread left later limits from other Python threads
-    without effect (BLAS stayed at 2 threads inside the next call)."""
+    """The process's first numba call, on a tiny block (the cheapest kernel): numba initializes its compiler
+    then (≈ 1.5 s on an empty cache) and loads SciPy's OpenBLAS — before the engine's BLAS limit
+    (:meth:`Kernels.for_call`; the runtime rescans BLAS after it): measured, a first call made while
+    threadpoolctl held OpenBLAS at one thread left later limits from other Python threads without effect
+    (BLAS stayed at 2 threads inside the next call). The other kernels, and the compiled loops, compile (or
+    load from numba's cache) at their first call, wherever that is — the libraries threadpoolctl sees change
+    at the first compile only (checked) — so that a first forward compiles what it runs, not every kernel:
+    on an empty cache the first forward 1.9–2.0 s where warming them all first took 6.0–6.5 (Zen 4)."""
     s = np.zeros((2, 2), np.float32)
-    z = np.zeros(2, np.float32)
-    one = np.float32(1.0)
-    jit.exp_rows(s, 0, _NO_COEF, one, z, z.copy(), 0, 1, False, False)
-    jit.max_exp_rows(s, 0, _NO_COEF, one, z, z.copy(), 0, 1, np.zeros(2, bool), z.copy(), np.zeros(2, bool))
-    jit.pattern_exp_rows(s.reshape(1, 2, 2), 0, _NO_COEF, one, s, z.copy())
-    jit.swiglu_rows(np.zeros((2, 4), np.float32), 2)
-    jit.gelu_rows(np.zeros((2, 2), np.float32), np.zeros(7, np.float32), np.ones(5, np.float32))
-    jit.ds_rows(s, s.copy(), z)
+    jit.ds_rows(s, s.copy(), np.zeros(2, np.float32))
 
 
 #: The process's kernel choice.
@@ -232,36 +229,6 @@ def plain_available(gemm) -> bool:
     except Exception:                                    # no libc clock_gettime (or no CDLL(None) to find it in)
         return False
     return True
-
-
-def warm_plain(jit, gemm, backward: bool = False) -> None:
-    """:func:`run_plain`'s (``backward``: :func:`run_plain_backward`'s) first call on a tiny block for ``gemm``'s
-    C function: numba compiles or loads the loop for its int width then, before the engine's BLAS limit, as
-    :func:`_warm` the others (each loop apart: the forward never compiles the backward's)."""
-    key = (gemm.name, backward)
-    if key in _WARM_PLAIN:
-        return
-    f = np.float32
-    z = np.zeros(2, f)
-    saved, gemm.clock = gemm.clock, None
-    try:
-        if backward:
-            q2 = np.zeros((2, 2), f)
-            run_plain_backward(jit, gemm, q2, q2.copy(), z.copy(), z.copy(), q2.copy(), np.ones((3, 2), f), q2.copy(),
-                               np.array([[0, 2, 0, 2, NO_MASK]], np.int64), 0, 2, np.zeros(4, f), np.zeros(4, f),
-                               z.copy(), q2.copy(), q2.copy(), q2.copy())
-        else:
-            qs, k_t, v = np.zeros((2, 3), f), np.ones((3, 2), f), np.zeros((2, 2), f)
-            blocks = np.array([[0, 2, 0, 2, NO_MASK, 1]], np.int64)
-            run_plain(jit, gemm, qs, k_t, v, blocks, np.zeros(4, f), np.zeros((2, 2), f), z.copy(), z.copy(), z, 1)
-            run_plain_lazy(jit, gemm, qs, k_t, v, blocks, np.zeros(4, f), np.zeros((2, 2), f), z.copy(), z.copy(),
-                           np.zeros(2, np.bool_), z.copy(), z, 1, True, 1e30)
-    finally:
-        gemm.clock = saved
-    _WARM_PLAIN.add(key)
-
-
-_WARM_PLAIN: set = set()
 
 
 def run_max(jit, s: np.ndarray, sums: np.ndarray, plan, seen: np.ndarray, shift: np.ndarray, hit: np.ndarray) -> None:

@@ -1379,11 +1379,11 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             w_rows[i0 + r0:i0 + r1, j0:j1] = s
 
 
-def _plain_loops(P: _Problem, jit, gemm, backward: bool) -> None:
-    """Before the tasks: where the kernels run (``jit``) and the GEMM provider has a C sgemm, the compiled loops
-    of plain blocks are loaded (compiled on first use) and ``P.plain_gemm`` set, so that plain tasks take them."""
+def _plain_loops(P: _Problem, jit, gemm) -> None:
+    """Before the tasks: where the kernels run (``jit``) and the GEMM provider has a C sgemm, ``P.plain_gemm`` is
+    set, so that plain tasks take the compiled loops (each compiled, or loaded from numba's cache, at its first
+    call)."""
     if jit is not None and PLAIN_LOOP and _kernels.plain_available(gemm):
-        _kernels.warm_plain(jit, gemm, backward=backward)
         P.plain_gemm = gemm
 
 
@@ -1520,7 +1520,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
         tasks.sort(key=lambda t: -work[t[1]][t[2] // bq])
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))   # …and load the fused kernels, if blocks use them
-    _plain_loops(P, jit, gemm, backward=False)
+    _plain_loops(P, jit, gemm)
     if block_k is None:
         P.plain_block_k = min(BLOCK_K_PLAIN, bk)
     splits = _key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
@@ -1791,7 +1791,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
         threads = 1
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     jit = _KERNELS.for_call(P.cdt, min(bq, P.L) * min(bk, P.S))   # …and load the fused kernels, if blocks use them
-    _plain_loops(P, jit, gemm, backward=True)
+    _plain_loops(P, jit, gemm)
     RUNTIME.run(tasks, _backward_task, threads)
     for heads, part in partials:
         for r, idx in enumerate(heads):
