@@ -390,7 +390,7 @@ def _now(clock, clock_id, ts):
 @njit(inline="always", **_OPTS)
 def _gemm(sgemm, clock, clock_id, timing, ts, ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc):
     """``C = op(A)·op(B) + beta·C`` by ``sgemm`` (row-major; ``a``, ``b``, ``c`` addresses, leading dimensions in
-    floats); the call's thread CPU seconds when ``timing``, else 0."""
+    floats); the call's seconds on ``clock_id`` when ``timing``, else 0."""
     t0 = _now(clock, clock_id, ts) if timing else 0.0
     sgemm(_ROW_MAJOR, ta, tb, m, n, k, _ONE, a, lda, b, ldb, beta, c, ldc)
     return _now(clock, clock_id, ts) - t0 if timing else 0.0
@@ -421,9 +421,9 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, 
     provider's, as :func:`qkv.gemm.matmul` would compute them, accumulated by its beta), ``p = 2^s`` with
     row sums into ``l_i`` (:func:`exp_rows`, base 2) — written where ``fresh`` (the rows' first block), else
     added. What the Python loop did between these calls (slices, views, the adds, ~1 ms a 1024-row task) is
-    gone. ``timing``: each GEMM's thread CPU time and flops added to ``clock``'s ``[seconds, flops]`` (see
+    gone. ``timing``: each GEMM's time and flops added to ``clock``'s ``[seconds, flops]`` (see
     :attr:`qkv.gemm.NumpyGemm.clock`), read with ``clock`` (libc's ``clock_gettime``) on ``clock_id``
-    (``time.CLOCK_THREAD_CPUTIME_ID``, as ``time.thread_time``)."""
+    (:data:`qkv.kernels.GEMM_CLOCK`: ``time.CLOCK_MONOTONIC``, as ``time.perf_counter``)."""
     E = k_t.shape[0] - 1
     ev, lda, ldk, ldv, lacc, qp, kp, vp, ap, sp, ts = _forward_layout(qs, k_t, v, acc, s_flat)
     spent = flops = 0.0

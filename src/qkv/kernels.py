@@ -188,11 +188,19 @@ def _clock():
     return _CLOCK[0]
 
 
+#: The clock the compiled loops time their GEMM calls on (when :func:`qkv.bench.gemm_share` asks): the monotonic
+#: one, which libc reads in user space (vDSO, ~20 ns). The thread's CPU clock is a system call (~0.6 µs here),
+#: and its ~1,200 reads a causal forward (N = 4096, 2 heads) made that forward 2–3 % slower than untimed (Zen 4,
+#: paired turns; 0.5–0.8 % for the full one, with a quarter of the blocks) — the share then measured its own
+#: timer. Timed on this clock, the forward takes its untimed time (0.97–1.01×, noise).
+GEMM_CLOCK = getattr(time, "CLOCK_MONOTONIC", None)                # (None where the platform has no such clock)
+
+
 def _run_loop(loop, gemm, *args) -> None:
-    """A compiled loop of :mod:`qkv._jit` on ``gemm``'s C sgemm, its GEMMs' time and flops added to
-    ``gemm.clock`` when that is set (:func:`qkv.bench.gemm_share`)."""
+    """A compiled loop of :mod:`qkv._jit` on ``gemm``'s C sgemm, its GEMMs' time (on :data:`GEMM_CLOCK`) and
+    flops added to ``gemm.clock`` when that is set (:func:`qkv.bench.gemm_share`)."""
     timer = gemm.clock
-    spent, flops = loop(gemm.c_sgemm, _clock(), time.CLOCK_THREAD_CPUTIME_ID, timer is not None, *args)
+    spent, flops = loop(gemm.c_sgemm, _clock(), GEMM_CLOCK, timer is not None, *args)
     if timer is not None:
         timer[0] += spent
         timer[1] += flops
@@ -222,7 +230,7 @@ def run_plain_backward(jit, gemm, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1
 
 def plain_available(gemm) -> bool:
     """Whether :func:`run_plain` can run on ``gemm`` (a provider with a C sgemm, libc's clock)."""
-    if getattr(gemm, "c_sgemm", None) is None or not hasattr(time, "CLOCK_THREAD_CPUTIME_ID"):
+    if getattr(gemm, "c_sgemm", None) is None or GEMM_CLOCK is None:
         return False
     try:
         _clock()
