@@ -141,11 +141,14 @@ DIAGONAL_MIN = 256
 #: DIAGONAL_MIN's (Zen 4, one thread, paired turns), 128 against 256 0.95–0.96× the time of a causal
 #: forward (N = 4096 H = 2; N = 2048 H = 4), 64 against 128 0.96–0.98×, 32 against 64 1.02–1.04×.
 DIAGONAL_MIN_PLAIN = 64
-#: …whose key blocks are BLOCK_K_PLAIN wide (where no block_k is given): 1024 × 256 scores (1 MB, L2's size
-#: on Zen 4) against BLOCK_K's 2 MB, which the GEMM writes, the exponential rewrites and the P·V product packs
-#: from L3. Measured (Zen 4, paired turns, medians of 11): one thread, N = 4096 H = 2, 256 against 512 0.97–0.98×
-#: (full), 0.975–0.98× (causal); N = 2048 H = 4 0.97×; two threads H = 8 0.97× / 1.00×; 128 as 256 (0.97–0.98×).
-#: The backward's blocks showed no such gain (512 × 256 0.98×, 256 × 512 0.99–1.00×: noise), and stay.
+#: …whose key blocks are BLOCK_K_PLAIN wide (where no block_k is given and S > BLOCK_K): 1024 × 256 scores
+#: (1 MB, L2's size on Zen 4) against BLOCK_K's 2 MB, which the GEMM writes, the exponential rewrites and the
+#: P·V product packs from L3. Measured (Zen 4, paired turns, medians of 11–21): one thread, N = 4096 H = 2,
+#: 256 against 512 0.97–0.98× (full), 0.97–0.98× (causal); N = 2048 H = 4 0.97×; two threads H = 8 0.97× /
+#: 1.00×; 128 as 256. The backward's blocks showed no such gain (512 × 256 0.98×, 256 × 512 0.99–1.00×:
+#: noise), and stay. Where all the keys fit one BLOCK_K block they stay one: SmolLM2's prefill shapes (9 query
+#: heads on 3, causal, two threads) took 1.02–1.05× the time at S = 512 in two blocks, 1.00× at 1024, 0.92×
+#: at 2048.
 BLOCK_K_PLAIN = 256
 _LOG2E = 1.4426950408889634                                 # log₂ e: 2^(s·log₂ e) = e^s
 #: Forward (and backward): plain blocks (no mod, no mask but the causal diagonal, nothing else reading the
@@ -1521,8 +1524,8 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))   # …and load the fused kernels, if blocks use them
     _plain_loops(P, jit, gemm)
-    if block_k is None:
-        P.plain_block_k = min(BLOCK_K_PLAIN, bk)
+    if block_k is None and P.S > bk:                         # (keys of one BLOCK_K block stay one block)
+        P.plain_block_k = BLOCK_K_PLAIN
     splits = _key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
     if splits > 1:
         return _forward_split(P, tasks, splits, bk, threads, query.dtype, return_lse)
