@@ -160,7 +160,8 @@ def test_the_plan_covers_every_allowed_pair_once(L, S, causal, bk):
     bq = min(1024, L)
     for i0 in range(0, L, bq):
         i1 = min(i0 + bq, L)
-        plan = tiled._plain_plan(P, i0, i1, bk, 1, None)
+        plan, room = tiled._plain_plan(P, i0, i1, bk, 1, None)
+        assert room == max((r1 - r0) * (j1 - j0) for r0, r1, j0, j1, _, _ in plan)   # the scratch it needs
         cover = np.zeros((i1 - i0, S), np.int64)
         seen_rows = np.zeros(i1 - i0, bool)
         computed = 0

@@ -150,6 +150,11 @@ DIAGONAL_MIN_PLAIN = 64
 #: heads on 3, causal, two threads) took 1.02–1.05× the time at S = 512 in two blocks, 1.00× at 1024, 0.92×
 #: at 2048.
 BLOCK_K_PLAIN = 256
+#: …and whose tasks take BLOCK_Q_PLAIN query rows (positions × grouped heads; where no block_q is given), each
+#: a compiled loop over blocks of that many rows: a task's own costs (its Python, the query rows' norms and
+#: scaling, the output's division) paid half as often, and each product's packed Kᵀ and V block used by twice
+#: as many rows.
+BLOCK_Q_PLAIN = 2048
 _LOG2E = 1.4426950408889634                                 # log₂ e: 2^(s·log₂ e) = e^s
 #: Forward (and backward): plain blocks (no mod, no mask but the causal diagonal, nothing else reading the
 #: scores) run as one compiled loop per task, its GEMMs by the provider's C sgemm (:func:`_plain_plan`),
@@ -1210,9 +1215,19 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     # ALiBi's column term folded into V: only shift-free (m_i = 0 for good), where a factor e^{c_j} ≤ 1
     # cannot hide a row's max from a running-max update
     fold_col = shift_free and sc.kind == "alibi" and sc.slope is not None and sc.slope >= 0
-    s_flat = _scratch(1, tallest * widest, P.cdt).reshape(-1)  # a block's scores, then probabilities
+    plan = None
+    if bare and P.plain_gemm is not None:
+        # the whole loop compiled, the GEMMs by the provider's C function — the same steps as below, without the
+        # Python between them: 2^s where shift-free (qkv._jit.plain_rows), else the lazy rescaling
+        # (qkv._jit.plain_lazy_rows); with no per-block cost of its own, a causal diagonal in smaller squares
+        # (less computed for nothing). The plan depends on the shapes alone (no mask, no mod): made once, kept.
+        pbk = P.plain_block_k or block_k
+        plan, room = _cached(("plain", P.is_causal, i0, i1, P.S, pbk, g, keys, DIAGONAL_MIN_PLAIN),
+                             lambda: _plain_plan(P, i0, i1, pbk, g, keys))
+    # a block's scores, then probabilities (the compiled loop's: as many as its largest block)
+    s_flat = _scratch(1, tallest * widest if plan is None else room, P.cdt).reshape(-1)
     ones = np.ones(widest, P.cdt)
-    tmp = np.empty((Bq, Ev), P.cdt)
+    tmp = np.empty((Bq, Ev), P.cdt) if plan is None else None
     v_buf = np.empty((widest, Ev), P.cdt) if fold_col else None
     l_blk = np.empty(Bq, P.cdt)
     acc = np.zeros((Bq, Ev), P.cdt)                          # Σ p·v per row
@@ -1223,14 +1238,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
     added = []                                               # (r0, r1) of the shift-free blocks accumulated
     steps = blocks
-    if bare and P.plain_gemm is not None:
-        # the whole loop compiled, the GEMMs by the provider's C function — the same steps as below, without the
-        # Python between them: 2^s where shift-free (qkv._jit.plain_rows), else the lazy rescaling
-        # (qkv._jit.plain_lazy_rows); with no per-block cost of its own, a causal diagonal in smaller squares
-        # (less computed for nothing). The plan depends on the shapes alone (no mask, no mod): made once, kept.
-        pbk = P.plain_block_k or block_k
-        plan = _cached(("plain", P.is_causal, i0, i1, P.S, pbk, g, keys, DIAGONAL_MIN_PLAIN),
-                       lambda: (_plain_plan(P, i0, i1, pbk, g, keys),))[0]
+    if plan is not None:
         if shift_free:
             _krun_plain(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, l_blk, sc.zeros, g)
         else:
@@ -1390,12 +1398,13 @@ def _plain_loops(P: _Problem, jit, gemm) -> None:
         P.plain_gemm = gemm
 
 
-def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> np.ndarray:
+def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> tuple:
     """The blocks of :func:`_forward_rows`'s plain task (kinds "full" and "causal") for the compiled loops
     (:func:`qkv.kernels.run_plain`, :func:`qkv.kernels.run_plain_lazy`), as rows ``(r0, r1, j0, j1, d, fresh)``:
     rows of ``qs`` (positions × ``g``), keys, the causal diagonal's offset (the kernels' ``d``) and whether no
     earlier block accumulated into these rows (its P·V is then written, not added; the lazy loop tests its rows'
-    maxima instead). A causal diagonal in squares of DIAGONAL_MIN_PLAIN rows."""
+    maxima instead). A causal diagonal in squares of DIAGONAL_MIN_PLAIN rows. Returns ``(plan, room)``: ``room``
+    the largest block's scores (rows × keys), the scratch the loop needs."""
     blocks = P.key_blocks(i0, i1, None, block_k, diagonal_min=DIAGONAL_MIN_PLAIN)
     if keys is not None:
         blocks = [b for b in blocks if keys[0] <= b[2] < keys[1]]
@@ -1404,7 +1413,7 @@ def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> np.ndarray:
     for t, (r0, r1, j0, j1, kind) in enumerate(blocks):
         plan[t] = (r0 * g, r1 * g, j0, j1, i0 + r0 - j0 if kind == "causal" else _NO_MASK,
                    _first_rows(added, r0, r1))
-    return plan
+    return plan, int(((plan[:, 1] - plan[:, 0]) * (plan[:, 3] - plan[:, 2])).max(initial=1))
 
 
 def _first_rows(added: list, r0: int, r1: int) -> bool:
@@ -1500,10 +1509,16 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
             P.group = P.n_rep
             n_heads //= P.group
             bq = max(1, bq // P.group) if block_q is None else bq
-        bq = min(bq, P.L)
-        # Enough tasks to keep every worker busy: shrink the query block when there are few heads.
-        while block_q is None and bq > 64 and n_heads * math.ceil(P.L / bq) < 2 * threads:
-            bq //= 2
+        bq = _rows_per_task(P, bq, n_heads, threads) if block_q is None else min(bq, P.L)
+    gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
+    jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))   # …and load the fused kernels, if blocks use them
+    _plain_loops(P, jit, gemm)
+    if (P.plain_gemm is not None and block_mask is None and attn_mask is None and P.mod.kind == "none"
+            and dropout_p == 0 and not return_weights):     # plain: the tasks run the compiled loops
+        if block_k is None and P.S > bk:                     # (keys of one BLOCK_K block stay one block)
+            P.plain_block_k = BLOCK_K_PLAIN
+        if block_q is None:
+            bq = _rows_per_task(P, max(1, BLOCK_Q_PLAIN // P.group), n_heads, threads)
     out = np.empty(P.lead + (P.L, P.Ev), P.cdt)
     lse = np.empty(P.lead + (P.L,), P.cdt) if return_lse else None
     weights = np.zeros(P.lead + (P.L, P.S), P.cdt) if return_weights else None
@@ -1521,11 +1536,6 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
             g = P.grid(idx)[0] >= 0
             work[idx] = [int(g[i0 // P.cell:-(-min(i0 + bq, P.L) // P.cell)].sum()) for i0 in range(0, P.L, bq)]
         tasks.sort(key=lambda t: -work[t[1]][t[2] // bq])
-    gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
-    jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))   # …and load the fused kernels, if blocks use them
-    _plain_loops(P, jit, gemm)
-    if block_k is None and P.S > bk:                         # (keys of one BLOCK_K block stay one block)
-        P.plain_block_k = BLOCK_K_PLAIN
     splits = _key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
     if splits > 1:
         return _forward_split(P, tasks, splits, bk, threads, query.dtype, return_lse)
@@ -1534,6 +1544,15 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     RUNTIME.run(tasks, _forward_task, threads)
     dt = query.dtype
     return (out.astype(dt, copy=False), None if weights is None else weights.astype(dt, copy=False), lse)
+
+
+def _rows_per_task(P: _Problem, bq: int, n_heads: int, threads: int) -> int:
+    """The forward's query block from ``bq`` positions: at most L, and halved (down to 64) while there are fewer
+    than two tasks a worker (few heads)."""
+    bq = min(bq, P.L)
+    while bq > 64 and n_heads * math.ceil(P.L / bq) < 2 * threads:
+        bq //= 2
+    return bq
 
 
 #: Split-K (flash-decoding): with fewer (head, query block) tasks than workers, the key range is split among
