@@ -212,6 +212,26 @@ def test_the_compiled_loops_key_blocks_are_block_k_plain_unless_block_k_is_given
 
 
 @needs_sgemm
+@pytest.mark.parametrize("H,L,threads,block_q,tasks", [(2, 4096, 1, None, 4), (1, 4096, 2, None, 4), (2, 4096, 1, 1024, 8),
+                                                       (2, 1500, 1, None, 2), (4, 256, 2, None, 4)])
+def test_plain_tasks_take_block_q_plain_rows_unless_block_q_is_given(rng, plain_calls, H, L, threads, block_q,
+                                                                     tasks):
+    """Where every task runs the compiled loop, a task is BLOCK_Q_PLAIN query rows (halved while there are fewer
+    than two a worker); a given ``block_q`` is kept; a masked problem keeps the Python loop's BLOCK_Q."""
+    q, k, v = _inputs(rng, H=H, L=L, S=L, E=16, Ev=16)
+    got = tiled.forward(q, k, v, scale=0.2, is_causal=True, threads=threads, block_q=block_q)[0]
+    assert len(plain_calls) == tasks
+    mask = np.tril(np.ones((L, L), bool))                            # the same attention, as a mask: BLOCK_Q
+    blocks = []
+    real = tiled._forward_task
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tiled, "_forward_task", lambda P, idx, i0, i1, *a: (blocks.append(i1 - i0), real(P, idx, i0, i1, *a)))
+        ref = tiled.forward(q, k, v, scale=0.2, attn_mask=mask, threads=threads, block_q=block_q)[0]
+    assert max(blocks) == min(block_q or tiled.BLOCK_Q, L) or threads > 1
+    np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
+
+
+@needs_sgemm
 def test_gemm_share_times_the_compiled_loops_gemms(plain_calls):
     rows = bench.gemm_share(256, heads=1, dim=16, repeats=1, torch_sdpa=False, gemms=["numpy"])
     assert plain_calls, "the share's forward did not take the compiled loop (the test is vacuous)"
