@@ -379,8 +379,6 @@ def _ds_rows(dp, p, D):
             row[c] = pr[c] * (row[c] - dr)
 
 
-
-
 @njit(**_OPTS)
 def _now(clock, clock_id, ts):
     clock(clock_id, ts.ctypes.data)
@@ -450,10 +448,10 @@ def plain_backward_rows(sgemm, clock, clock_id, timing, qs, do, lse_neg, dd, k, 
                         dp_buf, sums, dk, dv, dq):
     """The backward's blocks of one query head against keys j0 … j1 (no mod, no mask but the causal diagonal),
     in one compiled loop: per block ``(i0, i1, c0, c1, d)`` of ``blocks`` (query rows, keys within j0 … j1,
-    the diagonal's offset as :func:`exp_rows`), ``P = exp(qs·k_tᵀ − lse)`` recomputed, ``dv += Pᵀ·dO``, ``dP = dO·Vᵀ``, ``dS = P ∘ (dP −
-    D)`` (:func:`ds_rows`), ``dk += dSᵀ·qs``, ``dq[i0:i1] += dS·k`` — the five products by ``sgemm`` (as
-    :func:`plain_rows`), the three accumulations by its beta. ``dk``/``dv`` are the key block's rows of the
-    gradients, ``dq`` this head's partial (L, E). ``timing``: as :func:`plain_rows`."""
+    the diagonal's offset as :func:`exp_rows`), ``P = exp(qs·k_tᵀ − lse)`` recomputed, ``dv += Pᵀ·dO``,
+    ``dP = dO·Vᵀ``, ``dS = P ∘ (dP − D)`` (:func:`ds_rows`), ``dk += dSᵀ·qs``, ``dq[i0:i1] += dS·k`` — the five
+    products by ``sgemm`` (as :func:`plain_rows`), the three accumulations by its beta. ``dk``/``dv`` are the key
+    block's rows of the gradients, ``dq`` this head's partial (L, E). ``timing``: as :func:`plain_rows`."""
     E = qs.shape[1]
     ev = do.shape[1]
     ldk = k_t.strides[0] // 4

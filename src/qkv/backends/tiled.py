@@ -305,6 +305,12 @@ class _Problem:
         self.plain_gemm = None                               # the provider of the compiled plain loops (_plain_loops)
         self.plain_block_k = None                            # …and their key block (None: the call's)
 
+    @property
+    def plain_scores(self) -> bool:
+        """No score mod, no mask, no block mask: the scores are the products alone (but the causal diagonal) —
+        the problems whose blocks the compiled loops take (the forward also needs no weights, no dropout)."""
+        return self.mod.kind == "none" and self.mask is None and self.bm is None
+
     # leading index of the key/value head serving query lead index ``idx``
     def kv_index(self, idx: tuple) -> tuple:
         return shapes.kv_index(idx, self.n_rep)
@@ -1194,8 +1200,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     # gradients' error against float64); within ±30 the error is as before.
     # nothing but products, exponentials and row sums (no mod, no mask but the causal one, nothing else reading
     # the scores), with the kernels
-    bare = jit is not None and sc.kind == "none" and weights is None and dropout_p == 0 and P.bm is None \
-        and P.mask is None
+    bare = jit is not None and P.plain_scores and weights is None and dropout_p == 0
     base2 = bare and shift_free
     P.q_rows_group(idx, i0, i1, qs[:, :E], _LOG2E if base2 else 1.0)
     k_poly = sc.use_poly(q_norm * k_norm)                    # softcap: |s/cap| ≤ q_norm·k_norm (qs holds 1/cap)
@@ -1513,8 +1518,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S))   # …and load the fused kernels, if blocks use them
     _plain_loops(P, jit, gemm)
-    if (P.plain_gemm is not None and block_mask is None and attn_mask is None and P.mod.kind == "none"
-            and dropout_p == 0 and not return_weights):     # plain: the tasks run the compiled loops
+    if P.plain_gemm is not None and P.plain_scores and dropout_p == 0 and not return_weights:   # compiled loops
         if block_k is None and P.S > bk:                     # (keys of one BLOCK_K block stay one block)
             P.plain_block_k = BLOCK_K_PLAIN
         if block_q is None:
@@ -1663,7 +1667,7 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
     dv_t, dk_t, dq_t = np.empty((bk, Ev), P.cdt), np.empty((bk, E), P.cdt), np.empty((bq, E), P.cdt)
     # No mod, no mask but the causal one: each head's blocks of a key block in one compiled loop
     # (qkv._jit.plain_backward_rows), the same steps as below, the adds done by the GEMMs
-    plain = P.plain_gemm is not None and jit is not None and P.mod.kind == "none" and P.bm is None and P.mask is None
+    plain = P.plain_gemm is not None and jit is not None and P.plain_scores
     for j0 in key_starts:
         j1 = min(j0 + block_k, P.S)
         n_j = j1 - j0
