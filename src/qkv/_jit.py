@@ -33,10 +33,10 @@ subnormal from there to −87.3, and inf from 88.38 (n = 128; NumPy's from 88.72
 
 ``exp2`` (:func:`exp_rows` with ``base2``, the forward's shift-free blocks of unmodified scores): where the
 engine has folded log₂ e into the query rows, a block's scores are already ``score·log₂ e`` and e^score = 2^s —
-the rounding is then one add (n by the magic number), the reduction ``r = s − n`` exact (no Cody–Waite pair, no
-multiply by 1/ln 2), and 2^r a degree-5 polynomial: three multiply-class operations of nine fewer, 0.103 →
-0.071 ms a 1024 × 512 block (Zen 4, one thread), 1.66e-7 relative on [−126, 127]. A row term is added in a pass
-of its own (:func:`_exp2_row`).
+the rounding is then one instruction (n = roundeven(s)), the reduction ``r = s − n`` exact (no Cody–Waite pair,
+no multiply by 1/ln 2), and 2^r a degree-5 polynomial: three multiply-class operations of nine fewer, 0.103 →
+0.071 ms a 1024 × 512 block (Zen 4, one thread; 0.066 with the rounding in one instruction), 1.66e-7 relative on
+[−126, 127]. A row term is added in a pass of its own (:func:`_exp2_row`).
 
 The row max is ``llvm.maxnum`` (:func:`_maxf`), which LLVM vectorizes as a reduction; the ``a if a > b``
 select it replaces did not vectorize (0.31 against 0.07 ms a block) — NaN is skipped by both.
@@ -78,6 +78,20 @@ def _pow2_of(typingctx, t):
         i32 = ir.IntType(32)
         bits = builder.bitcast(args[0], i32)
         return builder.bitcast(builder.shl(bits, ir.Constant(i32, 23)), ir.FloatType())
+    return sig, codegen
+
+
+@intrinsic
+def _rint(typingctx, v):
+    """``llvm.roundeven.f32``: ``v`` rounded to the nearest integer, ties to even — one instruction
+    (``vrndscaleps``/``vroundps``), which LLVM vectorizes and fast-math cannot fold away (as it folds the magic
+    number's ``(v + c) − c`` to ``v``, which is why :func:`_n_of` works on the bits)."""
+    sig = types.float32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fn = builder.module.declare_intrinsic("llvm.roundeven", [f32], ir.FunctionType(f32, [f32]))
+        return builder.call(fn, args)
     return sig, codegen
 
 
@@ -147,15 +161,19 @@ def _expf_bounded(v):
 
 @njit(inline="always", **_OPTS)
 def _exp2f_bounded(v):
-    """2^v for ``v`` in [−126, 127] (no clamps): ``n`` = round(v) by the magic number (one add), ``r = v − n``
+    """2^v for ``v`` in [−126, 127] (no clamps): ``n`` = round(v) (:func:`_rint`, one instruction), ``r = v − n``
     exact (|r| ≤ ½: no Cody–Waite pair, no multiply by 1/ln 2), 2^r by a degree-5 polynomial fitted for
-    relative error on |r| ≤ ½ (9.1e-8 in exact arithmetic), times 2^n in the exponent bits. For blocks whose
-    scores carry log₂ e already (the engine folds it into the query rows once): three multiply-class
-    operations fewer than :func:`_expf_bounded` (32 % less time a block), and 1.7e-7 relative, not 2.1e-7."""
-    t = v + _ROUND                                           # round(v) + 127 in t's low mantissa bits
-    r = v - _n_of(t)
+    relative error on |r| ≤ ½ (9.1e-8 in exact arithmetic), times 2^n in the exponent bits (of ``n`` plus the
+    magic number, an exact sum). For blocks whose scores carry log₂ e already (the engine folds it into the
+    query rows once): three multiply-class operations fewer than :func:`_expf_bounded` (32 % less time a
+    block), and 1.7e-7 relative, not 2.1e-7. Eleven vector operations a vector of scores, all of the CPU's
+    vector pipes busy (Zen 4): n from the magic number's bits instead (an integer subtraction and a convert)
+    made twelve, and 9 % more time (a 1024 × 512 block 0.072 against 0.066 ms, one thread:
+    ``benchmarks/bench_kernels.py``)."""
+    n = _rint(v)
+    r = v - n
     p = ((((_E5 * r + _E4) * r + _E3) * r + _E2) * r + _E1) * r + _ONE
-    return p * _pow2_of(t)
+    return p * _pow2_of(n + _ROUND)                          # n + 127 in the sum's low mantissa bits
 
 
 @njit(inline="always", **_OPTS)
