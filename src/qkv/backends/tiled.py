@@ -88,9 +88,9 @@ bundled OpenBLAS or MKL, :attr:`qkv.gemm.NumpyGemm.c_sgemm`) on the same buffers
 GEMM's beta; the backward's blocks of such problems likewise, per head and key block
 (:func:`qkv._jit.plain_backward_rows`: five products, the three accumulations by beta). Without Python
 between the calls a block costs nothing of its own, so a causal diagonal there is split down to squares of
-DIAGONAL_MIN_PLAIN (64) rows, the backward's diagonal blocks too (:func:`_causal_split`): 1.5 % of the
+DIAGONAL_MIN_PLAIN (32) rows, the backward's diagonal blocks too (:func:`_causal_split`): 0.75 % of the
 computed scores thrown away at N = 4096 where 256-row squares threw 5.9 %, and in the backward (512-row blocks,
-where half of each diagonal block was computed for nothing) 3 % instead of 20 % at N = 2048. Where the
+where half of each diagonal block was computed for nothing) 1.5 % instead of 20 % at N = 2048. Where the
 provider has no C sgemm qkv can find (NumPy built against another BLAS), the Python loop runs.
 
 Every matmul goes through the runtime's GEMM provider (:mod:`qkv.gemm`: NumPy's BLAS, or Intel MKL with
@@ -139,8 +139,12 @@ SERIAL_BELOW_FLOPS = 1 << 23
 DIAGONAL_MIN = 256
 #: …and in the compiled loop of plain blocks (_plain_plan), where a block costs no Python: measured as
 #: DIAGONAL_MIN's (Zen 4, one thread, paired turns), 128 against 256 0.95–0.96× the time of a causal
-#: forward (N = 4096 H = 2; N = 2048 H = 4), 64 against 128 0.96–0.98×, 32 against 64 1.02–1.04×.
-DIAGONAL_MIN_PLAIN = 64
+#: forward (N = 4096 H = 2; N = 2048 H = 4), 64 against 128 0.96–0.98×; 32 against 64 1.02–1.04× then, and
+#: 0.98–1.00× once the loop's blocks were 256 keys wide, its tasks 2048 rows and base 2's rounding one
+#: instruction (causal forward N = 4096 one thread 0.998×, H = 8 two threads 0.998×, SmolLM2's prefill shapes
+#: 1.003× at 2048 and 0.979× at 512; backward 0.996× / 0.992×), the scores computed and thrown away halved
+#: (1.5 % → 0.75 % of the causal forward's at N = 4096); 16 against 32 1.012×.
+DIAGONAL_MIN_PLAIN = 32
 #: …whose key blocks are BLOCK_K_PLAIN wide (where no block_k is given and S > BLOCK_K): 1024 × 256 scores
 #: (1 MB, L2's size on Zen 4) against BLOCK_K's 2 MB, which the GEMM writes, the exponential rewrites and the
 #: P·V product packs from L3. Measured (Zen 4, paired turns, medians of 11–21): one thread, N = 4096 H = 2,
