@@ -85,6 +85,18 @@ def test_exp2_is_2_to_the_s_on_its_range_and_masks_the_diagonal(rng):
         np.testing.assert_allclose(sums, want.sum(1), rtol=2e-6, atol=1e-30)
 
 
+def test_exp2_rounds_halfway_arguments_to_even_and_stays_exact_there():
+    # n = roundeven(s) (one instruction): at s = k + ½ the reduction is r = ±½, the polynomial's ends, and
+    # 2^n must be the n the rounding chose — halves, the floats either side of them, and of the integers
+    h = np.arange(-125.5, 127.0, 1.0, dtype=np.float32)
+    k = np.arange(-125.0, 127.0, 1.0, dtype=np.float32)
+    x = np.concatenate([h, np.nextafter(h, np.float32(np.inf)), np.nextafter(h, np.float32(-np.inf)), k,
+                        np.nextafter(k, np.float32(np.inf)), np.nextafter(k, np.float32(-np.inf))])
+    x = np.resize(x, (x.size // 64 + 1) * 64).reshape(-1, 64)          # rows of 64: the vector loop runs
+    s, _ = _rows(x, base2=True)
+    np.testing.assert_allclose(s, np.exp2(x.astype(np.float64)), rtol=2e-7, atol=0)
+
+
 def test_exp2_adds_the_row_term_on_rows_wide_enough_to_vectorize(rng):
     # 2^(s + add) with a row term, on rows of 512 (the vector loop runs): in the exponential's loop LLVM had
     # regrouped (s + a) + 1.5·2²³ and hoisted a + 1.5·2²³, rounding n from round(a) — 1.7e-4 off; rows of
