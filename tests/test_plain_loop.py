@@ -288,6 +288,47 @@ def test_the_mkl_provider_runs_the_compiled_loop_on_its_own_sgemm(rng, plain_cal
         np.testing.assert_allclose(outs["mkl", causal], outs["numpy", causal], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_compiled_loops_run_mkl_on_one_thread_per_worker(rng, monkeypatch, threads):
+    """The loops call MKL's C sgemm themselves, so nothing else set this thread's MKL count before them: with
+    MKL's own count at 2 its GEMMs ran on 2 threads in each worker (and with ``threads=1``). Each loop — the
+    forward's, the lazy one, the backward's — now finds MKL at one thread on its thread."""
+    import ctypes
+    mkl = gemm.GEMM.mkl()
+    if mkl is None:
+        pytest.skip("the mkl extra is not installed: pip install 'qkv[mkl]'")
+    get = mkl._lib.MKL_Get_Max_Threads
+    get.restype = ctypes.c_int
+    put = mkl._lib.MKL_Set_Num_Threads
+    put.argtypes = [ctypes.c_int]
+    seen = []
+
+    class Probe:                                               # the kernels, each loop reading MKL's count first
+        def __init__(self, jit):
+            self.jit = jit
+
+        def __getattr__(self, name):
+            real = getattr(self.jit, name)
+            return lambda *a: (seen.append((name, get())), real(*a))[1]
+    for name, run in (("_krun_plain", kernels.run_plain), ("_krun_plain_lazy", kernels.run_plain_lazy),
+                      ("_krun_plain_backward", kernels.run_plain_backward)):
+        monkeypatch.setattr(tiled, name, lambda jit, g, *a, run=run: run(Probe(jit), g, *a))
+    saved, before = gemm.GEMM.choice, get()
+    put(2)                                                     # MKL's own count: 2, as on the 2-core test machine
+    try:
+        gemm.set_gemm("mkl")
+        q, k, v = _inputs(rng, H=4, L=600, S=600)
+        tiled.forward(q, k, v, scale=0.2, is_causal=True, threads=threads)                   # shift-free
+        tiled.forward(q * 4, k * 4, v, scale=0.5, is_causal=True, threads=threads)           # lazy
+        go = rng.standard_normal(q.shape[:-1] + (v.shape[-1],)).astype(np.float32)
+        tiled.backward(go, q, k, v, scale=0.2, is_causal=True, threads=threads)
+    finally:
+        gemm.set_gemm(saved)
+        put(before)
+    assert {n for n, _ in seen} == {"plain_rows", "plain_lazy_rows", "plain_backward_rows"}, seen
+    assert all(n == 1 for _, n in seen), seen
+
+
 # ---------------------------------------------------------------------------------------------- lazy blocks
 @pytest.fixture
 def lazy_calls(monkeypatch):

@@ -108,6 +108,11 @@ class NumpyGemm:
         return _numpy_cblas_sgemm()
 
     @staticmethod
+    def before_c_calls() -> None:
+        """What compiled code calling :attr:`c_sgemm` itself does first on its thread: nothing for NumPy's BLAS,
+        whose thread count the runtime limits process-wide (:meth:`MklGemm.before_c_calls`: MKL's per thread)."""
+
+    @staticmethod
     def matmul(a, b, out=None):
         return np.matmul(a, b, out=out)
 
@@ -326,6 +331,13 @@ class MklGemm:
                 _tl.mkl_local = 0
                 return False
         return _Local()
+
+    def before_c_calls(self) -> None:
+        """Before compiled code calls :attr:`c_sgemm` itself (the engine's compiled loops): this thread's MKL thread
+        count set as :meth:`matmul` sets it before each call — one inside the engine's workers and inline callers.
+        Without it MKL ran a loop's GEMMs on its own count, two threads in each of two workers (found: the
+        loops call MKL's C function directly, and a plain task makes no other MKL call that would set it)."""
+        self._threads()
 
     def _threads(self) -> None:
         if getattr(_tl, "pinned", False):

@@ -201,6 +201,7 @@ def _run_loop(loop, gemm, *args) -> None:
     """A compiled loop of :mod:`qkv._jit` on ``gemm``'s C sgemm, its GEMMs' time (on :data:`GEMM_CLOCK`) and
     flops added to ``gemm.clock`` when that is set (:func:`qkv.bench.gemm_share`)."""
     timer = gemm.clock
+    gemm.before_c_calls()                                # MKL: this thread's count, as its matmul sets it
     spent, flops = loop(gemm.c_sgemm, _clock(), GEMM_CLOCK, timer is not None, *args)
     if timer is not None:
         timer[0] += spent
