@@ -243,7 +243,10 @@ def _exp2_row(row, lim, a):
     """:func:`_exp_row` in base 2 (:func:`_exp2f_bounded`), the row term added in a pass of its own first: in
     the exponential's loop LLVM regrouped ``(s + a) + 1.5·2²³`` as ``s + (a + 1.5·2²³)`` and hoisted the
     latter (numba puts its fast-math flags on every float operation, intrinsics' too), so n was
-    round(s + round(a)), |r| up to 1 and the result 1.7e-4 off. Without a row term, no pass."""
+    round(s + round(a)), |r| up to 1 and the result 1.7e-4 off — when n came from the magic number; with
+    n = roundeven(s + a) (:func:`_rint`) r and 2^n share one n, but the pass stays (no engine path adds a
+    row term in base 2, so there is nothing to gain, and its test guards the regrouping). Without a row
+    term, no pass."""
     if a != _ZERO:
         for c in range(lim):
             row[c] = row[c] + a
