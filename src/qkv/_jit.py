@@ -166,9 +166,9 @@ def _exp2f_bounded(v):
     relative error on |r| ≤ ½ (9.1e-8 in exact arithmetic), times 2^n in the exponent bits (of ``n`` plus the
     magic number, an exact sum). For blocks whose scores carry log₂ e already (the engine folds it into the
     query rows once): three multiply-class operations fewer than :func:`_expf_bounded` (32 % less time a
-    block), and 1.7e-7 relative, not 2.1e-7. Eleven vector operations a vector of scores, all of the CPU's
-    vector pipes busy (Zen 4): n from the magic number's bits instead (an integer subtraction and a convert)
-    made twelve, and 9 % more time (a 1024 × 512 block 0.072 against 0.066 ms, one thread:
+    block), and 1.7e-7 relative, not 2.1e-7. Eleven vector operations a vector of scores, and by my count of
+    them the loop is bound by the CPU's vector pipes (Zen 4), its time following their number: n from the
+    magic number's bits instead (an integer subtraction and a convert) made twelve, and 9 % more time (a 1024 × 512 block 0.072 against 0.066 ms, one thread:
     ``benchmarks/bench_kernels.py``)."""
     n = _rint(v)
     r = v - n
