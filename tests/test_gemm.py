@@ -194,6 +194,7 @@ def test_set_gemm_rejects_bad_names_naming_the_argument(restore_gemm):
 def test_without_the_extra_mkl_is_a_value_error_and_auto_is_numpy(monkeypatch):
     """A machine without the mkl wheel: asking for it says which extra to install; auto is NumPy, with no
     calibration."""
+    monkeypatch.delenv("QKV_GEMM", raising=False)                 # the default choice, whatever the suite ran with
     monkeypatch.setattr(gemm, "_mkl_library_path", lambda: None)
     fresh = gemm.Gemm()
     monkeypatch.setattr(gemm, "GEMM", fresh)
@@ -204,6 +205,39 @@ def test_without_the_extra_mkl_is_a_value_error_and_auto_is_numpy(monkeypatch):
     assert fresh.available() == ("numpy",)
     a = np.ones((300, 300), np.float32)
     assert np.array_equal(gemm.matmul(a, a), a @ a)
+
+
+@needs_mkl
+def test_auto_that_took_mkl_keeps_small_products_on_numpy(monkeypatch):
+    """Where ``auto`` takes MKL, products under AUTO_RESOLVE_FLOPS stay NumPy's (MKL's call costs more than
+    they do): the explainer's numbers are NumPy's to the bit; larger ones go to MKL; ``mkl`` chosen sends all."""
+    monkeypatch.delenv("QKV_GEMM", raising=False)
+    fresh = gemm.Gemm()
+    monkeypatch.setattr(gemm, "GEMM", fresh)
+    mkl = fresh.mkl()
+    calls = []
+    real = mkl.matmul
+    monkeypatch.setattr(mkl, "matmul", lambda a, b, out=None: (calls.append(a.shape), real(a, b, out=out))[1])
+    fresh.calibration = {"chosen": "mkl", "exp": {"chosen": "numpy"}}   # what a Xeon's calibration chooses
+    fresh.set("auto")
+    assert qkv.get_gemm() == "mkl"
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((3, 4)), rng.standard_normal((4, 3))
+    assert np.array_equal(gemm.matmul(x, w), x @ w) and calls == []
+    t = qkv.Trace()
+    from test_seeds import W_K, W_Q, W_V, X
+    qkv.attention(X, W_Q, W_K, W_V, is_causal=True, trace=t)
+    assert np.array_equal(t["Q"].array, X @ W_Q) and calls == []
+    big = rng.standard_normal((256, 64), dtype=np.float32), rng.standard_normal((64, 512), dtype=np.float32)
+    assert 256 * 64 * 512 >= gemm.AUTO_RESOLVE_FLOPS
+    np.testing.assert_allclose(gemm.matmul(*big), big[0] @ big[1], rtol=1e-5, atol=1e-4)
+    assert calls == [(256, 64)]
+    fresh.set("mkl")                                                # asked for: every product
+    gemm.matmul(x, w)
+    assert calls == [(256, 64), (3, 4)]
+    fresh.set("auto")                                               # the calibration kept: small ones NumPy's again
+    gemm.matmul(x, w)
+    assert calls == [(256, 64), (3, 4)] and qkv.get_gemm() == "mkl"
 
 
 def test_qkv_gemm_environment_variable_sets_the_first_choice(monkeypatch):
@@ -228,6 +262,7 @@ def test_numpy_provider_is_np_matmul(restore_gemm, rng):
 
 @needs_mkl
 def test_auto_calibrates_once_and_picks_by_time(restore_gemm, monkeypatch):
+    monkeypatch.delenv("QKV_GEMM", raising=False)
     fresh = gemm.Gemm()
     monkeypatch.setattr(gemm, "GEMM", fresh)
     small = np.ones((8, 8), np.float32)

@@ -14,7 +14,8 @@ projections goes through :func:`matmul`, which asks the provider chosen with :fu
   80 ms of it MKL's first call) times both on the engine's own block shapes on one thread, in CPU time, and
   takes MKL only when it is faster by more than :data:`AUTO_MARGIN`, so NumPy stays wherever it is as fast (on
   the AMD EPYC test machine, OpenBLAS's Haswell kernels beat MKL by 5–70 % on these shapes; on an Intel Xeon
-  with AVX-512 the issue measured MKL 114–125 GFLOP/s against OpenBLAS's 85–92). The blocks' ``exp``
+  with AVX-512 the issue measured MKL 114–125 GFLOP/s against OpenBLAS's 85–92). Products under :data:`AUTO_RESOLVE_FLOPS`
+  stay on NumPy under ``auto`` even where it took MKL (MKL's call costs more than they do). The blocks' ``exp``
   (:func:`exp`) is calibrated apart: MKL's vector math where it is faster (on the EPYC it is, 0.65–0.9 ms
   against 0.75–1.3 per 1024 × 512 block).
 
@@ -53,7 +54,11 @@ AUTO_MARGIN = 0.05
 #: a causal diagonal's quadrant.
 CALIBRATION_SHAPES = ((1024, 64, 512), (1024, 512, 64), (256, 64, 512))
 _CALIBRATION_REPEATS = 5
-#: Before ``auto`` is resolved, products of fewer multiply-adds than this run on NumPy without resolving it.
+#: Under ``auto``, products of fewer multiply-adds than this run on NumPy: before ``auto`` is resolved
+#: (without resolving it) and after it took MKL, whose call costs 12–20 µs more than ``np.matmul``'s here
+#: (a 3 × 4 · 4 × 3 product 19 µs against 2.4; SmolLM2's decoding projection, 1 × 576 · 576 × 1536, 121 µs
+#: against 79 on one thread: AMD EPYC Zen 4, MKL 2026.2). So the explainer's small products are NumPy's to
+#: the bit wherever ``auto`` takes MKL; ``set_gemm("mkl")`` sends every product to MKL.
 AUTO_RESOLVE_FLOPS = 1 << 20
 _MKL_INSTALL = "pip install 'qkv[mkl]'"
 
@@ -502,6 +507,7 @@ class Gemm:
         self._numpy = NumpyGemm()
         self._mkl = None                                   # MklGemm once loaded; False: not installed
         self._active = None                                # the provider matmul uses; None: not resolved
+        self._small_numpy = False                          # auto took MKL: small products stay NumPy's
         self._exp = None                                   # the provider exp uses (auto: calibrated apart)
         #: The calibration behind ``auto``: ``{"numpy": s, "mkl": s, "shapes": ..., "ms": ...}`` or None.
         self.calibration: dict | None = None
@@ -546,6 +552,7 @@ class Gemm:
         with self._lock:
             self.choice = name
             self._active = self._exp = active
+            self._small_numpy = False
             if active is None and self.calibration is not None:
                 self._apply_calibration()
 
@@ -553,6 +560,7 @@ class Gemm:
         cal = self.calibration
         self._active = self._mkl if cal["chosen"] == "mkl" else self._numpy
         self._exp = self._mkl if cal["exp"]["chosen"] == "mkl" else self._numpy
+        self._small_numpy = self._active is not self._numpy
 
     def get(self) -> str:
         """The provider in use (``"numpy"`` or ``"mkl"``): with ``auto``, what the calibration chose (it runs
@@ -603,15 +611,23 @@ class Gemm:
         p = self._active
         if p is None:
             p = self._first(a, b)
+        elif self._small_numpy and _flops(a, b) < AUTO_RESOLVE_FLOPS:
+            p = self._numpy
         return p.matmul(a, b, out=out)
 
     def _first(self, a, b):
         """The provider for a matmul asked before ``auto`` is resolved: NumPy for products too small to
         matter (so that small work — the explainer, a short sentence — never loads MKL nor calibrates),
         else the resolved choice."""
-        if self.choice == "auto" and np.size(a) * np.shape(b)[-1] < AUTO_RESOLVE_FLOPS:
+        if self.choice == "auto" and _flops(a, b) < AUTO_RESOLVE_FLOPS:
             return self._numpy
         return self._resolve()
+
+
+def _flops(a, b) -> int:
+    """The multiply-adds of ``a @ b`` as :data:`AUTO_RESOLVE_FLOPS` counts them (``a``'s size times
+    ``b``'s last dimension; a scalar ``b`` counts 1, for NumPy's own error)."""
+    return np.size(a) * (np.shape(b)[-1] if np.ndim(b) else 1)
 
 
 def _calibrate(numpy_p, mkl_p) -> dict:
@@ -692,7 +708,4 @@ def exp(x, out=None):
 def matmul(a, b, out=None):
     """``a @ b`` by the chosen provider, as ``np.matmul(a, b, out=out)`` (2-D, a matrix times a vector, or
     batches); float32/float64 go to MKL when it is chosen. For the models' projections: ``matmul(x, W)``."""
-    p = GEMM._active
-    if p is None:
-        p = GEMM._first(a, b)
-    return p.matmul(a, b, out=out)
+    return GEMM.matmul(a, b, out=out)
