@@ -1,6 +1,7 @@
 """``qkv bench`` on tiny sizes: the table, the JSON structure and the plot (never timing assertions)."""
 import json
 
+import numpy as np
 import pytest
 
 from qkv import bench
@@ -145,6 +146,24 @@ def test_gemm_share_times_the_forward_against_its_own_gemms():
         assert r["gflops"] == pytest.approx(bench.flops(r["mode"], 1, 1, 256, 16) / r["wall_s"] / 1e9)
     lines = bench.gemm_share_lines(rows)
     assert len(lines) == 2 + len(rows) and lines[2].startswith(f"| {rows[0]['gemm']} | forward | 256 |")
+
+
+def test_gemm_share_times_the_small_products_auto_keeps_on_numpy(monkeypatch):
+    """Where auto took MKL, products under AUTO_RESOLVE_FLOPS run on NumPy: the share times them there too
+    (it timed MKL's alone, and a small forward read 0 s of GEMM and a NaN rate)."""
+    from qkv import gemm
+    if "mkl" not in gemm.GEMM.available():
+        pytest.skip("the mkl extra is not installed: pip install 'qkv[mkl]'")
+    monkeypatch.delenv("QKV_GEMM", raising=False)
+    fresh = gemm.Gemm()
+    monkeypatch.setattr(gemm, "GEMM", fresh)
+    fresh.calibration = {"chosen": "mkl", "exp": {"chosen": "numpy"}}   # what a Xeon's calibration chooses
+    fresh.set("auto")
+    rows = bench.gemm_share(33, heads=2, dim=8, repeats=1, torch_sdpa=False, gemms=["auto"])
+    assert [r["mode"] for r in rows] == ["forward", "causal"]
+    for r in rows:
+        assert 0 < r["gemm_s"] < r["wall_s"] and np.isfinite(r["gemm_gflops"]) and np.isfinite(r["share"])
+    assert "matmul" not in vars(fresh.mkl()) and "matmul" not in vars(fresh._numpy)   # the timers taken off
 
 
 def test_gemm_share_puts_torchs_sdpa_against_torchs_own_gemm():
