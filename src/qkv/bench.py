@@ -396,7 +396,8 @@ def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repe
             p = gemm.GEMM.active()
             # every provider a product may go to: the chosen one, and NumPy, which keeps the small products
             # where auto took MKL (gemm.AUTO_RESOLVE_FLOPS)
-            provs = [p] if p is gemm.GEMM._numpy else [p, gemm.GEMM._numpy]
+            numpy_p = gemm.GEMM.provider("numpy")
+            provs = [p] if p is numpy_p else [p, numpy_p]
             acc = {}
 
             def timer(real):
