@@ -462,3 +462,34 @@ def test_minilm_encode_through_mkl_equals_numpy(counted_mkl):
     ref, got = _both(lambda: model.encode(texts, batch_size=4, progress=False))
     assert len(counted_mkl) >= 6 * 4                              # Q, K, V, O projections and the FFN, per layer
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-6)
+
+
+@needs_mkl
+def test_mkl_thread_count_is_set_again_after_threadpoolctl_restored_it():
+    """threadpoolctl (the runtime's BLAS limit) sets MKL's thread-local count too, and on leaving restores MKL's
+    max (2 here) — a count qkv had remembered as 1 was then stale, and the compiled loops ran MKL on two threads
+    with threads=1. Each call sets it now."""
+    import ctypes
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    mkl = gemm.GEMM.provider("mkl")
+    get = mkl._lib.MKL_Get_Max_Threads
+    get.restype = ctypes.c_int
+    put = mkl._lib.MKL_Set_Num_Threads
+    put.argtypes = [ctypes.c_int]
+    before = get()
+    put(2)
+    try:
+        mkl._set_local(0)
+        with threadpoolctl.threadpool_limits(1, user_api="blas"):   # remembers MKL's max, 2
+            with gemm.single_threaded():
+                mkl.before_c_calls()
+                assert get() == 1
+        assert get() == 2                                       # restored by threadpoolctl, behind qkv's back
+        with gemm.single_threaded():
+            mkl.before_c_calls()
+            assert get() == 1
+        mkl.before_c_calls()                                    # outside the engine: MKL's own count
+        assert get() == 2
+    finally:
+        mkl._set_local(0)
+        put(before)

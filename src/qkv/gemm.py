@@ -326,14 +326,12 @@ class MklGemm:
                 self.saved = getattr(_tl, "single", 0)
                 _tl.single = 0                             # _threads() must not reset it to 1
                 provider._set_local(int(n))
-                _tl.mkl_local = int(n)
                 _tl.pinned = True
                 return provider
 
             def __exit__(self, *exc):
                 _tl.single, _tl.pinned = self.saved, False
                 provider._set_local(0)
-                _tl.mkl_local = 0
                 return False
         return _Local()
 
@@ -347,10 +345,10 @@ class MklGemm:
     def _threads(self) -> None:
         if getattr(_tl, "pinned", False):
             return
-        want = 1 if getattr(_tl, "single", 0) else 0     # 0: MKL's own (process-wide) setting
-        if getattr(_tl, "mkl_local", 0) != want:
-            self._set_local(want)
-            _tl.mkl_local = want
+        # set every time, not remembered: threadpoolctl (qkv's runtime uses it) sets this same thread-local
+        # count and restores it to MKL's max, which a remembered value would not see (the compiled loops then
+        # ran MKL on two threads with threads=1, after a qkv bench in the process)
+        self._set_local(1 if getattr(_tl, "single", 0) else 0)   # 0: MKL's own (process-wide) setting
 
     def matmul(self, a, b, out=None):
         """``a @ b`` into ``out`` (made when None), as ``np.matmul``; MKL for float32/float64 matrices."""
@@ -507,7 +505,6 @@ class Gemm:
         self._numpy = NumpyGemm()
         self._mkl = None                                   # MklGemm once loaded; False: not installed
         self._active = None                                # the provider matmul uses; None: not resolved
-        self._small_numpy = False                          # auto took MKL: small products stay NumPy's
         self._exp = None                                   # the provider exp uses (auto: calibrated apart)
         #: The calibration behind ``auto``: ``{"numpy": s, "mkl": s, "shapes": ..., "ms": ...}`` or None.
         self.calibration: dict | None = None
@@ -552,7 +549,6 @@ class Gemm:
         with self._lock:
             self.choice = name
             self._active = self._exp = active
-            self._small_numpy = False
             if active is None and self.calibration is not None:
                 self._apply_calibration()
 
@@ -560,7 +556,6 @@ class Gemm:
         cal = self.calibration
         self._active = self._mkl if cal["chosen"] == "mkl" else self._numpy
         self._exp = self._mkl if cal["exp"]["chosen"] == "mkl" else self._numpy
-        self._small_numpy = self._active is not self._numpy
 
     def get(self) -> str:
         """The provider in use (``"numpy"`` or ``"mkl"``): with ``auto``, what the calibration chose (it runs
@@ -611,8 +606,8 @@ class Gemm:
         p = self._active
         if p is None:
             p = self._first(a, b)
-        elif self._small_numpy and _flops(a, b) < AUTO_RESOLVE_FLOPS:
-            p = self._numpy
+        elif p is not self._numpy and self.choice == "auto" and _flops(a, b) < AUTO_RESOLVE_FLOPS:
+            p = self._numpy                                # auto took MKL: small products stay NumPy's
         return p.matmul(a, b, out=out)
 
     def _first(self, a, b):
