@@ -480,3 +480,37 @@ def test_softcap_polynomial_runs_in_chunks_with_the_same_result(monkeypatch, num
     chunked = TILED.forward(q, k, v, **kw)[0]
     assert calls and all(rows <= 40 for rows, _ in calls) and any(rows < 128 for rows, _ in calls)
     np.testing.assert_array_equal(chunked, whole)
+
+
+@pytest.mark.parametrize("provider", ["numba", "numpy"])
+@pytest.mark.parametrize("n, causal", [(1024, False), (2048, True)])
+def test_a_custom_score_mod_is_applied_on_the_default_path_forward_and_backward(provider, n, causal):
+    """Issue 25: the fused kernels' plan used to skip a mod the engine does not know (0.55 off forward,
+    1e7 backward). Sizes where backend=None picks the tiled engine and its float32 kernels."""
+    from qkv import flex_attention, flex_attention_backward, kernels
+    pytest.importorskip("numba") if provider == "numba" else None
+    calls = []
+
+    def fn(s, b, h, i, j):
+        calls.append(1)
+        return s + 0.01 * (i - j)
+
+    f = mods.ScoreMod(fn, grad=lambda s, b, h, i, j: np.ones_like(s))
+    r = np.random.default_rng(0)
+    q, k, v, do = (r.standard_normal((1, 1, n, 64), dtype=np.float32) for _ in range(4))
+    bm = create_block_mask(mods.causal(), 1, 1, n, n) if causal else None
+    before = kernels.get_kernels()
+    kernels.set_kernels(provider)
+    try:
+        got = flex_attention(q, k, v, f, bm)
+        assert calls, "the mod was never called"
+        grads = flex_attention_backward(do, q, k, v, f, bm)
+    finally:
+        kernels.set_kernels(before)
+    want = flex_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), f, bm,
+                          backend="reference")
+    want_grads = flex_attention_backward(*(x.astype(np.float64) for x in (do, q, k, v)), f, bm,
+                                         backend="reference")
+    assert np.abs(got - want).max() <= 2e-6
+    for g, w in zip(grads, want_grads):
+        assert np.abs(g - w).max() <= 1e-5 * max(1.0, np.abs(w).max())

@@ -900,9 +900,11 @@ class _Scorer:
                 np.add(s, col_term, out=s)
         if pattern is not None:
             np.add(s, pattern, out=s)
+        g = None
+        if self.kind == "generic":                            # any other mod: called on the block, fused or not
+            g = self._generic(s, a0, a1, j0, j1, grad, raw)
         if fuse:
             return self._plan(s, a0, a1, j0, j1, kind, m, fold_m, done_mask)
-        g = None
         if self.poly is not None:                             # cap·tanh(y) = y'·(b_0 + t·(b_1 + … ± t))
             _apply_poly(s, self.poly)
         elif self.cap is not None:                            # the scale was divided by cap: s/cap here
@@ -911,22 +913,27 @@ class _Scorer:
                 g = np.multiply(s, s, out=grad)
                 np.subtract(1, g, out=g)
             np.multiply(s, self.cap, out=s)
-        elif self.kind == "generic":
-            from ..mods import call_score_mod, score_mod_grad
-            q_idx = np.arange(a0, a1, dtype=np.int64)[:, None]
-            kv_idx = np.arange(j0, j1, dtype=np.int64)[None, :]
-            if grad is not None:
-                np.copyto(raw, s)
-            got = call_score_mod(P.mod.mod, s, self.sb, self.sh, q_idx, kv_idx)
-            if got is not s:
-                np.copyto(s, got)
-            if grad is not None:
-                g = score_mod_grad(P.mod.mod, raw, self.sb, self.sh, q_idx, kv_idx)
         if not done_mask:
             self.mask(s, kind, a0, a1, j0, j1)
         if m is not None and not fold_m:
             np.subtract(s, m[:, None], out=s)
         return g
+
+    def _generic(self, s, a0, a1, j0, j1, grad, raw):
+        """A mod the engine knows nothing of, called on the block's scaled scores in place; with ``grad`` its
+        derivative there too (``raw`` keeps the scores it is taken at). Returns the derivative or None."""
+        from ..mods import call_score_mod, score_mod_grad
+        P = self.P
+        q_idx = np.arange(a0, a1, dtype=np.int64)[:, None]
+        kv_idx = np.arange(j0, j1, dtype=np.int64)[None, :]
+        if grad is not None:
+            np.copyto(raw, s)
+        got = call_score_mod(P.mod.mod, s, self.sb, self.sh, q_idx, kv_idx)
+        if got is not s:
+            np.copyto(s, got)
+        if grad is not None:
+            return score_mod_grad(P.mod.mod, raw, self.sb, self.sh, q_idx, kv_idx)
+        return None
 
     def _plan(self, s, a0, a1, j0, j1, kind, m, fold_m, done_mask):
         """The rest of the block for a fused kernel: softcap and the causal mask go into the kernel when the
