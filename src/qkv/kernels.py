@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from . import _checks
+from . import _checks, paths
 
 __all__ = ["KERNEL_MIN", "PROVIDERS", "Kernels", "KERNELS", "get_kernels", "set_kernels"]
 
@@ -155,6 +155,18 @@ def get_kernels() -> str:
     return KERNELS.get()
 
 
+# The compiled kernels, counted where they run (qkv.paths): the matrix of tests proves it reaches each.
+_P_EXP = {k: paths.register(f"kernel.exp_rows.{k}", f"fused block pass: f(s) + shift, exp, row sums (f: {k})")
+          for k in ("exp", "poly", "tanh")}
+_P_EXP2 = paths.register("kernel.exp_rows.base2", "fused block pass in base 2 (2^s, log2 e folded into the rows)")
+_P_MAX = paths.register("kernel.max_exp_rows", "fused block pass with the running max's update (max, shift, exp)")
+_P_BANDS = paths.register("kernel.pattern_exp_rows", "fused pass over a batch of bands sharing one mask pattern")
+_P_DS = paths.register("kernel.ds_rows", "backward: dS' = P * (dP - D) in one pass")
+_P_PLAIN = paths.register("kernel.plain_rows", "compiled forward loop of a task, shift-free, base 2")
+_P_PLAIN_LAZY = paths.register("kernel.plain_lazy_rows", "compiled forward loop of a task, lazy rescaling")
+_P_PLAIN_BWD = paths.register("kernel.plain_backward_rows", "compiled backward loop of a head's key block")
+
+
 def _args(kind: str, arg):
     """The kernels' ``(kind, coef, cap)`` for a plan's ``kind`` ("exp", "poly" with seven coefficients, "tanh"
     with the cap) and its argument."""
@@ -174,6 +186,7 @@ def run(jit, s: np.ndarray, sums: np.ndarray, plan, bounded: bool = False, base2
     kind, arg, add, d, rep = plan
     if base2 and kind != "exp":
         raise ValueError(f"plan: base2 needs kind 'exp' (scores that carry log₂ e), got {kind!r}")
+    paths.hit(_P_EXP2 if base2 else _P_EXP[kind])
     jit.exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep, bool(bounded), bool(base2))
 
 
@@ -211,6 +224,7 @@ def _run_loop(loop, gemm, *args) -> None:
 def run_plain(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep: int) -> None:
     """A task's shift-free blocks of plain scores in one compiled loop (:func:`qkv._jit.plain_rows`), the
     GEMMs by ``gemm``'s C function (:attr:`qkv.gemm.NumpyGemm.c_sgemm`), timed into its ``clock`` when set."""
+    paths.hit(_P_PLAIN)
     _run_loop(jit.plain_rows, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep)
 
 
@@ -218,6 +232,7 @@ def run_plain_lazy(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, m_i, seen, s
                    row_limit: float) -> None:
     """A task's blocks of unbounded plain scores (lazy rescaling) in one compiled loop
     (:func:`qkv._jit.plain_lazy_rows`), as :func:`run_plain`."""
+    paths.hit(_P_PLAIN_LAZY)
     _run_loop(jit.plain_lazy_rows, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, m_i, seen, sums, zeros, rep,
               bool(lazy), np.float32(row_limit))
 
@@ -226,8 +241,15 @@ def run_plain_backward(jit, gemm, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1
                        dq) -> None:
     """One query head's backward blocks against keys j0 … j1 in one compiled loop
     (:func:`qkv._jit.plain_backward_rows`), as :func:`run_plain`."""
+    paths.hit(_P_PLAIN_BWD)
     _run_loop(jit.plain_backward_rows, gemm, qs, do, lse_neg, dd, k, k_t, v, blocks, j0, j1, s_buf, dp_buf, sums,
               dk, dv, dq)
+
+
+def run_ds(jit, dp: np.ndarray, p: np.ndarray, dd: np.ndarray) -> None:
+    """The backward's ``dP ← P ∘ (dP − D)`` in one pass (:func:`qkv._jit.ds_rows`)."""
+    paths.hit(_P_DS)
+    jit.ds_rows(dp, p, dd)
 
 
 def plain_available(gemm) -> bool:
@@ -246,10 +268,12 @@ def run_max(jit, s: np.ndarray, sums: np.ndarray, plan, seen: np.ndarray, shift:
     columns), ``shift`` = ``max(that, 0)`` where ``seen`` (else that max, or 0 for a row with nothing finite:
     ``hit`` False), and ``s ← exp(f(s) + add − shift)``."""
     kind, arg, add, d, rep = plan
+    paths.hit(_P_MAX)
     jit.max_exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep, seen, shift, hit)
 
 
 def run_bands(jit, s: np.ndarray, sums: np.ndarray, kind: str, arg, pattern: np.ndarray) -> None:
     """Bands ``s`` (nb, h, w) sharing the additive mask ``pattern`` (h, w): ``s ← exp(f(s) + pattern)`` with
     ``f`` the identity (``kind`` "exp"), the polynomial or ``cap·tanh`` (as :func:`run`), ``sums`` (nb·h,)."""
+    paths.hit(_P_BANDS)
     jit.pattern_exp_rows(s, *_args(kind, arg), pattern, sums)

@@ -104,6 +104,8 @@ Shape legend: B batch, H query heads, Hk key/value heads, L queries, S keys, E q
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import threading
 import weakref
@@ -113,10 +115,11 @@ import numpy as np
 from .. import _checks
 from .. import shapes
 from ..gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
-from ..kernels import KERNEL_MIN as _KERNEL_MIN, KERNELS as _KERNELS, NO_MASK as _NO_MASK, run as _krun
+from ..kernels import KERNELS as _KERNELS, NO_MASK as _NO_MASK, run as _krun
 from ..kernels import run_bands as _krun_bands, run_max as _krun_max, run_plain as _krun_plain
 from ..kernels import run_plain_backward as _krun_plain_backward, run_plain_lazy as _krun_plain_lazy
 from .. import kernels as _kernels
+from .. import paths as _paths
 from ..merge import merge_partials
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
 from .base import Backend
@@ -197,6 +200,38 @@ GRID_CELL = 64
 # Worker pools, thread counts and BLAS's limit are process state: they live in qkv.backends.runtime (one
 # object, RUNTIME, safe under concurrent callers); the thread-count functions are re-exported here.
 
+
+# ---------------------------------------------------------------------------------------------- paths
+# Every strategy, counted where it runs (qkv.paths): the differential matrix proves it walks each one.
+_R = _paths.register
+F_PLAIN = _R("forward.plain_loop", "a task's plain blocks in one compiled loop, shift-free, base 2")
+F_PLAIN_LAZY = _R("forward.plain_loop_lazy", "a task's plain blocks in one compiled loop, lazy rescaling")
+F_BANDS = _R("forward.bands", "a run of a block mask's bands batched into one call per step")
+F_SHIFT_FREE = _R("forward.shift_free", "a block with no running max (scores provably bounded)")
+F_ALIBI_FOLD = _R("forward.alibi_fold", "ALiBi's column term folded into V and the row sums (shift-free)")
+F_LAZY = _R("forward.lazy", "a block exponentiated against the running max it found (lazy rescaling)")
+F_MAX_PASS = _R("forward.max_pass", "a block with the max pass: the running max raised, acc rescaled")
+F_SPLIT_K = _R("forward.split_k", "the key range split among workers, parts merged by log-sum-exp")
+F_SINKS = _R("forward.sinks", "sinks merged into a task's rows as one more key without a value")
+F_WEIGHTS = _R("forward.weights", "the weights' second pass, exp(s - lse) stored")
+F_GROUP = _R("forward.grouped_heads", "the query heads sharing a key/value head in one task, rows interleaved")
+F_DROPOUT = _R("forward.dropout", "a block's keep-mask drawn and applied")
+F_NUMPY_BLOCK = _R("forward.numpy_block", "a block's exp and row sums by NumPy's passes (no fused kernel)")
+B_PLAIN = _R("backward.plain_loop", "a head's plain blocks of a key block in one compiled loop")
+B_BLOCKS = _R("backward.blocks", "the Python loop of backward blocks (P recomputed, five products)")
+B_FUSED = _R("backward.fused_exp", "a backward block's mod, mask, shift and exp left to one fused pass")
+B_MOD_GRAD = _R("backward.mod_grad", "a backward block through a score mod's derivative")
+B_SINKS = _R("backward.sinks", "the sinks' gradient")
+S_GENERIC = _R("score.generic", "a score mod the engine knows nothing of, called on the block")
+S_ALIBI = _R("score.alibi", "ALiBi as a row term in the product and a column term")
+S_ALIBI_PATTERN = _R("score.alibi_pattern", "ALiBi on a block across the diagonal, as a cached pattern")
+S_SOFTCAP_POLY = _R("score.softcap_poly", "softcap by the fitted polynomial (float32)")
+S_SOFTCAP_TANH = _R("score.softcap_tanh", "softcap by tanh")
+M_MASK_MOD = _R("mask.mask_mod", "a block mask's partial cells by calling its mask mod")
+M_PATTERN = _R("mask.pattern", "a block mask's partial cells by a cached 0/-inf pattern (i - j mods)")
+M_ATTN_MASK = _R("mask.attn_mask", "a block masked by a slice of attn_mask")
+M_CAUSAL = _R("mask.causal", "a causal diagonal block masked by NumPy")
+del _R
 
 # ---------------------------------------------------------------------------------------------- problem
 _src = shapes.source_index
@@ -790,8 +825,10 @@ def _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1):
     if kind == "full":
         return
     if kind == "causal":
+        _paths.hit(M_CAUSAL)
         np.add(s, _causal_additive(i0 - j0, i1 - i0, j1 - j0, s.dtype), out=s)
         return
+    _paths.hit(M_ATTN_MASK)
     blk = mask2d[i0:i1, j0:j1]
     if blk.dtype == np.bool_:
         np.copyto(s, -np.inf, where=~blk)
@@ -861,7 +898,7 @@ class _Scorer:
         sums: ``exp(s + r + c_j) = exp(s + r)·e^{c_j}``, a (bk, Ev) pass instead of a (Bq, bk) one.
         """
         self.col_exp = None
-        P, E = self.P, self.P.E
+        E = self.P.E
         r0, r1 = (a0 - self.row0) * self.rep, (a1 - self.row0) * self.rep
         qs, dt = self.qs, s.dtype
         row_term = col_term = pattern = None
@@ -872,10 +909,12 @@ class _Scorer:
             # exceeds the bias itself and rounding is as the reference's; a block that straddles the
             # diagonal takes the bias as one cached pattern (few offsets recur), the causal mask in it.
             if j1 - 1 <= a0 or j0 >= a1 - 1:
+                _paths.hit(S_ALIBI)
                 rho = j1 - 1 if j1 - 1 <= a0 else j0
                 row_term = (self.slope * (rho - np.arange(a0, a1, dtype=np.float64))).astype(dt)
                 col_term = (self.slope * (np.arange(j0, j1, dtype=np.float64) - rho)).astype(dt)
             else:
+                _paths.hit(S_ALIBI_PATTERN)
                 causal = kind == "causal"
                 pattern = _alibi_pattern(self.slope, a0 - j0, a1 - a0, j1 - j0, dt, causal)
                 done_mask = causal
@@ -902,12 +941,15 @@ class _Scorer:
             np.add(s, pattern, out=s)
         g = None
         if self.kind == "generic":                            # any other mod: called on the block, fused or not
+            _paths.hit(S_GENERIC)
             g = self._generic(s, a0, a1, j0, j1, grad, raw)
         if fuse:
             return self._plan(s, a0, a1, j0, j1, kind, m, fold_m, done_mask)
         if self.poly is not None:                             # cap·tanh(y) = y'·(b_0 + t·(b_1 + … ± t))
+            _paths.hit(S_SOFTCAP_POLY)
             _apply_poly(s, self.poly)
         elif self.cap is not None:                            # the scale was divided by cap: s/cap here
+            _paths.hit(S_SOFTCAP_TANH)
             np.tanh(s, out=s)
             if grad is not None:                              # d/ds cap·tanh(s/cap) = 1 − tanh²
                 g = np.multiply(s, s, out=grad)
@@ -945,8 +987,10 @@ class _Scorer:
             if defer:
                 fkind, arg = ("poly", self.poly_coef) if self.poly is not None else ("tanh", self.cap)
             elif self.poly is not None:
+                _paths.hit(S_SOFTCAP_POLY)
                 _apply_poly(s, self.poly)
             else:
+                _paths.hit(S_SOFTCAP_TANH)
                 np.tanh(s, out=s)
                 np.multiply(s, self.cap, out=s)
         if not defer and not done_mask:
@@ -980,9 +1024,11 @@ class _Scorer:
             if v & 1:
                 mod = P.bm.mask_mod
                 if P.mask_traits[0]:
+                    _paths.hit(M_PATTERN)
                     np.add(sub, _mod_additive(mod, o0 - c0, o1 - o0, c1 - c0, s.dtype), out=sub)
                 else:
                     from ..mods import call_mask_mod
+                    _paths.hit(M_MASK_MOD)
                     allowed = call_mask_mod(mod, self.mb, self.mh, np.arange(o0, o1, dtype=np.int64)[:, None],
                                             np.arange(c0, c1, dtype=np.int64)[None, :])
                     np.copyto(sub, -np.inf, where=~np.broadcast_to(allowed, sub.shape))
@@ -1254,7 +1300,10 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
     keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
     added = []                                               # (r0, r1) of the shift-free blocks accumulated
     steps = blocks
+    if g > 1:
+        _paths.hit(F_GROUP)
     if plan is not None:
+        _paths.hit(F_PLAIN if shift_free else F_PLAIN_LAZY)
         if shift_free:
             _krun_plain(jit, P.plain_gemm, qs, K_T, V, plan, s_flat, acc, l_i, l_blk, sc.zeros, g)
         else:
@@ -1267,6 +1316,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                              BAND_GROUP_SCORES)
     for step in steps:
         if step[0] == "bands":                               # a run of bands, batched
+            _paths.hit(F_BANDS)
             _, r0, nb, h, j0, w, pattern = step
             _bands(P, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, ones)
             added.append((r0, r0 + nb * h))                  # its rows accumulated (a later block adds to them)
@@ -1278,6 +1328,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         a0, a1 = i0 + r0, i0 + r1                            # absolute query rows, for the masks
         summed = False                                        # the kernel wrote the row sums into l_blk
         if shift_free:
+            _paths.hit(F_SHIFT_FREE)
             # nothing accumulated in these rows yet (a Python test on the plan, where `l_i[rs].any()` cost
             # ~16 µs a block)
             fresh = _first_rows(added, r0, r1)
@@ -1289,8 +1340,10 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 _krun(jit, s, l_blk[rs], plan, bounded=plain and kind in ("full", "causal"), base2=base2)
                 summed = True
             else:
+                _paths.hit(F_NUMPY_BLOCK)
                 _exp(s, out=s)
             if sc.col_exp is not None:                       # ALiBi's column factor e^{c_j}: into V, row sums
+                _paths.hit(F_ALIBI_FOLD)
                 Vb = v_buf[:w]
                 np.multiply(V[j0:j1], sc.col_exp[:, None], out=Vb)
                 lb = l_blk[rs]
@@ -1315,9 +1368,11 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 if plan is not None:
                     _krun(jit, s, lb, plan)                  # p = exp(s − m_i) and row sums, one pass
                 else:
+                    _paths.hit(F_NUMPY_BLOCK)
                     _exp(s, out=s)                            # p = exp(s − m_i), m_i unchanged
                     _mm(s, ones[:w], out=lb)                 # (Bq, bk) x (bk,) -> (Bq,) row sums
                 if np.all(lb <= row_limit):                  # (NaN/inf fail too)
+                    _paths.hit(F_LAZY)
                     t = tmp[rs]
                     _mm(s, V[j0:j1], out=t)                  # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
                     acc[rs] += t
@@ -1326,6 +1381,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 # grew too much: redo with a max pass
                 plan = sc(s, a0, a1, j0, j1, kind, m=m_i[rs], fuse=jit is not None)
             # -- update m_i: raise it to this block's max; rescale what was accumulated under the old
+            _paths.hit(F_MAX_PASS)
             seen_r = seen[rs]
             fresh = not seen_r.any()                         # a row without a max has acc = l_i = 0 (its
             #                                                  blocks so far allowed no key): nothing to rescale
@@ -1335,6 +1391,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
                 _krun_max(jit, s, l_blk[rs], plan, seen_r, shift, hit)
                 summed = True
             else:
+                _paths.hit(F_NUMPY_BLOCK)
                 m_blk = np.maximum.reduce(s, axis=1)         # relative to the current m_i; −inf if all masked
                 hit = np.isfinite(m_blk)
                 shift = np.where(seen_r, np.maximum(m_blk, 0.0), np.where(hit, m_blk, 0.0)).astype(P.cdt)
@@ -1354,6 +1411,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         else:
             l_i[rs] += lb                                    # the softmax denominator ignores dropout
         if gen is not None:
+            _paths.hit(F_DROPOUT)
             keep = gen.random(s.shape, dtype=np.float32) >= dropout_p
             np.multiply(s, keep, out=s)
             s *= keep_scale
@@ -1375,6 +1433,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
         log_l = np.log(l_i, out=np.full_like(l_i, -np.inf), where=nz)
         row_lse = np.where(nz, m_i + log_l, -np.inf).astype(P.cdt, copy=False)
     if sink:
+        _paths.hit(F_SINKS)
         # The sink is one more key, with no value: a partial result out = 0, lse = sink, merged in.
         rows_out, row_lse = merge_partials(rows_out, row_lse, np.zeros_like(rows_out),
                                            np.full_like(row_lse, P.sinks[sc.sh]))
@@ -1390,6 +1449,7 @@ def _forward_rows(P: _Problem, idx, i0, i1, block_k, out, lse, weights, dropout_
             if lse is not None:
                 lse[head][i0:i1] = row_lse[h::g]
     if weights is not None:                                  # second pass: p = exp(s − lse), stored
+        _paths.hit(F_WEIGHTS)
         gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
         sub = np.where(np.isfinite(row_lse), row_lse, np.inf)[:, None]   # fully masked rows: exp(−inf) = 0
         w_rows = weights[idx]
@@ -1478,6 +1538,7 @@ def _bands(P: _Problem, qs, K_T, V, r0, nb, h, j0, w, pattern, sc, acc, l_i, one
         lb = np.empty(nb * h, P.cdt)
         _krun(jit, s, lb, ("exp", None, sc.zeros[r0:r0 + nb * h], _NO_MASK, 1))
     else:
+        _paths.hit(F_NUMPY_BLOCK)
         _exp(s, out=s)
         lb = _mm(s, ones[:w])                                               # (nb, h) row sums
     l_i[r0:r0 + nb * h] += lb.reshape(-1)
@@ -1606,11 +1667,13 @@ def _forward_split(P: _Problem, tasks: list, splits: int, bk: int, threads: int,
     parts = [(P, idx, i0, i1, block_k, outs[c], lses[c], None, 0.0, 0, (bounds[c], bounds[c + 1]))
              for c in range(splits) for (_, idx, i0, i1, block_k, *_rest) in tasks]
     P.prepare_kv_split({t[1] for t in tasks}, bounds, threads)
+    _paths.hit(F_SPLIT_K)
     RUNTIME.run(parts, _forward_task, threads)
     out, lse = outs[0], lses[0]
     for c in range(1, splits):
         merge_partials(out, lse, outs[c], lses[c], out=(out, lse))
     if P.sinks is not None:
+        _paths.hit(F_SINKS)
         sink = np.empty_like(lse)
         for idx in np.ndindex(*P.lead):
             sink[idx] = P.sinks[P.bh(idx)[1]]
@@ -1683,6 +1746,7 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
         j1 = min(j0 + block_k, P.S)
         n_j = j1 - j0
         if plain:
+            _paths.hit(B_PLAIN)
             dk_j, dv_j = dk[kv_idx][j0:j1], dv[kv_idx][j0:j1]
             dk_j.fill(0.0)
             dv_j.fill(0.0)
@@ -1693,6 +1757,7 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
                 _krun_plain_backward(jit, P.plain_gemm, qs, do, lse_neg, D, K, K_T, V, plan, j0, j1, s_buf, dp_buf,
                                      sums, dk_j, dv_j, dq_part[r])
             continue
+        _paths.hit(B_BLOCKS)
         dk_j = np.zeros((n_j, E), P.cdt)
         dv_j = np.zeros((n_j, Ev), P.cdt)
         for r, idx in enumerate(q_heads):
@@ -1701,8 +1766,9 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
             for i0, i1, c0, c1, kind in P.backward_blocks(idx, j0, j1, block_q):
                 m, n = i1 - i0, c1 - c0
                 s = s_buf[:m * n].reshape(m, n)
-                use_jit = jit is not None and s.size >= _KERNEL_MIN
+                use_jit = jit is not None and s.size >= _kernels.KERNEL_MIN
                 if use_jit and g_buf is None:                  # mod, causal mask, − lse and exp: one pass
+                    _paths.hit(B_FUSED)
                     g = None
                     fk, arg, _, d, rep = sc(s, i0, i1, c0, c1, kind, fuse=True)
                     _krun(jit, s, sums[:m], (fk, arg, lse_neg[i0:i1], d, rep))
@@ -1722,11 +1788,12 @@ def _backward_blocks(P: _Problem, kv_idx, q_heads, key_starts, block_q, block_k,
                 dp = dp_buf[:m * n].reshape(m, n)
                 _mm(do[i0:i1], V[c0:c1].T, out=dp)           # (Bq, Ev) x (Ev, bk) -> (Bq, bk)
                 if use_jit:
-                    jit.ds_rows(dp, p, D[i0:i1])              # dS' = P ∘ (dP − D), one pass
+                    _kernels.run_ds(jit, dp, p, D[i0:i1])     # dS' = P ∘ (dP − D), one pass
                 else:
                     np.subtract(dp, D[i0:i1, None], out=dp)
                     np.multiply(dp, p, out=dp)                # dS' = P ∘ (dP − D)
                 if g is not None:
+                    _paths.hit(B_MOD_GRAD)
                     np.multiply(dp, g, out=dp)                # dS = dS' ∘ ∂score_mod/∂s
                 _mm(dp.T, qs[i0:i1], out=dk_t[:n])           # (bk, Bq) x (Bq, E) -> (bk, E)  (scale in qs)
                 dk_j[o:o + n] += dk_t[:n]
@@ -1806,6 +1873,8 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     n_chunks = max(1, min(len(key_starts), math.ceil(threads / n_kv))) if threads > 1 else 1
     prep = {}
     d_sink = None if P.sinks is None else np.zeros(P.sinks.shape, np.float64)
+    if d_sink is not None:
+        _paths.hit(B_SINKS)
     for idx in np.ndindex(*lead):                           # per query head: Q·scale, dO, −lse, D
         do = np.asarray(grad_out[idx], dtype=P.cdt)
         o = np.asarray(out[idx], dtype=P.cdt)
@@ -1843,3 +1912,72 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     if d_sink is None:
         return dq, dk, dv
     return dq, dk, dv, d_sink.astype(np.asarray(sink_logits).dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------------------------- limits
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The engine's thresholds and block sizes (each field a module constant of the same name, upper case;
+    ``kernel_min`` is :data:`qkv.kernels.KERNEL_MIN`). :func:`limits` moves them for the calls inside a block,
+    so a test can put every threshold inside a small problem."""
+    block_q: int = BLOCK_Q
+    block_k: int = BLOCK_K
+    block_q_plain: int = BLOCK_Q_PLAIN
+    block_k_plain: int = BLOCK_K_PLAIN
+    block_q_backward: int = BLOCK_Q_BACKWARD
+    block_k_backward: int = BLOCK_K_BACKWARD
+    serial_below_flops: int = SERIAL_BELOW_FLOPS
+    diagonal_min: int = DIAGONAL_MIN
+    diagonal_min_plain: int = DIAGONAL_MIN_PLAIN
+    plain_loop: bool = PLAIN_LOOP
+    group_gqa: bool = GROUP_GQA
+    shift_free_bound: float = SHIFT_FREE_BOUND
+    lazy_bound: float = LAZY_BOUND
+    grid_call_cost: float = GRID_CALL_COST
+    grid_call_cost_backward: float = GRID_CALL_COST_BACKWARD
+    band_group_scores: int = BAND_GROUP_SCORES
+    grid_cell: int = GRID_CELL
+    split_k_min_blocks: int = SPLIT_K_MIN_BLOCKS
+    split_k_min_part_keys: int = SPLIT_K_MIN_PART_KEYS
+    kernel_min: int = _kernels.KERNEL_MIN
+    auto_tiled_min_scores: int = AUTO_TILED_MIN_SCORES
+    auto_tiled_min_head_scores: int = AUTO_TILED_MIN_HEAD_SCORES
+    auto_min_keys: int = AUTO_MIN_KEYS
+
+
+def current_limits() -> Limits:
+    """The limits in force now."""
+    g = globals()
+    return Limits(**{f.name: (_kernels.KERNEL_MIN if f.name == "kernel_min" else g[f.name.upper()])
+                     for f in dataclasses.fields(Limits)})
+
+
+_LIMITS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def limits(**changes):
+    """Move the engine's thresholds for the calls inside the block (names: :class:`Limits`' fields), e.g.
+    ``with limits(block_q=64, kernel_min=0, split_k_min_part_keys=16): ...``; restored on leaving. One
+    block at a time in a process (a second, from another thread, waits)."""
+    names = {f.name for f in dataclasses.fields(Limits)}
+    bad = sorted(set(changes) - names)
+    if bad:
+        raise ValueError(f"limits: unknown {', '.join(bad)}; expected some of {', '.join(sorted(names))}")
+    with _LIMITS_LOCK:
+        old = current_limits()
+        new = dataclasses.replace(old, **changes)
+        _set_limits(new)
+        try:
+            yield new
+        finally:
+            _set_limits(old)
+
+
+def _set_limits(lim: Limits) -> None:
+    g = globals()
+    for f in dataclasses.fields(Limits):
+        if f.name == "kernel_min":
+            _kernels.KERNEL_MIN = lim.kernel_min
+        else:
+            g[f.name.upper()] = getattr(lim, f.name)

@@ -1,0 +1,53 @@
+"""qkv.paths: the engine's own count of the paths a run took."""
+import threading
+
+import numpy as np
+import pytest
+
+import qkv
+from qkv import paths
+from qkv.backends import tiled
+
+
+def test_counting_sees_what_the_engine_ran_and_nothing_outside_the_block():
+    r = np.random.default_rng(0)
+    q, k, v = (r.standard_normal((1, 2, 64, 8)) for _ in range(3))
+    with paths.counting() as seen:
+        tiled.forward(q, k, v, scale=0.3, return_weights=True)
+    assert seen["forward.weights"] == 2 and seen["forward.shift_free"] > 0
+    with paths.counting() as later:
+        pass
+    tiled.forward(q, k, v, scale=0.3)
+    assert not later
+
+
+def test_every_hit_is_a_registered_path_with_a_description():
+    names = paths.registered()
+    assert "forward.plain_loop" in names and "kernel.plain_rows" in names
+    assert all(isinstance(d, str) and d for d in names.values())
+    with pytest.raises(ValueError, match="already registered"):
+        paths.register("forward.plain_loop", "something else")
+    with pytest.raises(ValueError, match="no path named"):
+        paths.describe("forward.nosuch")
+    with paths.counting(), pytest.raises(ValueError, match="not registered"):
+        paths.hit("forward.nosuch")
+
+
+def test_hits_from_worker_threads_are_all_counted():
+    with paths.counting() as seen:
+        ts = [threading.Thread(target=lambda: [paths.hit("forward.lazy") for _ in range(1000)]) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert seen["forward.lazy"] == 4000
+
+
+def test_limits_move_the_thresholds_inside_the_block_only():
+    before = tiled.current_limits()
+    with tiled.limits(block_q=16, kernel_min=0) as lim:
+        assert lim.block_q == 16 and tiled.BLOCK_Q == 16 and qkv.kernels.KERNEL_MIN == 0
+    assert tiled.current_limits() == before
+    with pytest.raises(ValueError, match="unknown nosuch"):
+        with tiled.limits(nosuch=1):
+            pass
