@@ -28,7 +28,8 @@ File format (YAML or JSON)::
 Loading is safe: YAML goes through a ``SafeLoader`` subclass (no tag constructs an object; libyaml's
 ``CSafeLoader`` when PyYAML has it), numbers keep the text they were written with (``0.50`` has two decimals),
 and anything unusable raises :class:`WorkedExampleError` with one line naming the key, the row and what was
-expected vs found — a file nested too deeply too (no RecursionError).
+expected vs found — a file nested too deeply too (no RecursionError), and one that expands to more than
+4,000,000 numbers (an alias counted as everything it stands for: :mod:`qkv.explain._bound`).
 
 Large files load fast: a YAML row written in flow style on one line (``- [0.1, -0.2, 3]``, ``X: [[1, 2], [3,
 4]]``) whose items are all plain decimal numbers is read by a regular expression, each number kept with its
@@ -50,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from ..stages import PIPELINE_ORDER, Names
+from ._bound import bound
 
 __all__ = ["Worked", "WorkedExampleError", "builtin_names", "load_example", "load_file", "from_dict", "run",
            "run_rows", "is_large", "CLAIM_NAMES", "KEY_SIDE", "Number", "half_unit", "text_of"]
@@ -267,7 +269,9 @@ def _parse_yaml(text: str, where: str):
     yaml, Loader = _yaml_loader()
     text, rows, tag = _fast_rows(text)
     try:
-        return _put_rows(yaml.load(text, Loader=Loader), rows, tag)   # noqa: S506 - a SafeLoader subclass
+        doc = yaml.load(text, Loader=Loader)                       # noqa: S506 - a SafeLoader subclass
+        bound(doc, where, WorkedExampleError, rows=rows)            # aliases expanded: before anything walks it
+        return _put_rows(doc, rows, tag)
     except RecursionError:
         raise WorkedExampleError(f"{where}: nested too deeply (lists or mappings inside each other hundreds of "
                                  f"levels down); expected a worked example (matrices are lists of rows)") from None
@@ -301,8 +305,10 @@ def _parse_json(text: str, where: str):
         return out
 
     try:
-        return json.loads(text, parse_float=lambda t: Number(float(t), t), parse_int=lambda t: _Int(int(t), t),
-                          parse_constant=bad_constant, object_pairs_hook=pairs)
+        doc = json.loads(text, parse_float=lambda t: Number(float(t), t), parse_int=lambda t: _Int(int(t), t),
+                         parse_constant=bad_constant, object_pairs_hook=pairs)
+        bound(doc, where, WorkedExampleError)
+        return doc
     except RecursionError:
         raise WorkedExampleError(f"{where}: nested too deeply (lists or objects inside each other thousands of "
                                  f"levels down); expected a worked example (matrices are lists of rows)") from None
