@@ -1,5 +1,6 @@
 """Hostile worked-example files (issue 26): the document a file builds is bounded (aliases counted by what
-they expand to)."""
+they expand to), and ``qkv check`` streams a large trace by query rows, so its memory follows the claims."""
+import dataclasses
 import json
 import sys
 import time
@@ -11,6 +12,7 @@ pytest.importorskip("yaml")
 pytest.importorskip("click")
 
 from qkv.cli import main  # noqa: E402
+from qkv.explain import check  # noqa: E402
 from qkv.explain import examples as ex  # noqa: E402
 from qkv.explain._bound import MAX_NODES, MAX_NUMBERS  # noqa: E402
 
@@ -92,3 +94,69 @@ def test_shared_rows_within_the_limit_still_load(tmp_path):
     path.write_text("X: [&r [1, 2], *r, *r]\nW_Q: &w [[1, 0], [0, 1]]\nW_K: *w\nW_V: *w\n")
     w = ex.load_file(path)
     assert w.X.tolist() == [[1, 2], [1, 2], [1, 2]] and w.W_K.tolist() == [[1, 0], [0, 1]]
+
+
+# ----------------------------------------------------------------------------------------------- check streams
+def _claims_large(monkeypatch, worked):
+    """check() on ``worked`` whole, then as a large example (streamed in blocks of 2 query rows)."""
+    whole = check(worked)
+    monkeypatch.setattr(ex, "LARGE_CELLS", 0)
+    monkeypatch.setattr(ex, "BLOCK_CELLS", 2 * worked.n_keys)
+    assert ex.is_large(worked)
+    streamed = check(worked)
+    monkeypatch.undo()
+    return whole, streamed
+
+
+def _planted(w) -> dict:
+    """Claims on the last row of every one-head step, the first number of the first one slipped by 1."""
+    tr = ex.run(w)
+    claims = {}
+    for name in ex.CLAIM_NAMES:
+        a = tr[name].array if name in tr else None
+        if a is not None and a.ndim >= 2 and a.size == a.shape[-2] * a.shape[-1]:
+            a = a.reshape(a.shape[-2:])
+            claims[name] = {a.shape[0] - 1: [round(float(x), 2) for x in a[-1]]}
+    first = claims[next(iter(claims))]
+    first[next(iter(first))][0] += 1
+    return claims
+
+
+@pytest.mark.parametrize("source", ["seed003", "seed000", "seed002", "two_head", "causal", "cross", "sinks",
+                                    "alibi", DATA / "planted_q.yaml", DATA / "planted_scaled.json",
+                                    DATA / "variants.yaml", DATA / "causal_cross.yaml"])
+def test_check_streamed_by_query_rows_gives_the_same_report(monkeypatch, source):
+    w = ex.load_file(source) if isinstance(source, Path) else ex.load_example(source)
+    if not w.claims:
+        w = dataclasses.replace(w, claims=_planted(w))
+    whole, streamed = _claims_large(monkeypatch, w)
+    assert whole.claims, source
+    assert len(streamed.claims) == len(whole.claims) and streamed.summary == whole.summary
+    for a, b in zip(streamed.claims, whole.claims):     # a block's GEMM may round its last bit otherwise
+        assert (a.name, a.row, a.col, a.label, a.text, a.status) == (b.name, b.row, b.col, b.label, b.text, b.status)
+        assert a.expected == pytest.approx(b.expected, rel=1e-12) and a.recomputed == pytest.approx(b.recomputed,
+                                                                                                   rel=1e-12)
+
+
+def test_check_streamed_reports_a_claimed_row_out_of_range(monkeypatch):
+    w = ex.load_example("seed003")
+    w = dataclasses.replace(w, claims={"weights": {5: [0.1, 0.2, 0.7]}})
+    monkeypatch.setattr(ex, "LARGE_CELLS", 0)
+    with pytest.raises(ValueError, match=r"worked.claims\['weights'\]\[5\]: expected a row index 0..2"):
+        check(w)
+
+
+def test_check_of_10000_tokens_is_bounded(tmp_path):
+    from test_viz_scale import _big_explain_file, peak
+
+    src = _big_explain_file(tmp_path / "big.json")
+    doc = json.loads(src.read_text())
+    doc["claims"] = {"weights": {"w5000": [None] * 9999 + [0.5]}, "Q": {"w1": [0.1, 0.2, 0.3]}}
+    src.write_text(json.dumps(doc))
+    rc, out, err, mb, secs = peak(QKV, "check", src, "--format", "json")
+    assert rc == 1, err
+    print(f"qkv check, 10,000 tokens: peak RSS {mb:.0f} MB, {secs:.1f} s")
+    assert mb < 1024 and secs < 60                                   # the whole trace took 3.5 GB
+    report = json.loads(out)
+    assert [c["name"] for c in report["claims"]] == ["Q"] * 3 + ["weights"]
+    assert report["claims"][-1]["row"] == 5000 and report["claims"][-1]["col"] == 9999

@@ -20,7 +20,7 @@ import numpy as np
 from . import _doc
 from ._doc import Doc, Section, fmt
 from ..locales import check_lang, t
-from .examples import CLAIM_NAMES, KEY_SIDE, Worked, half_unit, load_file, run, text_of
+from .examples import CLAIM_NAMES, KEY_SIDE, Worked, half_unit, is_large, load_file, run, run_rows, text_of
 
 __all__ = ["check", "CheckReport", "ClaimResult", "matches"]
 
@@ -172,6 +172,19 @@ def _groups(cs: list[ClaimResult]):
 
 
 # ----------------------------------------------------------------------------------------------- the check
+class _Kept:
+    """A step kept at some query rows only (:func:`~qkv.explain.examples.run_rows`), read as the whole
+    (rows, cols) matrix it stands for: ``kept[i, j]`` for a kept row ``i``; ``shape`` is the whole shape."""
+
+    def __init__(self, array: np.ndarray, rows, shape: tuple[int, int]):
+        self.array, self.shape = array, shape
+        self.pos = {int(r): k for k, r in enumerate(rows)}
+
+    def __getitem__(self, ij):
+        i, j = ij
+        return self.array[self.pos[i], j]
+
+
 def _as_2d(a) -> np.ndarray | None:
     """A recorded array as the (rows, cols) matrix a claim addresses, or None when it has real leading dims
     (several heads: per-head steps cannot be claimed)."""
@@ -181,12 +194,16 @@ def _as_2d(a) -> np.ndarray | None:
     return a.reshape(a.shape[-2:])
 
 
-def _values(tr) -> dict[str, np.ndarray]:
-    """The claimable steps of a trace as (rows, cols) matrices: each stage's own computed value."""
+def _values(tr) -> dict:
+    """The claimable steps of a trace as (rows, cols) matrices: each stage's own computed value (a step kept
+    at some rows only as a :class:`_Kept`)."""
     vals = {}
     for name in CLAIM_NAMES:
         if name in tr:
-            a = _as_2d(tr[name].array)
+            step = tr[name]
+            a = _as_2d(step.array)
+            if a is not None and "rows" in step.params:
+                a = _Kept(a, step.params["rows"], tuple(step.params["full_shape"][-2:]))
             if a is not None:
                 vals[name] = a
     return vals
@@ -194,22 +211,45 @@ def _values(tr) -> dict[str, np.ndarray]:
 
 class _PutClaims:
     """A trace's ``substitute``: every claimed number is put in place of the value it claims, so each later
-    stage computes from the claims (the stage's own value stays in the trace: "what follows from them")."""
+    stage computes from the claims (the stage's own value stays in the trace: "what follows from them").
+    ``row0``: the true index of the array's first row (a block of query rows, in :func:`run_rows`)."""
 
     def __init__(self, claims: dict[str, dict[int, list]]):
         self.claims = claims
 
-    def __call__(self, name: str, array: np.ndarray) -> np.ndarray:
+    def __call__(self, name: str, array: np.ndarray, row0: int = 0) -> np.ndarray:
         rows = self.claims.get(name)
         if not rows or int(np.prod(np.shape(array)[:-2])) != 1:
             return array
         out = np.array(array, copy=True)
         mat = out.reshape(out.shape[-2:])                       # a view: (rows, cols)
         for i, row in rows.items():
+            if not row0 <= i < row0 + mat.shape[0]:
+                continue
             for j, x in enumerate(row):
                 if x is not None:
-                    mat[i, j] = float(x)
+                    mat[i - row0, j] = float(x)
         return out
+
+
+def _true_values(worked: Worked, claims: dict) -> tuple[dict, list | None]:
+    """The true values of the claimable steps, and the query rows they are kept at (None: every row). A
+    large example (:func:`~qkv.explain.examples.is_large`) streams its attention by blocks of query rows and
+    keeps the (L, S) steps at the claimed rows only: memory follows the claims, not L × S."""
+    if not is_large(worked):
+        return _values(run(worked)), None
+    rows = sorted({i for name, r in claims.items() if name not in KEY_SIDE for i in r
+                   if 0 <= i < worked.n_queries}) or [0]
+    return _values(run_rows(worked, rows)), rows
+
+
+def _recomputed(worked: Worked, claims: dict, rows: list | None) -> dict:
+    """What follows from the claims: the same pipeline, each claimed number put in place as it goes."""
+    from ..tracing import Trace
+
+    if rows is None:
+        return _values(run(worked, trace=Trace(substitute=_PutClaims(claims))))
+    return _values(run_rows(worked, rows, substitute=_PutClaims(claims)))
 
 
 def check(worked) -> CheckReport:
@@ -217,7 +257,9 @@ def check(worked) -> CheckReport:
 
     ``expected`` comes from :func:`~qkv.explain.examples.run`; ``recomputed`` from the same run under a
     :class:`qkv.Trace` whose ``substitute`` puts each claimed number in place as the pipeline goes: each
-    step's recorded value is then what follows from the claims before it.
+    step's recorded value is then what follows from the claims before it. A large example
+    (:func:`~qkv.explain.examples.is_large`) runs both through :func:`~qkv.explain.examples.run_rows`: the
+    attention in blocks of query rows, its (L, S) steps kept at the claimed rows only.
 
     Args:
         worked: a :class:`~qkv.explain.examples.Worked`, or a path to a worked-example file.
@@ -226,8 +268,6 @@ def check(worked) -> CheckReport:
         a :class:`CheckReport`: ``.ok``, ``.claims`` (:class:`ClaimResult` each with name, row, col, label,
         claimed, expected, recomputed, status), ``.summary``, ``.to_json()``, ``.render(lang, fmt)``.
     """
-    from ..tracing import Trace
-
     if not isinstance(worked, Worked):
         import os
         if isinstance(worked, (str, os.PathLike)):
@@ -235,21 +275,21 @@ def check(worked) -> CheckReport:
         else:
             raise TypeError(f"worked: expected a qkv.explain.examples.Worked or a file path, got "
                             f"{type(worked).__name__}")
-    true = _values(run(worked))
     claims = {}
     for name, rows in (worked.claims or {}).items():      # a Worked built in Python may hold plain matrices
         if name not in CLAIM_NAMES:
             raise ValueError(f"worked.claims: unknown name {name!r}; expected one of {', '.join(CLAIM_NAMES)}")
-        if name not in true:
-            raise ValueError(f"worked.claims: this example does not compute {name}")
         rows = rows if isinstance(rows, dict) else dict(enumerate(np.atleast_2d(np.asarray(rows, dtype=float))))
         claims[name] = {int(i): list(r) for i, r in rows.items()}
+    true, kept = _true_values(worked, claims)
+    for name in claims:
+        if name not in true:
+            raise ValueError(f"worked.claims: this example does not compute {name}")
         for i, r in claims[name].items():
             if not 0 <= i < true[name].shape[0] or len(r) != true[name].shape[1]:
                 raise ValueError(f"worked.claims[{name!r}][{i}]: expected a row index 0..{true[name].shape[0] - 1} "
                                  f"and {true[name].shape[1]} numbers, got {len(r)}")
-    # What follows from the claims: the same pipeline, each claimed number put in place as it goes.
-    rec = _values(run(worked, trace=Trace(substitute=_PutClaims(claims)))) if claims else true
+    rec = _recomputed(worked, claims, kept) if claims else true
     results: list[ClaimResult] = []
     for name in CLAIM_NAMES:
         rows = claims.get(name)

@@ -38,6 +38,7 @@ time, instead of 10×: no YAML node, mark or resolver call per number).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import numbers
@@ -1278,7 +1279,8 @@ def is_large(worked: Worked, heads: int | None = None) -> bool:
     return h * worked.n_queries * worked.n_keys > LARGE_CELLS
 
 
-def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block_cells: int | None = None):
+def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block_cells: int | None = None,
+             substitute=None):
     """Run a worked example as :func:`run` does, keeping the (L, S) steps only at the query ``rows``.
 
     The same stages compute the same numbers: the projections, the head split, RoPE, the concat and W_O on
@@ -1292,6 +1294,10 @@ def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block
 
     Memory is O(rows × S + block) instead of O(L × S) for each of the 5–6 steps a trace keeps: a 10,000-token
     example needs about 200 MB, not 13 GB. Float64 throughout (the numbers are the ones :func:`run` gives).
+
+    ``substitute(name, array, row0)``, when given, is the checker's: every step's result passes through it as
+    through a :class:`qkv.Trace`'s ``substitute`` (and the steps are not checked for overflow, as in
+    :func:`run`); ``row0`` is the true index of the array's first query row (0 for the steps kept whole).
     """
     from .. import pipeline, stages
     from ..positions import RoPE
@@ -1312,7 +1318,7 @@ def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block
     m = _resolve_mask(worked, mask)
     d_k = _plain_d_k(worked.d_k)
     start = worked.start
-    main = Trace()
+    main = Trace(substitute=None if substitute is None else functools.partial(_at_row, substitute, 0))
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"), tracing(main):
         q_pos = k_pos = None
         if worked.rope is not None:
@@ -1362,7 +1368,8 @@ def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block
             rope = RoPE(theta=worked.rope["theta"], style=worked.rope["style"])
             q = rope(q, q_pos, name=Names.Q_ROT)
             k = rope(k, k_pos, name=Names.K_ROT)
-    _check_finite(main, worked)
+    if substitute is None:
+        _check_finite(main, worked)
 
     lead = (q if q is not None else scores).shape[:-2]
     n_lead = max(1, int(np.prod(lead)))
@@ -1375,11 +1382,12 @@ def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block
         r1 = min(L, r0 + block)
         opts = _options(worked, m, L, S, h, q_range=(r0, r1))
         opts.pop("rope", None), opts.pop("q_positions", None), opts.pop("k_positions", None)
-        bt = Trace()
+        bt = Trace(substitute=None if substitute is None else functools.partial(_at_row, substitute, r0))
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"), tracing(bt):
             pipeline.attend(None if q is None else q[..., r0:r1, :], k, v, scale=1.0 / math.sqrt(dd), d_k=dd,
                             scores=None if scores is None else scores[..., r0:r1, :], **opts)
-        _check_finite(bt, worked)
+        if substitute is None:
+            _check_finite(bt, worked)
         local = [i - r0 for i in range(r0, r1) if i in keep_set]
         for st in bt:
             rec = merged.get(st.name)
@@ -1436,8 +1444,13 @@ def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block
             out = stages.merge_heads(out_full)                                          # (1, L, H·Ev)
             if W_O is not None:
                 stages.project(out, W_O, name="final_output", weight_name="W_O", input_name="concat")
-    _check_finite(main, worked)
+    if substitute is None:
+        _check_finite(main, worked)
     return main
+
+
+def _at_row(substitute, row0: int, name: str, array):
+    return substitute(name, array, row0)
 
 
 #: steps whose −∞ entries are the mask's doing (not an overflow)
