@@ -34,3 +34,15 @@ def test_causal_alibi_softcap_keeps_the_diagonal_blocks_masked(kernels, dtype):
     assert np.abs(got - want).max() <= tol
     for g, w in zip(grads, want_grads):
         assert np.abs(g - w).max() <= tol * max(1.0, np.abs(w).max())
+
+
+def test_float16_sink_logits_raise_no_warning():
+    """float16 sink logits were compared with 1e30 in float16 (inf): a RuntimeWarning on every call."""
+    import warnings
+    q = np.random.default_rng(0).standard_normal((2, 4, 8)).astype(np.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = qkv.flex_attention(q, q, q, sink_logits=np.zeros(2, np.float16))
+    assert out.dtype == np.float16 and np.isfinite(out).all()
+    with pytest.raises(ValueError, match="sink_logits: expected logits within"):
+        qkv.flex_attention(q, q, q, sink_logits=np.array([0.0, 1e31]))

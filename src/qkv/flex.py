@@ -198,7 +198,7 @@ def _prepare(query, key, value, score_mod, block_mask, scale, enable_gqa, sink_l
     p.sink_logits = None
     if sink_logits is not None:
         sl = _checks.float_array(sink_logits, "sink_logits")
-        if np.abs(sl).max(initial=0.0) > 1e30:                 # 1e39 (finite in float64) is inf in float32
+        if float(np.abs(sl).max(initial=0.0)) > 1e30:          # 1e39 (finite in float64) is inf in float32
             raise ValueError(f"sink_logits: expected logits within ±1e30, got {float(np.abs(sl).max()):.6g}")
         if sl.shape != (lead[-1],):
             raise ValueError(f"sink_logits: expected shape ({lead[-1]},) (one logit per query head), got "
