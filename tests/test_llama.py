@@ -38,7 +38,7 @@ def _permute(w, n_head):
 
 
 def write_tiny_llama(path, *, arch="llama", q_type=None, extra_tensor=None, seed=0, context=CONTEXT,
-                     tokenizer_model="gpt2", eos_token_id=2):
+                     tokenizer_model="gpt2", eos_token_id=2, chat_template=TEMPLATE):
     """A tiny random Llama in GGUF; returns the Hugging Face-order float32 weights it holds (dequantized)."""
     q_type = gguf.GGMLQuantizationType.Q8_0 if q_type is None else q_type
     rng = np.random.default_rng(seed)
@@ -63,7 +63,7 @@ def write_tiny_llama(path, *, arch="llama", q_type=None, extra_tensor=None, seed
     if eos_token_id is not None:
         w.add_eos_token_id(eos_token_id)
     w.add_pad_token_id(2)
-    w.add_chat_template(TEMPLATE)
+    w.add_chat_template(chat_template)
     ref = {}
 
     def add(name, arr, qt=None):

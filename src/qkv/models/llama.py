@@ -416,29 +416,23 @@ class LlamaModel:
     def apply_chat_template(self, prompt: str, *, system: str | None = None,
                             add_generation_prompt: bool = True) -> str:
         """``prompt`` as a user message rendered with the file's chat template (jinja2, sandboxed, the
-        settings transformers uses), ending with the assistant's turn."""
+        settings transformers uses, with limits on time, memory and output: :mod:`qkv.models._chat`), ending
+        with the assistant's turn. Any failure of the template is a ValueError naming the file."""
+        from . import _chat
+
+        file = Path(self.config.path).name if self.config.path else "the model file"
         if self.chat_template is None:
-            raise ValueError("chat: this GGUF file has no tokenizer.chat_template")
+            raise ValueError(f"chat: {file} has no tokenizer.chat_template")
         if self._template is None:
-            try:
-                from jinja2.ext import loopcontrols
-                from jinja2.sandbox import ImmutableSandboxedEnvironment
-            except ImportError:
-                raise ImportError(f"chat=True needs jinja2: {_INSTALL_HINT}") from None
-
-            def raise_exception(message):
-                raise ValueError(f"chat template: {message}")
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-            env.globals["raise_exception"] = raise_exception
-            self._template = env.from_string(self.chat_template)
+            self._template = _chat.compile_template(self.chat_template, file)
         messages = ([{"role": "system", "content": system}] if system is not None else []) + \
             [{"role": "user", "content": prompt}]
         tok = self.tokenizer
         c = self.config
         special = {name: (tok.id_to_token(i) if i is not None else None)
                    for name, i in (("bos_token", c.bos_token_id), ("eos_token", c.eos_token_id))}
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, **special)
+        return _chat.render(self._template, file, messages=messages, add_generation_prompt=add_generation_prompt,
+                            **special)
 
     def _batch(self, items: list[str]) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
         c = self.config
