@@ -60,6 +60,18 @@ def _check_output(opt: str, path) -> None:
         raise UserError(f"{opt}: cannot write {path!r}: the folder {folder!r} is not writable")
 
 
+def _check_plot(plot_out, variants: bool) -> None:
+    """--plot FILE of the sweep: a .png, .svg or .pdf name, and matplotlib there, before the run."""
+    if not plot_out or variants:
+        return
+    if os.path.splitext(plot_out)[1].lower() not in (".png", ".svg", ".pdf"):
+        raise UserError(f"--plot: expected a file name ending in .png, .svg or .pdf, got {plot_out!r}")
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UserError("--plot needs matplotlib: pip install 'qkv[viz]'") from None
+
+
 def _json(result: dict, json_out) -> bool:
     """``--json``: the result to stdout (``-``: True, nothing else is printed) or written whole to the file."""
     from qkv import bench as B
@@ -107,7 +119,17 @@ def _words(text: str, name: str, allowed) -> list[str]:
                    "ALiBi/softcap/RoPE vs plain (N=4096), the flex backward vs torch autograd (N=2048), and "
                    "the peak RSS of an N=65536 window forward (--long changes N).")
 @click.option("--cases", default="window,documents,mods,backward", show_default=True,
-              help="With --variants: which cases to run.")
+              help="With --variants: which cases to run. With --accuracy: how many problems N (default 144, at "
+                   "most 2000).")
+@click.option("--accuracy", is_flag=True,
+              help="Instead of timing: the error table. The differential matrix's problems (--cases N of them, "
+                   "drawn by a seeded NumPy generator: 16 variants × float32/float64/float16, sizes and the "
+                   "engine's thresholds drawn) through every path — reference, tiled/numpy, tiled/numba, "
+                   "tiled/numba+mkl, default (backend=None), torch's own SDPA/flex_attention where installed, and "
+                   "each qkv path's backward — per path × dtype × variant the largest and median relative error "
+                   "against a float64 reference and the number of cases. Relative error = max|got − ref| / "
+                   "max|ref| per case (normwise), over the output (forward) or over dq, dk, dv, d sink_logits "
+                   "together (backward). With --markdown or --json.")
 @click.option("--gemm", "gemm_names", default=None, metavar="NAMES",
               help="GEMM providers for the tiled engine, comma-separated, side by side in one run: any of numpy, "
                    "mkl (pip install 'qkv[mkl]'), auto (default: the one in use, qkv.get_gemm()).")
@@ -116,7 +138,7 @@ def _words(text: str, name: str, allowed) -> list[str]:
                    "inside them (CPU time): the share of the GEMM's rate the forward reaches, per provider; "
                    "with torch installed, torch's SDPA too, against torch.mm on its kernel's blocks.")
 def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, long_n, json_out, plot_out,
-          markdown, progress, variants, cases, gemm_names, share):
+          markdown, progress, variants, cases, accuracy, gemm_names, share):
     """Time qkv's tiled engine, its reference path and torch's SDPA side by side (float32).
 
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
@@ -126,13 +148,9 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
 
     for opt, path in (("--json", json_out), ("--plot", plot_out)):      # fail before a long run, not after
         _check_output(opt, path)
-    if plot_out and not variants:                                       # its format and matplotlib, up front too
-        if os.path.splitext(plot_out)[1].lower() not in (".png", ".svg", ".pdf"):
-            raise UserError(f"--plot: expected a file name ending in .png, .svg or .pdf, got {plot_out!r}")
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UserError("--plot needs matplotlib: pip install 'qkv[viz]'") from None
+    if accuracy:
+        return _accuracy(click.get_current_context().params)
+    _check_plot(plot_out, variants)                                     # its format and matplotlib, up front too
     for name, val in (("--heads", heads), ("--dim", dim), ("--batch", batch), ("--repeats", repeats),
                       ("--threads", threads), ("--long", long_n)):
         if val is not None and val < 1:
@@ -229,3 +247,36 @@ def _print_table(result: dict, requested=None) -> None:
         click.echo(f"long: N={lg['n']} H={lg['heads']} E={lg['dim']} tiled forward {lg['seconds']:.2f} s, peak RSS "
                    f"{lg['peak_rss_mb']:.0f} MB (its score matrix alone would take "
                    f"{lg['scores_would_take_mb']:.0f} MB)")
+
+
+def _accuracy(params: dict) -> int:
+    """``qkv bench --accuracy``: the error table of :mod:`qkv.accuracy_table` (``params``: the command's options)."""
+    from qkv import accuracy_table as T
+    from qkv import bench as B
+    cases, markdown, json_out = params["cases"], params["markdown"], params["json_out"]
+    for name, key in (("--variants", "variants"), ("--plot", "plot_out"), ("--gemm-share", "share"),
+                      ("--long", "long_n"), ("--gemm", "gemm_names")):
+        if params[key]:
+            raise UserError(f"{name}: not offered with --accuracy (it runs every path on problems of its own)")
+    n = T.DEFAULT_CASES
+    if click.get_current_context().get_parameter_source("cases") != click.core.ParameterSource.DEFAULT:
+        try:
+            n = int(cases)
+        except ValueError:
+            raise UserError(f"--cases: with --accuracy expected a number of problems, got {cases!r}") from None
+        if not 1 <= n <= T.MAX_CASES:
+            raise UserError(f"--cases: with --accuracy expected 1 to {T.MAX_CASES} problems (each runs every "
+                            f"path), got {n}")
+    bar = B._progress(n, params["progress"])
+    try:
+        result = T.run(n, progress=None if bar is None else (lambda: bar.update(1)))
+    finally:
+        if bar is not None:
+            bar.close()
+    if _json(result, json_out):
+        return 0
+    head = T.header(n, f"qkv bench --accuracy --cases {n}{' --markdown' if markdown else ''}")
+    click.echo(T.markdown(result, head) if markdown else T.text(result, head))
+    if json_out:
+        click.echo(f"json: {json_out}")
+    return 0
