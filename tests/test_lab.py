@@ -287,7 +287,7 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="name: expected one of scale, mask, heads, train"):
         lab.paragraph("nope", {})
     with pytest.raises(ValueError, match=r"batch, held_out: needs about [\d,.]+ GiB"):
-        lab.train(steps=1, batch=10**11)                 # before a list of 10¹¹ sentences is begun
+        lab.train(steps=1, held_out=10**11)              # before a list of 10¹¹ sentences is begun
 
 
 # ----------------------------------------------------------------------------------------------- paragraphs

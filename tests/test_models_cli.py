@@ -113,7 +113,7 @@ def test_chinese_text_and_messages(capsys):
     (["--head", "12", "--token", "it"], r"--head: expected 0 … 11 \(the model has 12 heads\), got 12"),
     (["--token", "cat"], r"--token: 'cat' is not a token of this text; its tokens are \[CLS\] the animal"),
     (["--token", "#16"], r"--token: '#16': this text has tokens #0 … #15"),
-    (["--token", "it", "--top", "0"], r"--top: expected a positive number"),
+    (["--token", "it", "--top", "0"], r"--top: expected 1 … 1024 tokens, got 0"),
     (["--token", "it", "--head", "1", "--all-heads"], r"give either --head H or --all-heads, not both"),
     (["--layer", "two"], r"'two' is not a valid integer"),
     (["--lang", "fr"], r"'fr' is not one of 'en', 'zh'"),

@@ -94,9 +94,9 @@ def _emit(text: str) -> None:
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", show_default=True,
               help="Output format (rich tables on a terminal for text; plain text when piped).")
 @click.option("--precision", type=click.IntRange(0, 12), default=4, show_default=True, help="Decimals shown.")
-@click.option("--heads", type=click.IntRange(min=1), default=None,
-              help="Number of heads (split, per-head attention, concat, W_O); needs an example that starts from X "
-                   "whose W_Q and W_V widths it divides (seed 003's 4×3 W_Q: --heads 3).")
+@click.option("--heads", type=click.IntRange(1, 1024), default=None,
+              help="Number of heads, 1 … 1024 (split, per-head attention, concat, W_O); needs an example that starts "
+                   "from X whose W_Q and W_V widths it divides (seed 003's 4×3 W_Q: --heads 3).")
 @click.option("--mask", "mask_spec", metavar="causal|none|padding:N|window:N", default=None,
               help="Override the example's mask (True = may attend): causal, none, padding:N (only the first N "
                    "keys are real), window:N (causal, the last N keys).")
@@ -104,8 +104,8 @@ def _emit(text: str) -> None:
               help="Explain only this query (its 0-based row or its token): q, q·k for every key, scaling, "
                    "softmax, weighted sum.")
 @click.option("--head", type=click.IntRange(min=0), default=0, show_default=True, help="With --query: the head.")
-@click.option("--ring", "ring_p", type=click.IntRange(min=1), default=None, metavar="P",
-              help="Instead: ring attention over P ranks, step by step — who holds which K/V block, the partial "
+@click.option("--ring", "ring_p", type=click.IntRange(1, 64), default=None, metavar="P",
+              help="Instead: ring attention over P ranks (1 … 64), step by step — who holds which K/V block, the partial "
                    "outputs and log-sum-exps, the merge (qkv.distributed; default example: 8 positions, causal).")
 @click.option("--layout", "ring_layout", type=click.Choice(["zigzag", "contiguous"]), default=None,
               help="With --ring: how the sequence is shared (default: zigzag where the length allows).")

@@ -64,10 +64,12 @@ def load_smollm2(lang: str, path: str | None = None):
 @cli.command("generate")
 @click.argument("prompt")
 @click.option("--max-new-tokens", "-n", type=int, default=64, show_default=True,
-              help="Stop after this many new tokens (or earlier, at the end-of-sequence token).")
+              help="Stop after this many new tokens (or earlier, at the end-of-sequence token); at most what the "
+                   "model's context leaves after the prompt (8,192 tokens in all for SmolLM2).")
 @click.option("--temperature", "-T", type=float, default=0.0, show_default=True,
               help="0: always the most likely token (greedy); > 0: sample from softmax(logits / T).")
-@click.option("--top-k", type=int, default=None, help="Sample only among the K most likely tokens.")
+@click.option("--top-k", type=int, default=None,
+              help="Sample only among the K most likely tokens (1 … the vocabulary: 49,152 for SmolLM2).")
 @click.option("--top-p", type=float, default=None,
               help="Sample only from the most likely tokens whose probabilities add up to P, in (0, 1].")
 @click.option("--seed", type=int, default=None, help="Seed of the sampling: the same seed gives the same text.")

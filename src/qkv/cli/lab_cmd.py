@@ -13,10 +13,12 @@ import sys
 
 import click
 
+from qkv.lab import _common as C
 from qkv.locales import t
 
 from . import UserError
 from ._app import cli
+from ._progress import progress_bar
 from .explain_cmd import lang_option
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -113,16 +115,20 @@ def _show(name: str, result: dict, lang: str, as_json: bool, plot_path: str | No
 
 @lab_group.command("scale")
 @_common
-@click.option("--samples", type=click.IntRange(min=16), default=16384, show_default=True,
+@click.option("--samples", type=click.IntRange(16, C.MAX_SAMPLES), default=16384, show_default=True,
               help="Query rows per d_k (each against --keys keys).")
-@click.option("--keys", type=click.IntRange(min=2), default=16, show_default=True, help="Keys per query row.")
+@click.option("--keys", type=click.IntRange(2, C.MAX_KEYS), default=16, show_default=True,
+              help="Keys per query row.")
 def scale_cmd(seed, as_json, plot_path, lang, samples, keys):
     """÷√d_k: the variance of q·k, softmax saturation and the scores' gradient, with and without scaling,
     for d_k = 4 … 1024."""
     from qkv import lab
 
     _check_plot(plot_path, lang)
-    return _show("scale", lab.scale(seed=seed, samples=samples, keys=keys), lang, as_json, plot_path)
+    rows = len(lab._scale.D_KS) * -(-samples // keys) * keys
+    with progress_bar("lab scale", rows, "row") as bar:
+        result = lab.scale(seed=seed, samples=samples, keys=keys, progress=bar)
+    return _show("scale", result, lang, as_json, plot_path)
 
 
 @lab_group.command("mask")
@@ -137,8 +143,9 @@ def mask_cmd(seed, as_json, plot_path, lang):
 
 @lab_group.command("heads")
 @_common
-@click.option("--steps", type=click.IntRange(min=1), default=400, show_default=True, help="Training steps.")
-@click.option("--runs", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--steps", type=click.IntRange(1, C.MAX_STEPS), default=400, show_default=True,
+              help="Training steps.")
+@click.option("--runs", type=click.IntRange(1, C.MAX_RUNS), default=3, show_default=True,
               help="Trainings per model (seeds SEED, SEED+1, …); the accuracy is their mean.")
 def heads_cmd(seed, as_json, plot_path, lang, steps, runs):
     """One head vs two heads of the same total width, on a task that needs two relations at once (the previous
@@ -146,13 +153,17 @@ def heads_cmd(seed, as_json, plot_path, lang, steps, runs):
     from qkv import lab
 
     _check_plot(plot_path, lang)
-    return _show("heads", lab.heads(seed=seed, steps=steps, runs=runs), lang, as_json, plot_path)
+    with progress_bar("lab heads", 2 * runs * (steps + 1), "step") as bar:
+        result = lab.heads(seed=seed, steps=steps, runs=runs, progress=bar)
+    return _show("heads", result, lang, as_json, plot_path)
 
 
 @lab_group.command("train")
 @_common
-@click.option("--steps", type=click.IntRange(min=1), default=400, show_default=True, help="Training steps.")
-@click.option("--batch", type=click.IntRange(min=1), default=128, show_default=True, help="Sentences per step.")
+@click.option("--steps", type=click.IntRange(1, C.MAX_STEPS), default=400, show_default=True,
+              help="Training steps.")
+@click.option("--batch", type=click.IntRange(1, C.MAX_BATCH), default=128, show_default=True,
+              help="Sentences per step.")
 @click.option("--explain", "explain", is_flag=True,
               help="Also print qkv explain's calculation for 它 on 银行旁边有一棵树，它很高 with the learned "
                    "W_Q, W_K, W_V.")
@@ -162,7 +173,8 @@ def train_cmd(seed, as_json, plot_path, lang, steps, batch, explain):
     from qkv import lab
 
     _check_plot(plot_path, lang)
-    result = lab.train(seed=seed, steps=steps, batch=batch)
+    with progress_bar("lab train", steps + 1, "step") as bar:
+        result = lab.train(seed=seed, steps=steps, batch=batch, progress=bar)
 
     def after():
         click.echo("")

@@ -79,6 +79,9 @@ def _fmt_tok(tokens: list[str], j: int) -> str:
     return f"{tokens[j]}#{j}" if tokens.count(tokens[j]) > 1 else tokens[j]
 
 
+#: The most tokens --top lists (the longest text a model view takes: SmolLM2 up to 1,024 tokens).
+MAX_TOP = 1024
+
 @cli.command("model")
 @click.argument("text")
 @click.option("--layer", "-l", type=int, default=0, show_default=True, help="The layer (0-based).")
@@ -86,7 +89,8 @@ def _fmt_tok(tokens: list[str], j: int) -> str:
               help="One head (0-based); default: every head of the layer.")
 @click.option("--token", "-t", default=None, metavar="TOKEN",
               help="The query token, as the tokenizer wrote it (e.g. it, ##ing, 北), or '#N' for index N.")
-@click.option("--top", "-k", "top", type=int, default=5, show_default=True, help="How many tokens to list.")
+@click.option("--top", "-k", "top", type=int, default=5, show_default=True,
+              help="How many tokens to list (1 … 1024; more than the text has lists them all).")
 @click.option("--all-heads", is_flag=True, help="A summary table: one row per head of the layer.")
 @click.option("--explain", is_flag=True,
               help="Show this query's calculation (q, q·k, scaling, softmax, weighted sum) from the trace.")
@@ -118,8 +122,8 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, hea
         return t(key, lang, **kw)
     if not text.strip():
         raise UserError(m("model.empty"))
-    if top < 1:
-        raise UserError(m("model.bad_top", got=top))
+    if not 1 <= top <= MAX_TOP:
+        raise UserError(m("model.bad_top", got=top, most=MAX_TOP))
     if head is not None and all_heads:
         raise UserError(m("model.both"))
     explain_query = None

@@ -59,28 +59,35 @@ def _check_memory(P: int, N: int, B: int, H: int, E: int, dtype: str, backward: 
                         "give smaller ones")
 
 
+#: The largest value of each count (stated in --help); memory bounds their product further (_check_memory).
+MAXIMA = {"--length": 1 << 24, "--window": 1 << 24, "--heads": 1024, "--kv-heads": 1024, "--dim": 4096,
+          "--batch": 4096, "--repeats": 100, "--threads": 1024}
+
+
 @cli.command("ring")
 @click.option("--nproc", "-p", type=int, required=True,
               help=f"Processes P (ranks of the ring): at most {PER_CORE} per core or {MIN_NPROC_LIMIT}, whichever "
                    f"is more, and no more than the memory holds at about {RANK_BYTES // 2**20} MB each.")
 @click.option("--length", "-n", type=int, required=True,
-              help="Sequence length N (a multiple of P for --layout contiguous, of 2·P for zigzag).")
-@click.option("--heads", default=8, show_default=True, type=int, help="Query heads H.")
-@click.option("--kv-heads", default=None, type=int, help="Key/value heads (grouped-query; default H).")
-@click.option("--dim", default=64, show_default=True, type=int, help="Head width E.")
-@click.option("--batch", default=1, show_default=True, type=int, help="Batch B.")
+              help="Sequence length N, 1 … 16,777,216 (a multiple of P for --layout contiguous, of 2·P for zigzag; "
+                   "the arrays must fit in memory).")
+@click.option("--heads", default=8, show_default=True, type=int, help="Query heads H (1 … 1024).")
+@click.option("--kv-heads", default=None, type=int, help="Key/value heads (grouped-query, 1 … 1024; default H).")
+@click.option("--dim", default=64, show_default=True, type=int, help="Head width E (1 … 4096).")
+@click.option("--batch", default=1, show_default=True, type=int, help="Batch B (1 … 4096).")
 @click.option("--causal", is_flag=True, help="Causal mask over the global positions.")
 @click.option("--layout", type=click.Choice(["zigzag", "contiguous"]), default="zigzag", show_default=True,
               help="How the sequence is shared: zigzag (2·P chunks, rank r takes r and 2P−1−r) or contiguous.")
-@click.option("--window", default=None, type=int, help="A causal sliding window of this many keys (a mask mod): "
-              "ranks skip the steps whose blocks it leaves empty.")
+@click.option("--window", default=None, type=int, help="A causal sliding window of this many keys, 1 … 16,777,216 "
+              "(a mask mod): ranks skip the steps whose blocks it leaves empty.")
 @click.option("--dtype", type=click.Choice(["float32", "float64"]), default="float32", show_default=True)
 @click.option("--backward", is_flag=True, help="Also run the ring backward (dK/dV travel with their blocks).")
 @click.option("--check", is_flag=True, help="Compare with one process on the whole sequence (and time it).")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the random Q, K, V (>= 0).")
 @click.option("--repeats", default=1, show_default=True, type=int,
-              help="Timed runs of each (ring and one process); times are medians.")
-@click.option("--threads", default=None, type=int, help="Engine threads per process (default: cores / P).")
+              help="Timed runs of each (ring and one process), 1 … 100; times are medians.")
+@click.option("--threads", default=None, type=int,
+              help="Engine threads per process, 1 … 1024 (default: cores / P).")
 @click.option("--timeout", default=None, type=float,
               help=f"Seconds any one wait of the ring may take, {MIN_TIMEOUT:g} … {MAX_TIMEOUT:g} (default 120; the "
                    f"whole run is stopped after {MAX_TIMEOUT:g} s).")
@@ -99,6 +106,8 @@ def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dty
                       ("--repeats", repeats)):
         if val is not None and val < 1:
             raise UserError(f"{name}: expected a positive integer, got {val}")
+        if val is not None and name in MAXIMA and val > MAXIMA[name]:
+            raise UserError(f"{name}: expected 1 … {MAXIMA[name]:,}, got {val:,}")
     if kv_heads is not None and heads % kv_heads:
         raise UserError(f"--kv-heads: must divide --heads ({heads}), got {kv_heads}")
     if seed < 0:

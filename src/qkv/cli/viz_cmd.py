@@ -230,7 +230,8 @@ _VIEW_OPTIONS = dict(GENERATE_OPTIONS, prompt="--generate")
                                                       "(minilm, the default, or smollm2).")
 @click.option("--generate", "prompt", metavar="PROMPT",
               help="The generation view: --model smollm2 continues PROMPT; step through the new tokens.")
-@click.option("--max-new-tokens", "-n", type=int, default=32, show_default=True, help="With --generate.")
+@click.option("--max-new-tokens", "-n", type=int, default=32, show_default=True,
+              help="With --generate: at most what the model's context leaves after the prompt.")
 @click.option("--temperature", "-T", type=float, default=0.0, show_default=True,
               help="With --generate: 0 greedy, > 0 sampling.")
 @click.option("--seed", type=int, default=None, help="With --generate: the sampling's seed.")

@@ -47,10 +47,33 @@ def seeded(seed) -> np.random.Generator:
     return np.random.default_rng(int(seed))
 
 
-def positive(value, name: str, *, minimum: int = 1) -> int:
+def positive(value, name: str, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as an int in minimum … maximum (a count the user chose: bounded, so no run goes on for days)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}: expected an integer ≥ {minimum}, got {value!r}")
+        raise ValueError(f"{name}: expected an integer ≥ {minimum}, got {_short(value)}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}: expected an integer from {minimum} to {maximum:,}, got {_short(value)}")
     return int(value)
+
+
+def _short(value) -> str:
+    s = repr(value) if not isinstance(value, (int, np.integer)) or abs(int(value)) < 10**30 else f"{int(value):.3e}"
+    return s if len(s) <= 40 else s[:39] + "…"
+
+
+#: The largest counts the experiments accept (their --help and their errors say so): at the defaults' speed the
+#: longest run is about 20 minutes (train), 5 (heads), 2 (scale), with a progress bar on the command line.
+MAX_STEPS = 100_000
+MAX_RUNS = 100
+MAX_BATCH = 4096
+MAX_SAMPLES = 1 << 20
+MAX_KEYS = 1024
+
+
+def tick(progress, n: int = 1) -> None:
+    """Report ``n`` more units of work done to ``progress`` (a callable, e.g. a tqdm bar's ``update``)."""
+    if progress is not None:
+        progress(n)
 
 
 # ----------------------------------------------------------------------------------------------- the model

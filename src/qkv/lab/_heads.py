@@ -62,7 +62,7 @@ def head_kind(prev: float, match: float) -> str:
 
 
 def _train_one(heads: int, *, seed: int, steps: int, batch: int, lr: float, d_model: int, width: int,
-               test, log_every: int):
+               test, log_every: int, progress=None):
     T = SEQ_LEN
     model = C.TinyAttention(len(TOKENS), T, len(LETTERS) ** 2, d_model=d_model, heads=heads, d_head=width // heads,
                             rng=np.random.default_rng([seed, 0]))
@@ -79,6 +79,7 @@ def _train_one(heads: int, *, seed: int, steps: int, batch: int, lr: float, d_mo
         if step < steps:
             opt.lr = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
             opt.step(grads)
+        C.tick(progress)
     ids, match, y = test
     n = len(y)
     logits, w = model.forward(ids, np.full(n, T - 1), np.full(n, T))       # w (n, H, 1, T)
@@ -96,7 +97,7 @@ def _train_one(heads: int, *, seed: int, steps: int, batch: int, lr: float, d_mo
 
 
 def run(*, seed: int = 0, runs: int = 3, steps: int = 400, batch: int = 128, lr: float = 0.03, d_model: int = 16,
-        width: int = 8, held_out: int = 1000, log_every: int = 10) -> dict:
+        width: int = 8, held_out: int = 1000, log_every: int = 10, progress=None) -> dict:
     """Train one head and two heads (the same total width) on the two-relation task; plain data.
 
     Each model is trained ``runs`` times (seeds ``seed``, ``seed + 1``, …: the initialization and the batches),
@@ -105,12 +106,13 @@ def run(*, seed: int = 0, runs: int = 3, steps: int = 400, batch: int = 128, lr:
     the runs), "accuracies" (per run), "final_loss", "steps": [{"step", "loss", "accuracy"}], "attention":
     [{"head", "previous_token", "matching_bracket", "kind"}], "example_weights"}`` — the curve, the attention
     and the example from the first run: per head, the mean weight the last token puts on the previous token
-    and on its matching bracket (held out).
+    and on its matching bracket (held out). ``runs`` ≤ 100, ``steps`` ≤ 100,000, ``batch`` ≤ 4,096;
+    ``progress(n)``, when given, is called after each step of each training (2 · runs · (steps + 1) in all).
     """
     C.seeded(seed)
-    runs = C.positive(runs, "runs")
-    steps = C.positive(steps, "steps")
-    batch = C.positive(batch, "batch")
+    runs = C.positive(runs, "runs", maximum=C.MAX_RUNS)
+    steps = C.positive(steps, "steps", maximum=C.MAX_STEPS)
+    batch = C.positive(batch, "batch", maximum=C.MAX_BATCH)
     width = C.positive(width, "width", minimum=2)
     if width % 2:
         raise ValueError(f"width: expected an even total width (two heads share it), got {width}")
@@ -121,7 +123,7 @@ def run(*, seed: int = 0, runs: int = 3, steps: int = 400, batch: int = 128, lr:
     models = []
     for heads in (1, 2):
         res = [_train_one(heads, seed=seed + r, steps=steps, batch=batch, lr=lr, d_model=d_model, width=width,
-                          test=test, log_every=log_every) for r in range(runs)]
+                          test=test, log_every=log_every, progress=progress) for r in range(runs)]
         first = res[0]
         accs = [r["accuracy"] for r in res]
         first["accuracies"] = accs

@@ -53,19 +53,21 @@ def _stats(scores, weights, s_softmax, v, g):
     return sums, np.linalg.norm(grad, axis=-1).ravel()
 
 
-def run(*, seed: int = 0, d_ks=D_KS, samples: int = 16384, keys: int = 16, values: int = 16) -> dict:
+def run(*, seed: int = 0, d_ks=D_KS, samples: int = 16384, keys: int = 16, values: int = 16, progress=None) -> dict:
     """The scale experiment; plain data (JSON-ready).
 
     Returns ``{"rows": [{"d_k", "score_var", "score_var_scaled", "max_weight", "max_weight_scaled",
     "entropy", "entropy_scaled", "grad_norm", "grad_norm_scaled"}], "grad_norm_mean": [{"d_k", "grad_norm",
     "grad_norm_scaled"}], "theory": {"score_var": "d_k", "score_var_scaled": 1, "uniform_entropy",
     "uniform_max_weight"}, "settings": {"seed", "samples", "keys", "values"}}`` (see the module doc).
+    ``samples`` ≤ 1,048,576, ``keys`` and ``values`` ≤ 1,024; ``progress(n)``, when given, is called with the
+    query rows each block computed (``len(d_ks)`` × ``samples`` rounded up to a multiple of ``keys``, in all).
     """
     rng = C.seeded(seed)
-    samples = C.positive(samples, "samples")
-    keys = C.positive(keys, "keys", minimum=2)
-    values = C.positive(values, "values")
-    d_ks = [C.positive(d, "d_ks") for d in d_ks]
+    samples = C.positive(samples, "samples", maximum=C.MAX_SAMPLES)
+    keys = C.positive(keys, "keys", minimum=2, maximum=C.MAX_KEYS)
+    values = C.positive(values, "values", maximum=C.MAX_KEYS)
+    d_ks = [C.positive(d, "d_ks", maximum=1 << 16) for d in d_ks]
     if not d_ks:
         raise ValueError("d_ks: expected at least one d_k")
     per = keys                                    # query rows per (batch) item: a keys × keys block
@@ -91,6 +93,7 @@ def run(*, seed: int = 0, d_ks=D_KS, samples: int = 16384, keys: int = 16, value
                 acc[scaled] += sums
                 norms[scaled].append(gn)
             done += n
+            C.tick(progress, n * per)
         N = items * per
         row = {"d_k": d}
         mean_grad = {"d_k": d}

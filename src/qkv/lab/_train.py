@@ -166,7 +166,7 @@ def _metrics(model, d: Data, idx=None):
 
 # ----------------------------------------------------------------------------------------------- the experiment
 def run(*, seed: int = 0, steps: int = 400, batch: int = 128, lr: float = 0.03, d_model: int = 16, d_k: int = 8,
-        held_out: int = 500, log_every: int = 10) -> dict:
+        held_out: int = 500, log_every: int = 10, progress=None) -> dict:
     """Train the one-head attention model on the pronoun language; plain data (JSON-ready).
 
     Returns ``{"steps": [{"step", "loss", "accuracy", "attention"}], "initial_loss", "final_loss",
@@ -176,10 +176,11 @@ def run(*, seed: int = 0, steps: int = 400, batch: int = 128, lr: float = 0.03, 
     first and the last logged step; ``accuracy`` and ``attention_to_antecedent`` on ``held_out`` new sentences;
     ``chance_attention`` the mean of 1 / (sentence length) (uniform attention); ``explain`` the learned model
     on 银行 旁边 有 一 棵 树 ， 它 很 高: 它's scaled scores q·k/√d_k and weights for every word.
+    ``steps`` ≤ 100,000 and ``batch`` ≤ 4,096; ``progress(n)``, when given, is called after each step.
     """
     rng = C.seeded(seed)
-    steps = C.positive(steps, "steps", minimum=1)
-    batch = C.positive(batch, "batch")
+    steps = C.positive(steps, "steps", minimum=1, maximum=C.MAX_STEPS)
+    batch = C.positive(batch, "batch", maximum=C.MAX_BATCH)
     held_out = C.positive(held_out, "held_out")
     log_every = C.positive(log_every, "log_every")
     # each sentence is a few Python objects (~2 KB) before its arrays: a batch beyond memory is an error now,
@@ -204,6 +205,7 @@ def run(*, seed: int = 0, steps: int = 400, batch: int = 128, lr: float = 0.03, 
         if step < steps:
             opt.lr = lr * 0.5 * (1 + math.cos(math.pi * step / steps))          # cosine decay to 0
             opt.step(grads)
+        C.tick(progress)
     _, acc, att = _metrics(model, test)
     test_loss = _metrics(model, test)[0]
     return {

@@ -730,6 +730,8 @@ class LlamaModel:
             raise ValueError(f"prompt: expected a non-empty text, got {prompt!r}")
         max_new_tokens, temperature, top_k, top_p, seed = check_sampling(
             max_new_tokens, temperature, top_k, top_p, seed, chat, stream)
+        if top_k is not None and top_k > c.vocab_size:
+            raise ValueError(f"top_k: expected 1 … {c.vocab_size} (the vocabulary), got {top_k}")
         text = self.apply_chat_template(prompt) if chat else prompt
         prompt_ids = self.encode(text)
         room = c.context_length - len(prompt_ids)
