@@ -252,9 +252,12 @@ def range_check(query, key, value, scale: float, *, grad_out=None, extents: dict
     if cdt == np.float32 and b[worst] <= wide:
         return True
     worst = next(n for n in b if b[n] > wide)                       # the scores first: the root cause
-    beyond = f"beyond float64's range ({np.finfo(np.float64).max:.2g}); rescale the inputs"
+    beyond = (f"over the 1e+{wide:.0f} that float64 (up to {np.finfo(np.float64).max:.2g}) leaves the softmax's "
+              "sums and the gradients; rescale the inputs")
     if worst == "scores":
-        raise ValueError(f"query, key: the scores q·k·scale reach about {_fmt_log10(b[worst])} "
+        names = "scale" if log_scale > logs["query"] + logs["key"] else "query, key"
+        scale_text = f" with scale = {scale:.3g}" if names == "scale" else ""
+        raise ValueError(f"{names}: the scores q·k·scale{scale_text} reach about {_fmt_log10(b[worst])} "
                          f"(max ‖q‖·max ‖k‖·|scale|), {beyond}")
     if worst == "sums":
         raise ValueError(f"value: values up to {_fmt_log10(logs['value'])} in the running sums of up to "

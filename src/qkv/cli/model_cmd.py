@@ -122,6 +122,8 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, hea
         return t(key, lang, **kw)
     if not text.strip():
         raise UserError(m("model.empty"))
+    from qkv.models._common import check_utf8
+    check_utf8(text, "TEXT")                       # a ValueError: one line, exit 2
     if not 1 <= top <= MAX_TOP:
         raise UserError(m("model.bad_top", got=top, most=MAX_TOP))
     if head is not None and all_heads:

@@ -115,6 +115,25 @@ class _YamlBool(str):
         return obj
 
 
+#: Integers written with more digits than this are read as an infinite Number (int() refuses over 4,300
+#: digits with a message about sys.set_int_max_str_digits; no such number fits in a float64 anyway).
+_MAX_INT_TEXT = 4000
+
+
+def _int_of(text: str):
+    """An integer's text as an _Int; one too long for int() (and for float64) as an infinite Number, so the
+    key that holds it is reported ("expected a finite number")."""
+    if len(text) > _MAX_INT_TEXT:
+        return Number(math.copysign(math.inf, -1.0 if text.lstrip().startswith("-") else 1.0), text)
+    return _Int(int(text), text)
+
+
+def _short(text: str, n: int = 24) -> str:
+    """A number's text cut for a message: ``123456789012…(100000 digits)``."""
+    text = str(text)
+    return text if len(text) <= n else f"{text[:n - 12]}…({len(text)} characters)"
+
+
 def text_of(x) -> str:
     """The text a number was written as (files), or its shortest repr (numbers given from Python)."""
     t = getattr(x, "text", None)
@@ -152,6 +171,8 @@ def _yaml_loader():
         return Number(yaml.SafeLoader.construct_yaml_float(loader, node), node.value)
 
     def construct_int(loader, node):
+        if len(node.value) > _MAX_INT_TEXT:                       # int() would refuse it, naming no key
+            return _int_of(node.value)
         return _Int(yaml.SafeLoader.construct_yaml_int(loader, node), node.value)
 
     def construct_bool(loader, node):
@@ -216,7 +237,7 @@ def _fast_rows(text: str):
         out = []
         for p in parts:
             if _YAML_INT.match(p):
-                out.append(_Int(int(p), p))
+                out.append(_int_of(p))
             elif _YAML_FLOAT.match(p):
                 out.append(Number(float(p), p))
             else:
@@ -306,7 +327,7 @@ def _parse_json(text: str, where: str):
         return out
 
     try:
-        doc = json.loads(text, parse_float=lambda t: Number(float(t), t), parse_int=lambda t: _Int(int(t), t),
+        doc = json.loads(text, parse_float=lambda t: Number(float(t), t), parse_int=_int_of,
                          parse_constant=bad_constant, object_pairs_hook=pairs)
         bound(doc, where, WorkedExampleError)
         return doc
@@ -477,7 +498,7 @@ def _number(x, where: str):
         found = "nothing (null)" if x is None else (f"{x!r}" if isinstance(x, str) else type(x).__name__)
         raise WorkedExampleError(f"{where}: expected a number, found {found}")
     if not math.isfinite(float(x)):
-        raise WorkedExampleError(f"{where}: expected a finite number, found {text_of(x)}")
+        raise WorkedExampleError(f"{where}: expected a finite number, found {_short(text_of(x))}")
     return x
 
 
@@ -539,7 +560,7 @@ def _describe(v) -> str:
     if isinstance(v, (list, tuple)):
         return f"a list of {len(v)}"
     if _is_number(v):
-        return f"the number {text_of(v)}"
+        return f"the number {_short(text_of(v))}"
     return type(v).__name__
 
 

@@ -26,7 +26,20 @@ def texts_arg(texts, name: str = "texts") -> tuple[list[str], bool]:
             raise TypeError(f"{where}: expected a str, got {type(t).__name__} {t!r:.60}")
         if not t.strip():
             raise ValueError(f"{where}: expected a non-empty text, got {t!r} (nothing to tokenize)")
+        check_utf8(t, where)
     return items, single
+
+
+def check_utf8(text: str, where: str) -> None:
+    """A ValueError when ``text`` holds what UTF-8 cannot encode: lone surrogates, which is how Python passes on
+    bytes that were not UTF-8 (a command-line argument or file in another encoding)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f"byte 0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else f"{bad!r}"
+        raise ValueError(f"{where}: not UTF-8 text ({byte} at character {e.start}); expected text in UTF-8 (was "
+                         "it written in another encoding?)") from None
 
 
 def index_arg(value, name: str, count: int, what: str) -> int:

