@@ -159,7 +159,7 @@ def _torch_score_mod(torch, p: A.Problem):
     if name == "softcap":
         return lambda s, b, h, i, j: cap * torch.tanh(s / cap)
     if name == "custom_grad":
-        return lambda s, b, h, i, j: torch.where(j > i, s * 0.5, s + (0.1 * h).to(s.dtype))
+        return lambda s, b, h, i, j: torch.where(j > i, s * 0.5, s + 0.1 * h.to(s.dtype))
     raise ValueError(f"score_mod: no torch translation of {name!r}")
 
 
@@ -189,7 +189,7 @@ def header(n: int, command: str) -> list:
              bench.environment_line() + f"; {os.cpu_count()} vCPU"]
     extra = []
     if "mkl" in gemm.GEMM.available():
-        extra.append(f"MKL {gemm.GEMM.provider('mkl').kernel()}")
+        extra.append(f"MKL (tiled/numba+mkl): {gemm.GEMM.provider('mkl').kernel()}")
     torch = _torch()
     if torch is not None:
         extra.append(f"torch {torch.__version__}")
