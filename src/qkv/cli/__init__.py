@@ -58,6 +58,9 @@ def main(argv=None) -> int:
         rv = cli.main(args=argv, prog_name="qkv", standalone_mode=False)
     except click.exceptions.Exit as e:
         return e.exit_code
+    except click.exceptions.NoArgsIsHelpError as e:           # `qkv`, `qkv lab`: the help, as --help prints it
+        print(e.ctx.get_help())
+        return 0
     except click.exceptions.Abort:
         print("qkv: aborted", file=sys.stderr)
         return 2
