@@ -32,6 +32,8 @@ the output equals the returned (dropped, rescaled) weights · V, every kept weig
 probability / (1 − p), and the same seed gives the same output and weights bit for bit.
 
 Budget: ``EXAMPLES`` (derandomized: CI is reproducible); ``QKV_MATRIX_EXAMPLES=2000`` runs that many, random.
+A falsifying ``Spec(...)`` reproduces without hypothesis: ``p = qkv.accuracy.build(spec)``, then
+``qkv.accuracy.check(p, qkv.accuracy.run(p), qkv.accuracy.reference(p))`` lists what is off.
 """
 import os
 
@@ -73,7 +75,7 @@ def test_every_path_matches_the_float64_reference(spec):
 # ====================================================================================== coverage of paths
 def _limits(**changes) -> tuple:
     lim = {name: options[0] for name, options in A.LIMIT_OPTIONS.items()}
-    lim.update(dict.fromkeys(("auto_tiled_min_scores", "auto_tiled_min_head_scores", "auto_min_keys"), 0))
+    lim.update(dict.fromkeys(A.AUTO_LIMITS, 0))
     lim.update(changes)
     return tuple(sorted(lim.items()))
 

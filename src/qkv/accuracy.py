@@ -57,7 +57,8 @@ VARIANTS = {
     "streaming": dict(api="flex", mask_mod="streaming"), "custom mask mod": dict(api="flex", mask_mod="custom"),
     "sinks": dict(api="flex", sinks=True),
 }
-_AUTO = ("auto_tiled_min_scores", "auto_tiled_min_head_scores", "auto_min_keys")
+#: The limits of backend=None's size rule: 0 makes it take the tiled engine on small inputs.
+AUTO_LIMITS = ("auto_tiled_min_scores", "auto_tiled_min_head_scores", "auto_min_keys")
 
 
 # ============================================================================================== custom mods
@@ -240,7 +241,7 @@ LIMIT_OPTIONS = {
 def _draw_limits(pick) -> tuple:
     lim = {name: pick(name, options) for name, options in LIMIT_OPTIONS.items()}
     if pick("auto_moved", (True, False)):               # backend=None takes the tiled engine on small inputs
-        lim.update(dict.fromkeys(_AUTO, 0))
+        lim.update(dict.fromkeys(AUTO_LIMITS, 0))
     return tuple(sorted(lim.items()))
 
 

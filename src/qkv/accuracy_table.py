@@ -54,7 +54,7 @@ def cases(n: int, seed: int = 0) -> list:
         variant = names[c % len(names)]
         spec = A.draw_spec(A.numpy_chooser(rng), variant)
         limits = dict(spec.limits)
-        limits.update(dict.fromkeys(A._AUTO, 0))
+        limits.update(dict.fromkeys(A.AUTO_LIMITS, 0))
         out.append((variant, dataclasses.replace(spec, dtype=A.DTYPES[(c // len(names)) % len(A.DTYPES)],
                                                  threads=1, limits=tuple(sorted(limits.items())))))
     return out
