@@ -37,8 +37,10 @@ RING = ["ring", "-p", "2", "-n", "8", "--heads", "1", "--dim", "4"]
     (["--timeout", "nan"], r"--timeout: expected 1 … 600 seconds, got nan"),
     (["--timeout", "1000"], r"--timeout: expected 1 … 600 seconds"),
     (["--seed", "-1"], r"--seed: expected a non-negative integer, got -1"),
-    (["--dim", "99999999999"], r"--length/--heads/--dim/--batch: .*E = 99999999999.* need about [\d,.]+ GiB"),
-    (["--heads", "99999999999"], r"--length/--heads/--dim/--batch: .*H = 99999999999.* need about [\d,.]+ GiB"),
+    (["--dim", "99999999999"], r"--dim: expected 1 … 4,096, got 99,999,999,999"),
+    (["--heads", "99999999999"], r"--heads: expected 1 … 1,024, got 99,999,999,999"),
+    (["-n", "16777216", "--heads", "1024", "--dim", "4096"],
+     r"--length/--heads/--dim/--batch: .*H = 1024, E = 4096.* need about [\d,.]+ GiB"),
     (["-p", "1000", "-n", "2000"], r"--nproc: expected at most \d+ processes here \(8 per core"),
 ])
 def test_ring_checks_before_starting_processes(capsys, args, pattern):
