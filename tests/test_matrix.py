@@ -115,6 +115,7 @@ def _seeded(n: int) -> list:
 def test_the_matrix_walks_every_registered_path():
     """Every path the engine registers (``qkv.paths.registered()``) is taken by the matrix's problems — the
     generator over fixed seeds and the explicit ones above — so a new fast path cannot land unwalked."""
+    pytest.importorskip("numba")                       # the compiled kernels' paths (the dev extras bring it)
     problems = _seeded(200) + EXPLICIT
     with paths.counting() as seen:
         for spec in problems:
