@@ -3,8 +3,9 @@
 :func:`launch` is what ``qkv ring`` and the tests use: ``torch.multiprocessing.start_processes`` (spawn), one
 ``init_process_group("gloo", "tcp://127.0.0.1:<free port>")`` per process with a timeout (once every process
 has started: a barrier, so slow start-ups do not use the timeout up), the function's return value sent back
-through a queue, and every process joined — or killed when the run passes its deadline or a process dies
-without a word. Nothing waits forever.
+through a queue, and every process joined — or killed when the run passes its deadline, a process dies
+without a word, or another rank has failed (then the failed rank's own error is the one reported, not the
+timeout of the ranks that waited for it). Nothing waits forever.
 
 :func:`run_ring` is ``qkv ring``'s run: each rank builds only its own shard (the sequence is defined chunk by
 chunk from ``SeedSequence([seed, chunk])``, so no rank ever holds all of it), runs :func:`ring_attention`
@@ -102,7 +103,10 @@ def launch(fn, nproc, args=(), *, timeout=None, deadline=None, backend="gloo", q
         ``[fn's result on rank 0, …, on rank P−1]``.
 
     Raises:
-        RuntimeError naming each failed rank and its error (one line each); TimeoutError past the deadline.
+        RuntimeError naming each failed rank, when and its error (the rank whose own error it was first, then
+        the ones that timed out waiting for it); once one rank failed, the others get :data:`FAILURE_GRACE`
+        seconds to report and are then stopped, rather than waiting out their timeout. TimeoutError past the
+        deadline.
     """
     import multiprocessing
     import shutil
@@ -123,48 +127,87 @@ def launch(fn, nproc, args=(), *, timeout=None, deadline=None, backend="gloo", q
     logs_dir = tempfile.mkdtemp(prefix="qkv-launch-") if quiet else None
     logs = None if logs_dir is None else [os.path.join(logs_dir, f"rank{r}.log") for r in range(nproc)]
     try:
+        t0 = time.monotonic()
         ctx = tmp.start_processes(_entry, args=(fn, nproc, _free_port(), queue, tuple(args), timeout, backend,
                                                 ready, logs, deadline),
                                   nprocs=nproc, join=False, start_method="spawn")
         procs = ctx.processes
-        end = time.monotonic() + deadline
         got: dict = {}
-        dead_since: dict = {}
         try:
-            while len(got) < nproc:
-                try:
-                    rank, ok, res = queue.get(timeout=0.1)
-                    got[rank] = (ok, res)
-                    continue
-                except Exception:                              # queue.Empty: look at the processes
-                    pass
-                now = time.monotonic()
-                for r, p in enumerate(procs):
-                    if r not in got and not p.is_alive():
-                        first = dead_since.setdefault(r, now)
-                        if now - first > 2.0:                  # gone without a report (killed, crashed)
-                            last = "" if logs is None else _last_line(logs[r])
-                            got[r] = (False, f"the process exited with code {p.exitcode} without a result"
-                                             + (f" (its last line on stderr: {last})" if last else ""))
-                            ready.abort()                      # the others need not wait for it to start
-                if now > end:
-                    raise TimeoutError(f"launch: the {nproc} processes did not finish within {deadline:g} s; "
-                                       "they were stopped")
+            got = _collect(procs, queue, ready, logs, t0, deadline)
         finally:
-            for p in procs:
-                p.join(timeout=max(0.1, min(10.0, end - time.monotonic() + 5.0)))
-            for p in procs:
-                if p.is_alive():
-                    p.kill()
-                    p.join(timeout=5.0)
+            _stop(procs, everyone_reported=len(got) == nproc, end=t0 + deadline)
             queue.close()
     finally:
         if logs_dir is not None:
             shutil.rmtree(logs_dir, ignore_errors=True)
-    failed = [(r, got[r][1]) for r in sorted(got) if not got[r][0]]
-    if failed:
-        raise RuntimeError("; ".join(f"rank {r}: {msg}" for r, msg in failed))
+    if any(not ok for ok, _, _ in got.values()) or len(got) < nproc:
+        raise RuntimeError(_failure_message(got, nproc))
     return [got[r][1] for r in range(nproc)]
+
+
+#: Seconds the other ranks get to report once one rank has failed; then the ones still running (most likely
+#: waiting in a collective for the failed rank, until their timeout) are stopped.
+FAILURE_GRACE = 2.0
+
+
+def _collect(procs, queue, ready, logs, t0: float, deadline: float) -> dict:
+    """``{rank: (ok, result or error line, seconds since the start)}`` as the ranks report; a process gone
+    without a report counts as failed. Returns once every rank reported, or :data:`FAILURE_GRACE` seconds after
+    the first failure (the ranks still running are then left out); TimeoutError past the deadline."""
+    import queue as queue_mod
+    nproc, end = len(procs), t0 + deadline
+    got: dict = {}
+    dead_since: dict = {}
+    first_failure = None
+    while len(got) < nproc:
+        try:
+            rank, ok, res = queue.get(timeout=0.1)
+            got[rank] = (ok, res, time.monotonic() - t0)
+        except queue_mod.Empty:
+            pass
+        now = time.monotonic()
+        for r, p in enumerate(procs):
+            if r not in got and not p.is_alive():
+                first = dead_since.setdefault(r, now)
+                if now - first > 2.0:                      # gone without a report (killed, crashed)
+                    last = "" if logs is None else _last_line(logs[r])
+                    got[r] = (False, f"the process exited with code {p.exitcode} without a result"
+                                     + (f" (its last line on stderr: {last})" if last else ""), now - t0)
+                    ready.abort()                          # the others need not wait for it to start
+        if first_failure is None and any(not v[0] for v in got.values()):
+            first_failure = now
+        if first_failure is not None and now - first_failure > FAILURE_GRACE:
+            break
+        if now > end:
+            raise TimeoutError(f"launch: the {nproc} processes did not finish within {deadline:g} s; "
+                               "they were stopped")
+    return got
+
+
+def _stop(procs, everyone_reported: bool, end: float) -> None:
+    """Join the processes (they leave once they reported) — or kill at once the ones still running."""
+    if everyone_reported:
+        for p in procs:
+            p.join(timeout=max(0.1, min(10.0, end - time.monotonic() + 5.0)))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5.0)
+
+
+def _failure_message(got: dict, nproc: int) -> str:
+    """The failed ranks, the cause first: a rank's own error before the RingErrors of the ranks that waited for
+    it, each with when it failed; then the ranks stopped while still running."""
+    failed = sorted((r for r in got if not got[r][0]),
+                    key=lambda r: (str(got[r][1]).startswith("RingError"), got[r][2], r))
+    parts = [f"rank {r} failed after {got[r][2]:.1f} s: {got[r][1]}" for r in failed]
+    running = [r for r in range(nproc) if r not in got]
+    if running and failed:
+        names = ", ".join(str(r) for r in running)
+        parts.append(f"rank{'s' if len(running) > 1 else ''} {names} stopped: still running {FAILURE_GRACE:g} s "
+                     f"after rank {failed[0]} failed (waiting for it)")
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- qkv ring

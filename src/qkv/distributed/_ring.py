@@ -131,12 +131,24 @@ class _Comm:
                 np.copyto(home, t.cpu().numpy())
         except RuntimeError as exc:
             kind = {TAG_KV: "K/V block", TAG_DKV: "dK/dV block", TAG_HOME: "dK/dV block"}.get(tag, "message")
-            raise RingError(f"{self.fn}: rank {self.rank}: the {what} of a {kind} {'to' if what == 'send' else 'from'} "
-                            f"rank {peer} failed or took over {self.timeout:g} s (a rank that stopped, crashed or "
-                            f"did not call {self.fn}?); the process group cannot be reused: "
-                            f"{' '.join(str(exc).split())[:300]}") from None
+            what = f"the {what} of a {kind} {'to' if what == 'send' else 'from'} rank {peer}"
+            raise RingError(self._failed(what, time.perf_counter() - t0, exc)) from None
         finally:
             self.wait_s += time.perf_counter() - t0
+
+    def _failed(self, what: str, waited: float, exc: BaseException) -> str:
+        """A failed wait, said as what happened: a timeout when it took the whole timeout, else another rank
+        that went away (its connection closed) — with torch's own words, cut short."""
+        if waited < 0.9 * self.timeout:
+            why = (f"failed after {waited:.1f} s, before the {self.timeout:g} s timeout: another rank stopped or "
+                   "crashed (its own error says why)")
+        else:
+            why = f"did not complete within {self.timeout:g} s (does every rank of the group call {self.fn}?)"
+        torch_says = " ".join(str(exc).split())
+        if len(torch_says) > 160:
+            torch_says = torch_says[:159] + "…"
+        return (f"{self.fn}: rank {self.rank}: {what} {why}; the process group cannot be reused "
+                f"(torch: {torch_says})")
 
     def all_gather(self, rec: np.ndarray) -> np.ndarray:
         """Every rank's int64 record, (P, len(rec)); bounded by the timeout."""
@@ -145,13 +157,12 @@ class _Comm:
         if self.device is not None:
             mine = mine.to(self.device)
         outs = [torch.zeros_like(mine) for _ in range(self.size)]
+        t0 = time.perf_counter()
         try:
             work = self.dist.all_gather(outs, mine, group=self.group, async_op=True)
             work.wait(self.td)
         except RuntimeError as exc:
-            raise RingError(f"{self.fn}: rank {self.rank}: the check before the ring did not complete within "
-                            f"{self.timeout:g} s (does every rank of the group call {self.fn}?); the process "
-                            f"group cannot be reused: {' '.join(str(exc).split())[:300]}") from None
+            raise RingError(self._failed("the check before the ring", time.perf_counter() - t0, exc)) from None
         return np.stack([o.cpu().numpy() for o in outs])
 
 
