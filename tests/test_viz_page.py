@@ -210,28 +210,34 @@ def test_map_code_is_compact_and_bounded():
 
 
 def test_worked_data_small_large_and_over_the_limit():
+    """worked_data is the value of the page's "example" at any size: the playground (small), the canvas view with
+    its notice (large), or the notice alone (too large)."""
     examples = pytest.importorskip("qkv.explain.examples")
     small = viz.worked_data(examples.load_example("seed003"))
-    assert small["playground"]["tokens"] == ["我", "爱", "吃"] and small["example"] is None and not small["notices"]
+    assert small["kind"] == "playground" and small["tokens"] == ["我", "爱", "吃"]
+    assert embedded(viz.render_page({"example": small}))["playground"]["tokens"] == ["我", "爱", "吃"]
     rng = np.random.default_rng(4)
     T = 150
     doc = {"title": "long", "tokens": [f"t{i}" for i in range(T)], "X": rng.standard_normal((T, 4)).tolist(),
            "W_Q": rng.standard_normal((4, 4)).tolist(), "W_K": rng.standard_normal((4, 4)).tolist(),
            "W_V": rng.standard_normal((4, 4)).tolist()}
     large = viz.worked_data(examples.from_dict(doc))
-    assert large["playground"] is None and large["notices"][0]["key"] == "page.playground_too_big"
-    got = vpage.decode_maps(large["example"]["maps"])[0]
+    assert large["kind"] == "example" and large["notices"][0]["key"] == "page.playground_too_big"
+    got = vpage.decode_maps(large["maps"])[0]
     want = examples.run(examples.from_dict(doc))["weights"].array
     np.testing.assert_array_equal(got, vpage.quantize(want))
+    page = embedded(viz.render_page({"example": large}))
+    assert page["playground"] is None and page["example"]["T"] == T
+    assert [n["key"] for n in page["notices"]] == ["page.playground_too_big"]
     n = vpage.EXAMPLE_MAX_TOKENS + 1
     huge = viz.worked_data(examples.from_dict({"tokens": [f"t{i}" for i in range(n)], "Q": [[1.0]] * n,
                                                "K": [[1.0]] * n}))
-    assert huge["playground"] is None and huge["example"] is None
+    assert huge["kind"] == "notice"
     assert huge["notices"] == [{"key": "page.example_too_big",
                                 "args": {"title": huge["notices"][0]["args"]["title"], "L": n, "S": n,
                                          "limit": vpage.EXAMPLE_MAX_TOKENS}}]
-    html = viz.render_page(huge)                                        # the page says so (in page.js's words)
-    assert '"page.example_too_big"' in html
+    html = viz.render_page({"example": huge})                           # the page says so (in page.js's words)
+    assert '"page.example_too_big"' in html and embedded(html)["example"] is None
 
 
 def test_a_playground_too_large_is_left_out_with_a_notice(monkeypatch):

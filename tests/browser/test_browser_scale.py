@@ -197,10 +197,10 @@ def test_a_worked_example_too_large_to_edit_is_shown_as_a_picture(browser, tmp_p
            "W_V": rng.standard_normal((D, D)).round(3).tolist(), "mask": "causal"}
     worked = examples.from_dict(doc)
     data = viz.worked_data(worked)
-    assert data["playground"] is None and data["example"]["heads"] == 2
+    assert data["kind"] == "example" and data["heads"] == 2
     assert data["notices"][0]["key"] == "page.playground_too_big"
     path = tmp_path / "ex.html"
-    viz.write_page(path, data)
+    viz.write_page(path, {"example": data})
     want = np.asarray(examples.run(worked)["weights"].array).reshape(2, T, T)
     o = open_file(browser, path)
     try:

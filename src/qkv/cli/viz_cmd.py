@@ -267,20 +267,22 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
     data = {"playground": None, "notices": []}
     if prompt is None or file is not None or example is not None:
         worked = _load_worked(example, file)
-        data.update(viz.worked_data(worked, tokens=_tokens(tokens, len(worked.tokens), "one per row of X")))
+        data["example"] = viz.worked_data(worked, tokens=_tokens(tokens, len(worked.tokens), "one per row of X"))
         if why:
             data["why"] = viz.why_data()
     if prompt is not None:
         from .generate_cmd import load_smollm2, option_error
         model = load_smollm2(lang)
         try:
-            data.update(viz.generation_data(model, prompt, max_new_tokens=max_new_tokens, chat=chat,
-                                            temperature=temperature, seed=seed))
+            data["generation"] = viz.generation_data(model, prompt, max_new_tokens=max_new_tokens, chat=chat,
+                                                     temperature=temperature, seed=seed)
         except (ValueError, TypeError) as exc:                     # the prompt's length, the page's limits
             raise option_error(exc, _VIEW_OPTIONS) from None
     elif text is not None:
         data["model"] = _model_view_data(viz, name, text, lang)
-    for n in data.get("notices") or []:
+    from qkv.viz.page_data import normalize
+    data = normalize(data)                                         # worked_data's notices, generation's model view
+    for n in data["notices"]:
         _note(n["key"], lang, n["args"])
     fl = (data.get("model") or {}).get("flow_limit")
     if fl:                                                         # the page says it too, beside the rollout

@@ -119,7 +119,7 @@ def _data(obj, *, tokens, name, index) -> dict:
     except ImportError:                                           # pragma: no cover
         Worked = ()
     if Worked and isinstance(obj, Worked):
-        return _page.worked_data(obj, tokens=tokens)
+        return {"example": _page.worked_data(obj, tokens=tokens)}
     if hasattr(obj, "attentions") and hasattr(obj, "attention_mask") and hasattr(obj, "tokens"):
         return {"model": _output_data(obj, index=index, name=name)}
     if isinstance(obj, np.ndarray) or (hasattr(obj, "__array__") and not isinstance(obj, (str, bytes))):

@@ -648,18 +648,19 @@ def worked_data(worked, *, tokens=None) -> dict:
     """Page data for a worked example at any size: the editable playground (:func:`from_worked`) when it is
     small enough (:data:`PLAYGROUND_MAX_CELLS`); otherwise its weights, computed by qkv
     (:func:`qkv.explain.examples.run`), in the canvas view, with a notice saying why; beyond
-    :data:`EXAMPLE_MAX_TOKENS` queries or keys, only the notice. Returns ``{"playground": …, "example": …,
-    "notices": […]}`` for :func:`render_page`."""
+    :data:`EXAMPLE_MAX_TOKENS` queries or keys, only the notice. Returns the value of the page's ``"example"``
+    (:mod:`qkv.viz.page_data`): the playground's dict (``kind`` "playground"), the canvas view's with its
+    ``notices``, or ``{"kind": "notice", "notices": […]}``."""
     pg = from_worked(worked, tokens=tokens)
     cells = _playground_cells(pg)
     if cells <= PLAYGROUND_MAX_CELLS:
         from qkv.explain import examples
         examples.run(worked)              # the start the page computes in JavaScript, checked as explain checks
-        return {"playground": pg, "example": None, "notices": []}   # it (numbers that overflow: one error)
+        return dict(pg, kind="playground")                       # it (numbers that overflow: one error)
     L = len(pg["tokens"])
     S = len(pg["kv_tokens"]) if pg.get("kv_tokens") else L
     if max(L, S) > EXAMPLE_MAX_TOKENS:
-        return {"playground": None, "example": None, "notices": [
+        return {"kind": "notice", "notices": [
             _notice("page.example_too_big", title=pg["title"], L=L, S=S, limit=EXAMPLE_MAX_TOKENS)]}
     from qkv.explain import examples
 
@@ -667,9 +668,9 @@ def worked_data(worked, *, tokens=None) -> dict:
     w = w.reshape(-1, w.shape[-2], w.shape[-1])                    # (heads, L, S)
     data = _layers_data([w], 1, w.shape[0], L, False, what=f"{pg['title']}", cols=S)
     data.update({"kind": "example", "name": pg["title"], "text": None, "tokens": pg["tokens"],
-                 "kv_tokens": pg["kv_tokens"], "decoder": False})
-    return {"playground": None, "example": data, "notices": [
-        _notice("page.playground_too_big", cells=cells, limit=PLAYGROUND_MAX_CELLS)]}
+                 "kv_tokens": pg["kv_tokens"], "decoder": False,
+                 "notices": [_notice("page.playground_too_big", cells=cells, limit=PLAYGROUND_MAX_CELLS)]})
+    return data
 
 
 def generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bool = False, **sampling) -> dict:
@@ -680,8 +681,8 @@ def generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bool 
     come from one pass of the decoder's layers over prompt + continuation (:func:`decoder_attentions`):
     generate's cached steps keep no weights, and with a causal mask the row of a token in the full pass is the
     row that token's step computed (each query sees the same keys). The row of generated token s is that of
-    the token itself as the query (position P + s). Returns ``{"generation": …, "model": …}`` (the model view of
-    the whole sequence) for :func:`render_page`.
+    the token itself as the query (position P + s). Returns the value of the page's ``"generation"``, with the
+    model view of the whole sequence under ``"model"`` (the page shows it as its model view).
     """
     g = model.generate(prompt, max_new_tokens=max_new_tokens, chat=chat, **sampling)
     ids = list(g.prompt_ids) + list(g.ids)
@@ -708,8 +709,9 @@ def generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bool 
     view.update({"kind": "model", "name": name, "text": g.prompt, "tokens": tokens, "decoder": True,
                  "kv_heads": int(getattr(c, "num_kv_heads", H) or H)})
     gen = {"name": name, "prompt": prompt, "chat": bool(chat), "text": g.text, "finish": g.finish_reason,
-           "tokens": tokens, "prompt_len": P, "layers": L, "heads": H, "digits": MAP_DIGITS, "steps": steps.to_json()}
-    return {"generation": gen, "model": view}
+           "tokens": tokens, "prompt_len": P, "layers": L, "heads": H, "digits": MAP_DIGITS, "steps": steps.to_json(),
+           "model": view}
+    return gen
 
 
 # ---------------------------------------------------------------------------------------------- why
@@ -766,9 +768,9 @@ _PARTS = ("playground", "model", "example", "generation", "why")
 
 
 def render_page(data: dict, *, lang: str | None = None) -> str:
-    """The page's HTML for ``{"playground": playground_data(...), "model": model_data(...), "example": …,
-    "generation": …, "why": why_data(), "notices": […]}`` (any of them; :func:`worked_data` and
-    :func:`generation_data` return such dicts).
+    """The page's HTML for ``{"playground": playground_data(...), "model": model_data(...), "example":
+    worked_data(...), "generation": generation_data(...), "why": why_data(), "notices": […]}`` (any of them; each
+    value checked against its view's shape, :func:`qkv.viz.page_data.normalize`: a ValueError names the key).
 
     ``lang``: the language of the page's words (a :mod:`qkv.locales` language; default ``data["lang"]`` or
     English). Its ``page.*`` strings are embedded with the data; the page stays one offline file. A playground
@@ -778,10 +780,11 @@ def render_page(data: dict, *, lang: str | None = None) -> str:
     import qkv
     from qkv import locales
 
-    if not isinstance(data, dict) or not any(data.get(k) for k in _PARTS + ("notices",)):
-        raise ValueError("data: expected a dict with 'playground', 'model', 'example', 'generation' or 'notices'")
-    lang = locales.check_lang(lang if lang is not None else data.get("lang", locales.DEFAULT))
-    notices = list(data.get("notices") or [])
+    from .page_data import normalize
+
+    data, lang = normalize(data), lang if lang is not None else (data or {}).get("lang", locales.DEFAULT)
+    lang = locales.check_lang(lang)
+    notices = data["notices"]
     playground = data.get("playground")
     if playground and _playground_cells(playground) > PLAYGROUND_MAX_CELLS:
         notices.append(_notice("page.playground_too_big", cells=_playground_cells(playground),
@@ -792,9 +795,6 @@ def render_page(data: dict, *, lang: str | None = None) -> str:
     if why:
         from qkv import lab
 
-        if not (isinstance(why, dict) and isinstance(why.get("scale"), dict) and why["scale"].get("rows")
-                and len(why.get("examples") or []) == len(why["scale"]["rows"])):
-            raise ValueError("why: expected why_data()'s dict (the scale experiment and one example row per d_k)")
         lab_words = locales.strings(lang, "lab.")
         why = dict(why, paragraph=lab.paragraph("scale", why["scale"], lang),
                    strings={k: lab_words[k] for k in WHY_LAB_KEYS})

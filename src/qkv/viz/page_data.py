@@ -1,0 +1,131 @@
+"""What :func:`qkv.viz.render_page` / :func:`write_page` take, checked before a page is written.
+
+One convention: each ``*_data`` function returns the value of one key of the page's data —
+``{"playground": playground_data(…) or from_worked(…), "example": worked_data(…), "model": model_data(…),
+"generation": generation_data(…), "why": why_data(), "notices": […]}`` (any of them). Two values carry more than
+their own view, and :func:`normalize` puts it where the page reads it:
+
+- :func:`~qkv.viz.worked_data` is a worked example at any size: the editable playground when small (it goes
+  to ``playground``), the canvas picture when large, or only a notice when too large (with the notice
+  saying why);
+- :func:`~qkv.viz.generation_data` carries the model view of the whole sequence (``"model"``), which becomes
+  the page's model view unless one is given.
+
+A value that does not have its view's shape is a ValueError naming the key, what it expected and what it got
+(a page written from it would fail in the browser).
+"""
+from __future__ import annotations
+
+PARTS = ("playground", "model", "example", "generation", "why")
+#: The keys of each view's dict that the page reads, and where such a dict comes from.
+REQUIRED = {
+    "playground": (("title", "start", "tokens", "heads", "causal", "scaling"),
+                   "playground_data()'s, from_worked()'s or worked_data()'s dict"),
+    "model": (("kind", "name", "layers", "heads", "T", "maps", "tokens"), "model_data()'s dict"),
+    "example": (("kind", "name", "layers", "heads", "T", "maps", "tokens"), "worked_data()'s dict"),
+    "generation": (("name", "prompt", "text", "tokens", "prompt_len", "layers", "heads", "steps"),
+                   "generation_data()'s dict"),
+    "why": (("scale", "examples"), "why_data()'s dict"),
+}
+_STARTS = ("X", "QK", "scores")
+_MAP_KEYS = ("tables", "table_of", "blobs", "shapes")
+
+
+def _got(value) -> str:
+    if isinstance(value, dict):
+        keys = sorted(map(str, value))
+        shown = ", ".join(keys[:6]) + (", …" if len(keys) > 6 else "")
+        return f"a dict with keys [{shown}]" if keys else "an empty dict"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:40] + '…' if len(text) > 40 else text}"
+
+
+def _fail(key: str, value, why: str = "") -> ValueError:
+    return ValueError(f"{key}: expected {REQUIRED[key][1]}{why}, got {_got(value)}")
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _maps_ok(maps, count: int) -> bool:
+    return (isinstance(maps, dict) and all(isinstance(maps.get(k), list) for k in _MAP_KEYS)
+            and len(maps["blobs"]) == count)
+
+
+def check(key: str, value) -> None:
+    """ValueError unless ``value`` has the shape of the page's ``key`` view."""
+    need, _ = REQUIRED[key]
+    if not isinstance(value, dict) or any(k not in value for k in need):
+        missing = [k for k in need if not isinstance(value, dict) or k not in value]
+        raise _fail(key, value, f" (with {', '.join(missing)})")
+    tokens = value.get("tokens")
+    if key != "why" and not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)):
+        raise _fail(key, value, " (tokens: a list of strings)")
+    if key == "playground":
+        if value["start"] not in _STARTS or not _int(value["heads"]):
+            raise _fail(key, value, f" (start: one of {', '.join(_STARTS)}; heads ≥ 1)")
+        if value.get("kind", "playground") != "playground":
+            raise _fail(key, value, f" (kind 'playground', not {value['kind']!r})")
+    elif key in ("model", "example"):
+        if value["kind"] != key:
+            raise _fail(key, value, f" (kind {key!r}, not {value['kind']!r})")
+        L, H, T = value["layers"], value["heads"], value["T"]
+        if not (_int(L) and _int(H) and _int(T) and len(tokens) == T and _maps_ok(value["maps"], L * H)):
+            raise _fail(key, value, " (layers × heads coded maps of T tokens)")
+    elif key == "generation":
+        if not (_int(value["layers"]) and _int(value["heads"]) and isinstance(value["steps"], dict)
+                and isinstance(value["steps"].get("blobs"), list)):
+            raise _fail(key, value, " (layers, heads and the coded steps)")
+    elif not (isinstance(value["scale"], dict) and value["scale"].get("rows")
+              and isinstance(value["examples"], list) and len(value["examples"]) == len(value["scale"]["rows"])):
+        raise _fail(key, value, " (the scale experiment and one example row per d_k)")
+
+
+def _notices(value, key: str = "notices") -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+            isinstance(n, dict) and isinstance(n.get("key"), str) and n["key"].startswith("page.")
+            and isinstance(n.get("args", {}), dict) for n in value):
+        raise ValueError(f"{key}: expected a list of {{'key': 'page.…', 'args': {{…}}}}, got {_got(value)}")
+    return [{"key": n["key"], "args": dict(n.get("args", {}))} for n in value]
+
+
+def normalize(data) -> dict:
+    """``data`` as the page reads it: every view checked (:func:`check`), :func:`~qkv.viz.worked_data`'s value
+    put where it belongs and :func:`~qkv.viz.generation_data`'s model view lifted; returns
+    ``{part: value or None, …, "notices": […]}``. TypeError when ``data`` is not a dict; ValueError naming an
+    unknown key, a value of the wrong shape, or nothing to show."""
+    if not isinstance(data, dict):
+        raise TypeError(f"data: expected a dict of the page's views ({', '.join(PARTS)}, notices), "
+                        f"got {type(data).__name__}")
+    unknown = [k for k in data if k not in PARTS + ("notices", "lang")]
+    if unknown:
+        raise ValueError(f"data: unknown key {unknown[0]!r}; expected {', '.join(PARTS)}, notices or lang")
+    out = {k: data.get(k) for k in PARTS}
+    notices = _notices(data.get("notices"))
+    ex = out["example"]
+    if isinstance(ex, dict) and "notices" in ex:                     # worked_data: its notices join the page's
+        notices += _notices(ex["notices"], "example['notices']")
+        ex = {k: v for k, v in ex.items() if k != "notices"}
+        out["example"] = None if ex.get("kind") == "notice" and len(ex) == 1 else ex
+    ex = out["example"]
+    if isinstance(ex, dict) and ex.get("kind") == "playground":       # worked_data of a small example
+        if out["playground"] is not None:
+            raise ValueError("example: worked_data() gave the playground, and playground is given too; give one")
+        out["playground"], out["example"] = ex, None
+    gen = out["generation"]
+    if isinstance(gen, dict) and "model" in gen:                     # generation_data: the sequence's model view
+        out["generation"] = {k: v for k, v in gen.items() if k != "model"}
+        check("generation", out["generation"])
+        if out["model"] is None:
+            out["model"] = gen["model"]
+    for key in PARTS:
+        if out[key] is not None:
+            check(key, out[key])
+    if not any(out[k] is not None for k in PARTS) and not notices:
+        raise ValueError(f"data: expected a dict with at least one of {', '.join(PARTS)} or notices, "
+                         f"got {_got(data)}")
+    out["notices"] = notices
+    return out
