@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 
 import click
-import numpy as np
 
 from qkv.locales import t
 
@@ -144,8 +143,8 @@ def heatmap_cmd(file, example, model_name, text, layer, head, all_heads, tokens,
         default_title = f"{viz.model_name(model)}: layer {layer}"
     else:
         worked = _load_worked(example, file)
-        trace = _examples().run(worked)
-        weights = np.asarray(trace["weights"].array)
+        from qkv.explain.weights import attention_weights
+        weights = attention_weights(worked)                               # a large one: float32, by row blocks
         while weights.ndim > 3 and weights.shape[0] == 1:
             weights = weights[0]                                          # (H, L, S) or (L, S)
         rows = _tokens(tokens, weights.shape[-2], "one per query row") or list(worked.tokens)

@@ -120,7 +120,9 @@ def _weights(weights, ndim: int, name: str = "weights") -> np.ndarray:
     if hasattr(weights, "detach"):                                 # a torch tensor
         weights = weights.detach().cpu().numpy()
     try:
-        w = np.asarray(weights, dtype=np.float64)
+        w = np.asarray(weights)
+        if w.dtype not in (np.float32, np.float64):                 # float32 stays: no 8-byte copy of a large map
+            w = w.astype(np.float64)
     except (TypeError, ValueError):
         raise TypeError(f"{name}: expected a numeric array, got {type(weights).__name__}") from None
     while w.ndim > ndim and w.shape[0] == 1:                       # drop leading batch/head axes of size 1
@@ -200,6 +202,27 @@ def _ticks(n: int, step: int) -> list[int]:
     return ticks
 
 
+def _finite_range(w: np.ndarray) -> tuple[float, float] | None:
+    """The smallest and largest finite value of ``w`` (None when there is none), without copying them out."""
+    ok = np.isfinite(w)
+    if not ok.any():
+        return None
+    return float(np.min(w, where=ok, initial=np.inf)), float(np.max(w, where=ok, initial=-np.inf))
+
+
+def _pooled(w: np.ndarray, px_per_cell: float) -> tuple[np.ndarray, int]:
+    """``w`` averaged over k × k blocks when k whole cells fit in a pixel (the last blocks may be partial), and
+    k: matplotlib then resamples a picture of about the image's own size, not the whole matrix (its colour
+    stage alone takes 32 bytes a cell); the picture is what its antialiasing would show."""
+    k = int(1.0 / px_per_cell) if px_per_cell > 0 else 1
+    if k < 2:
+        return w, 1
+    L, S = w.shape
+    r0, c0 = np.arange(0, L, k), np.arange(0, S, k)
+    rows = np.add.reduceat(w, r0, axis=0) / np.diff(np.r_[r0, L]).astype(w.dtype)[:, None]
+    return np.add.reduceat(rows, c0, axis=1) / np.diff(np.r_[c0, S]).astype(w.dtype)[None, :], k
+
+
 def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, annotate=None,
             cmap: str = "Blues", vmin: float | None = 0.0, vmax: float | None = None, fmt: str = "{:.2f}",
             colorbar: bool = True, xlabel: str | None = "key", ylabel: str | None = "query", _layout=None,
@@ -229,9 +252,9 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
     L, S = w.shape
     rows = _labels(row_labels, L, "row_labels", "q")
     cols = _labels(col_labels, S, "col_labels", "k")
-    finite = w[np.isfinite(w)]
-    hi = vmax if vmax is not None else (float(finite.max()) if finite.size else 1.0)
-    lo = vmin if vmin is not None else (float(finite.min()) if finite.size else 0.0)
+    span = _finite_range(w)
+    hi = vmax if vmax is not None else (span[1] if span else 1.0)
+    lo = vmin if vmin is not None else (span[0] if span else 0.0)
     if hi <= lo:
         hi = lo + 1.0
     sample = max((fmt.format(v) for v in (lo, hi, -abs(hi))), key=len)
@@ -259,13 +282,25 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
                               1.0 + (0.6 if lay["rotate"] else 0.3) + c * L), layout="constrained")
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
+    size = lay["annotate_pt"]
+    if annotate is None:
+        annotate = size > 0
+    elif annotate and L * S > MAX_ANNOTATIONS:
+        warnings.warn(f"annotate: {L}×{S} = {L * S} cells are too many to write a number in each (at most "
+                      f"{MAX_ANNOTATIONS}); drawing the colours only", UserWarning, stacklevel=2)
+        annotate = False
+    img, k = (w, 1) if annotate else _pooled(w, lay["cell"] * DPI)
+    norm = {"vmin": lo, "vmax": hi}
     if lay.get("sqrt") and lo >= 0:
         from matplotlib.colors import PowerNorm
-
-        im = ax.imshow(w, cmap=cmap, norm=PowerNorm(0.5, vmin=lo, vmax=hi), aspect="auto",
-                       interpolation=lay["interpolation"])
-    else:
-        im = ax.imshow(w, cmap=cmap, vmin=lo, vmax=hi, aspect="auto", interpolation=lay["interpolation"])
+        norm = {"norm": PowerNorm(0.5, vmin=lo, vmax=hi)}
+    if lay["interpolation"] != "nearest":                             # resample the numbers, then colour them:
+        norm["interpolation_stage"] = "data"                          # not an RGBA copy of every cell (32 B each)
+    im = ax.imshow(img, cmap=cmap, aspect="auto", interpolation=lay["interpolation"], **norm,
+                   **({} if k == 1 else {"extent": (-0.5, img.shape[1] * k - 0.5, img.shape[0] * k - 0.5, -0.5)}))
+    if k > 1:                                                          # partial last blocks: cut at the matrix
+        ax.set_xlim(-0.5, S - 0.5)
+        ax.set_ylim(L - 0.5, -0.5)
     tick_style = dict(style, fontsize=lay["tick_pt"])
     ax.set_xticks(cticks, [drawable(_short(cols[j])) for j in cticks], **tick_style)
     ax.set_yticks(rticks, [drawable(_short(rows[i])) for i in rticks], **tick_style)
@@ -280,13 +315,6 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
         ax.set_ylabel(ylabel + (f" (1 label in {rstep})" if rstep > 1 else ""))
     if title:
         ax.set_title(drawable(title), **style)
-    size = lay["annotate_pt"]
-    if annotate is None:
-        annotate = size > 0
-    elif annotate and L * S > MAX_ANNOTATIONS:
-        warnings.warn(f"annotate: {L}×{S} = {L * S} cells are too many to write a number in each (at most "
-                      f"{MAX_ANNOTATIONS}); drawing the colours only", UserWarning, stacklevel=2)
-        annotate = False
     if annotate:
         size = size or max(2.0, min(MAX_ANNOTATION_PT, lay["cell"] * 72.0 / 1.4))
         mid = lo + (hi - lo) / 2
@@ -335,8 +363,8 @@ def heads_grid(weights, row_labels=None, col_labels=None, *, titles=None, ncols:
     nrows = -(-H // ncols)
     rows = _labels(row_labels, L, "row_labels", "q")
     cols = _labels(col_labels, S, "col_labels", "k")
-    finite = w[np.isfinite(w)]
-    vmax = max(float(finite.max()) if finite.size else 1.0, 1e-12)
+    span = _finite_range(w)
+    vmax = max(span[1] if span else 1.0, 1e-12)
     lay = layout(L, S, max_side=MAX_PANEL_IN, max_cell=0.45, row_labels=rows, col_labels=cols,
                  sample=fmt.format(vmax), max_ticks=MAX_PANEL_TICKS)
     c = lay["cell"]
