@@ -17,12 +17,21 @@ from .gemm import get_gemm, set_gemm  # the engine's matrix multiply: "auto", "n
 __version__ = "0.1.0"
 
 
+#: Subpackages imported on first attribute access (``qkv.models.load_bert``), so that ``import qkv`` stays light:
+#: pictures and the page, the pretrained models, the lab's experiments, ring attention (their optional
+#: dependencies are imported only when used, each missing one an ImportError naming its extra).
+LAZY = ("viz", "models", "lab", "distributed")
+
+
 def __getattr__(name):
-    """``qkv.viz`` (pictures, the page, notebooks) is imported on first use: ``import qkv`` stays light."""
-    if name == "viz":
+    if name in LAZY:
         import importlib
-        return importlib.import_module(".viz", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(LAZY))
 
 __all__ = [
     "BlockMask",

@@ -666,7 +666,7 @@ def markdown(result: dict) -> str:
 
 def plot(result: dict, path: str) -> None:
     """Median time against N, one panel per mode, one line per implementation (matplotlib, lazily)."""
-    import matplotlib
+    matplotlib = __import__("qkv._extras", fromlist=["need"]).need("matplotlib", "qkv.bench.plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     modes = result["config"]["modes"]

@@ -112,7 +112,11 @@ def launch(fn, nproc, args=(), *, timeout=None, deadline=None, backend="gloo", q
     import shutil
     import tempfile
 
-    import torch.multiprocessing as tmp
+    try:
+        import torch.multiprocessing as tmp
+    except ImportError:
+        raise ImportError("launch needs torch (torch.multiprocessing, torch.distributed): pip install "
+                          "'qkv[torch]'") from None
 
     from ._ring import DEFAULT_TIMEOUT
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:

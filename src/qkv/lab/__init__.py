@@ -53,6 +53,8 @@ def table(name: str, result: dict, lang: str = "en"):
 
 def plot(name: str, result: dict, path, lang: str = "en") -> str:
     """Draw ``result`` to ``path`` (.png, .svg or .pdf; written atomically); needs matplotlib (``viz``)."""
+    from .._extras import need
+    need("matplotlib", "qkv.lab.plot")
     return _module(name).plot(result, path, lang)
 
 

@@ -413,7 +413,7 @@ class BertModel:
                 from tqdm.auto import tqdm
             except ImportError:
                 if progress:
-                    raise ImportError("encode(progress=True) needs tqdm: pip install tqdm") from None
+                    raise ImportError("encode(progress=True) needs tqdm: pip install 'qkv[model]'") from None
             else:
                 bar = tqdm(total=len(items), desc="encode", unit="text")
         out = np.empty((len(items), c.hidden_size), dtype=np.float32)
