@@ -40,30 +40,11 @@ class _TokensCommand(click.Command):
         return super().parse_args(ctx, out)
 
 
-def _examples():
-    try:
-        from qkv.explain import examples
-    except ImportError as exc:                                       # pragma: no cover - a broken install
-        raise UserError(f"worked examples are unavailable: {exc}") from None
-    return examples
-
-
-def _load_worked(example: str | None, path: str | None):
-    """The worked example named ``example``, or read from ``path``, or the default (seed 003)."""
-    ex = _examples()
-    if example is not None and path is not None:
-        raise UserError("give either --example NAME or a FILE, not both")
-    if path is not None:
-        if not os.path.isfile(path):
-            raise UserError(f"cannot read {path!r}: no such file")
-        if not os.access(path, os.R_OK):
-            raise UserError(f"cannot read {path!r}: permission denied")
-        return ex.load_file(path)
-    name = DEFAULT_EXAMPLE if example is None else example
-    names = list(ex.builtin_names())
-    if name not in names:
-        raise UserError(f"unknown example {name!r}; the built-in examples are: {', '.join(names)}")
-    return ex.load_example(name)
+def _load_worked(example: str | None, path: str | None, lang: str = "en"):
+    """The worked example named ``example``, or read from ``path``, or the default (seed 003); its errors in
+    ``lang``, as qkv explain says them."""
+    from .explain_cmd import _load
+    return _load(example, path, lang)
 
 
 def _tokens(tokens, expected: int, what: str = "tokens"):
@@ -265,7 +246,7 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
                                chat=chat)
     data = {"playground": None, "notices": []}
     if prompt is None or file is not None or example is not None:
-        worked = _load_worked(example, file)
+        worked = _load_worked(example, file, lang)
         data["example"] = viz.worked_data(worked, tokens=_tokens(tokens, len(worked.tokens), "one per row of X"))
         if why:
             data["why"] = viz.why_data()
