@@ -371,6 +371,41 @@ def test_features_and_shift_free_rules():
     assert P.mod.kind == "generic" and not P.shift_free(0.0, 70.0, None)
 
 
+def test_the_engine_reads_a_mods_traits_never_its_name():
+    """A mod is what its traits say (qkv.mods.ScoreTraits / MaskTraits), not what its function is called: a
+    custom mod under a built-in's name and module is called on every block; one declaring a cap is folded."""
+    from qkv import paths
+    z = np.zeros((1, 2, 16, 4))
+
+    def softcap_mod(score, b, h, q_idx, kv_idx):              # a built-in's name and module, but a user's mod
+        return 5.0 * np.tanh(score / 5.0)
+    softcap_mod.__module__ = "qkv.mods"
+    spoof = mods.ScoreMod(softcap_mod, lambda s, b, h, i, j: 1 - np.tanh(s / 5.0) ** 2, name="softcap")
+    assert tiled._Problem(z, z, z, None, False, 1.0, False, score_mod=spoof).mod.kind == "generic"
+    declared = mods.ScoreMod(softcap_mod, spoof._grad, traits=mods.ScoreTraits(cap=5.0))
+    assert tiled._Problem(z, z, z, None, False, 1.0, False, score_mod=declared).mod.kind == "softcap"
+    chain = mods.compose(mods.alibi([0.5, 0.25]), declared)
+    P = tiled._Problem(z, z, z, None, False, 1.0, False, score_mod=chain)
+    assert P.mod.kind == "alibi_softcap" and P.mod.cap == 5.0
+    q, k, v, go = _inputs(3, 1, 2, 2, 40, 40, amp=4.0)
+    want = REF.forward(q, k, v, score_mod=spoof, scale=0.5)[0]
+    for mod, path in ((spoof, "score.generic"), (declared, "score.softcap_tanh")):
+        with paths.counting() as seen:
+            got = TILED.forward(q, k, v, score_mod=mod, scale=0.5, block_q=8, block_k=16)[0]
+        assert seen[path] > 0 and (path == "score.generic") == (seen["score.generic"] > 0), seen
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+    def causal_mask(b, h, q_idx, kv_idx):                      # a mask mod under a built-in's name: no traits
+        return q_idx >= kv_idx
+    causal_mask.__module__ = "qkv.mods"
+    bm = create_block_mask(causal_mask, None, None, 16, 16, BLOCK_SIZE=8)
+    P = tiled._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
+    assert P.mask_traits == mods.MaskTraits()
+    bm = create_block_mask(mods.MaskMod(causal_mask, traits=mods.MaskTraits(True, True, True)), None, None, 16, 16,
+                           BLOCK_SIZE=8)
+    assert tiled._Problem(z, z, z, None, False, 1.0, False, block_mask=bm).mask_traits.invariant
+
+
 @pytest.mark.parametrize("amp", [0.05, 0.5, 1.0, 1.6, 2.5, 4.0])
 def test_softcap_polynomial_is_as_exact_as_numpy_tanh(amp):
     # float32 softcap 50: |s/cap| bounded per query block; small bounds take the polynomial, larger np.tanh.

@@ -121,6 +121,7 @@ from ..kernels import run_plain_backward as _krun_plain_backward, run_plain_lazy
 from .. import kernels as _kernels
 from .. import paths as _paths
 from ..merge import merge_partials
+from ..mods import UNKNOWN as _UNKNOWN_MASK, ScoreTraits as _ScoreTraits
 from ..blockmask import EMPTY as _EMPTY, FULL as _FULL, PARTIAL as _PARTIAL
 from .base import Backend
 from .runtime import RUNTIME, default_num_threads, get_num_threads, set_num_threads  # noqa: F401
@@ -237,28 +238,17 @@ del _R
 _src = shapes.source_index
 
 
-def _builtin(mod, fn_name: str) -> bool:
-    """Whether ``mod`` is the :mod:`qkv.mods` built-in whose function is called ``fn_name`` (so the engine
-    may use what it knows about it: a bound, a translation-invariant pattern, a fold into the matmul)."""
-    fn = getattr(mod, "fn", None)
-    return getattr(fn, "__module__", None) == "qkv.mods" and getattr(fn, "__name__", None) == fn_name
+def _mask_traits(mod):
+    """The :class:`qkv.mods.MaskTraits` the mask mod declares (the built-ins do), else nothing known:
+    ``invariant`` (it depends on ``i − j`` alone: its partial blocks repeat per offset and can be cached),
+    ``diagonal`` (it allows every ``(i, i)``), ``causal`` (it allows no ``j > i``)."""
+    return getattr(mod, "traits", None) or _UNKNOWN_MASK
 
 
-def _mask_traits(mod) -> tuple:
-    """``(invariant, diagonal, causal)`` of a mask mod, known for the built-ins (False when unknown):
-    invariant — it depends on ``i − j`` alone (its partial blocks repeat per offset and can be cached);
-    diagonal — it allows every ``(i, i)``; causal — it allows no ``j > i``."""
-    if _builtin(mod, "causal_mask") or _builtin(mod, "sliding_window_mask"):
-        return True, True, True
-    if _builtin(mod, "document_mask") or _builtin(mod, "prefix_lm_mask"):
-        return False, True, False
-    if _builtin(mod, "and_mask") or _builtin(mod, "or_mask"):
-        t = [_mask_traits(c) for c in mod.children]
-        inv = all(x[0] for x in t)
-        if _builtin(mod, "and_mask"):
-            return inv, all(x[1] for x in t), any(x[2] for x in t)
-        return inv, any(x[1] for x in t), all(x[2] for x in t)
-    return False, False, False
+def _score_traits(mod):
+    """The :class:`qkv.mods.ScoreTraits` the score mod declares (the built-ins do), or None."""
+    t = getattr(mod, "traits", None)
+    return t if isinstance(t, _ScoreTraits) else None
 
 
 class _ModPlan:
@@ -271,16 +261,17 @@ class _ModPlan:
         self.kind, self.slopes, self.cap = "none", None, None
         if score_mod is None:
             return
-        chain = [score_mod]
-        if _builtin(score_mod, "composed"):
-            chain = list(score_mod.params.get("mods", ()))
-        if len(chain) == 1 and _builtin(chain[0], "alibi_mod"):
-            self.kind, self.slopes = "alibi", np.asarray(chain[0].params["slopes"], np.float64)
-        elif len(chain) == 1 and _builtin(chain[0], "softcap_mod"):
-            self.kind, self.cap = "softcap", float(chain[0].params["cap"])
-        elif len(chain) == 2 and _builtin(chain[0], "alibi_mod") and _builtin(chain[1], "softcap_mod"):
+        t = _score_traits(score_mod)
+        chain = [_score_traits(m) for m in t.chain] if t is not None and t.chain else [t]
+        bias = [c is not None and c.bias_slopes is not None for c in chain]   # ALiBi's
+        cap = [c is not None and c.cap is not None for c in chain]             # softcap's
+        if len(chain) == 1 and bias[0]:
+            self.kind, self.slopes = "alibi", np.asarray(chain[0].bias_slopes, np.float64)
+        elif len(chain) == 1 and cap[0]:
+            self.kind, self.cap = "softcap", float(chain[0].cap)
+        elif len(chain) == 2 and bias[0] and cap[1]:
             self.kind = "alibi_softcap"
-            self.slopes, self.cap = np.asarray(chain[0].params["slopes"], np.float64), float(chain[1].params["cap"])
+            self.slopes, self.cap = np.asarray(chain[0].bias_slopes, np.float64), float(chain[1].cap)
         else:
             self.kind = "generic"
 
@@ -325,14 +316,14 @@ class _Problem:
             self.cell = self.bs
             if self.bs > GRID_CELL and self.bs % GRID_CELL == 0 and _block_kinds_known(block_mask.mask_mod):
                 self.cell = GRID_CELL
-            self.mask_traits = _mask_traits(block_mask.mask_mod)
+            self.mask_traits = _mask_traits(block_mask.mask_mod)   # what it promises (qkv.mods.MaskTraits)
         self.sinks = None if sink_logits is None else np.asarray(sink_logits, np.float64).reshape(-1)
         # ALiBi with scores that cannot exceed the diagonal's: every allowed key is at or before its query
         # (bias ≤ 0) and every query's own key is allowed (bias 0), so the shift-free bound still holds.
         diag_ok = self.L <= self.S and attn_mask is None
         if block_mask is not None:
-            _, diag, causal = self.mask_traits
-            self.alibi_causal = diag_ok and diag and (causal or self.is_causal)
+            t = self.mask_traits
+            self.alibi_causal = diag_ok and t.diagonal and (t.causal or self.is_causal)
         else:
             self.alibi_causal = diag_ok and self.is_causal
         self._kv: dict = {}
@@ -1023,7 +1014,7 @@ class _Scorer:
                 continue
             if v & 1:
                 mod = P.bm.mask_mod
-                if P.mask_traits[0]:
+                if P.mask_traits.invariant:
                     _paths.hit(M_PATTERN)
                     np.add(sub, _mod_additive(mod, o0 - c0, o1 - o0, c1 - c0, s.dtype), out=sub)
                 else:
@@ -1115,7 +1106,7 @@ def _band_groups(P: _Problem, blocks: list, i0: int, slope, max_scores: int) -> 
     j0, w, pattern)`` and runs as one batched computation (strided views of Q, Kᵀ, V: no copies), where
     block by block the Python steps of a 128-row band cost a third of its time."""
     out, k, n_b = [], 0, len(blocks)
-    inv = P.bm is not None and P.mask_traits[0]
+    inv = P.bm is not None and P.mask_traits.invariant
     while k < n_b:
         r0, r1, j0, j1, kind = blocks[k]
         h, w = r1 - r0, j1 - j0
