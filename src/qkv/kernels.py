@@ -103,9 +103,11 @@ class Kernels:
             raise ValueError(f"QKV_KERNELS: 'numba' needs numba, which is not installed: {_INSTALL}")
         return j
 
-    def _wanted(self, dtype, size: int) -> bool:
-        """Whether a block of ``size`` scores of ``dtype`` should use the kernels."""
-        return self.choice != "numpy" and size >= KERNEL_MIN and dtype == np.float32
+    def _wanted(self, dtype, size: int, minimum: int | None) -> bool:
+        """Whether a block of ``size`` scores of ``dtype`` should use the kernels (at least ``minimum`` scores;
+        None: :data:`KERNEL_MIN`)."""
+        return (self.choice != "numpy" and size >= (KERNEL_MIN if minimum is None else minimum)
+                and dtype == np.float32)
 
     def describe(self) -> str:
         """``numba 0.68.1`` or ``numpy`` — for benchmark headers."""
@@ -114,17 +116,19 @@ class Kernels:
         import numba
         return f"numba {numba.__version__}"
 
-    def for_call(self, dtype, size: int):
+    def for_call(self, dtype, size: int, minimum: int | None = None):
         """Called by the engine before it runs its tasks (outside its BLAS limit): loads the kernels when
-        blocks of ``size`` scores of ``dtype`` will use them (see :func:`_warm`). Returns them or None."""
-        if not self._wanted(dtype, size):
+        blocks of ``size`` scores of ``dtype`` will use them (see :func:`_warm`). Returns them or None.
+        ``minimum``: the fewest scores a block takes them for (None: :data:`KERNEL_MIN`; the tiled engine passes
+        its call's limit, :attr:`qkv.backends.tiled.Limits.kernel_min`)."""
+        if not self._wanted(dtype, size, minimum):
             return None
         return self._required() if self.choice == "numba" else self.jit()
 
-    def for_block(self, dtype, size: int):
-        """The kernels for a block of ``size`` scores of ``dtype`` inside a task, else None. Never loads
-        them (:meth:`for_call` does, before the tasks)."""
-        return (self._jit or None) if self._wanted(dtype, size) else None
+    def for_block(self, dtype, size: int, minimum: int | None = None):
+        """The kernels for a block of ``size`` scores of ``dtype`` inside a task, else None (``minimum`` as
+        :meth:`for_call`'s). Never loads them (:meth:`for_call` does, before the tasks)."""
+        return (self._jit or None) if self._wanted(dtype, size, minimum) else None
 
 
 def _warm(jit) -> None:
