@@ -182,6 +182,33 @@ def test_lse_is_logsumexp_of_the_scaled_masked_scores(rng):
     np.testing.assert_allclose(lse, want, atol=1e-12)
 
 
+def test_a_task_runs_the_first_strategy_that_supports_it(rng, monkeypatch):
+    """The forward's strategies in their order; each task takes the first whose supports() holds."""
+    from qkv import kernels
+    fp = tiled.forward_pass
+    assert [s.name for s in fp.STRATEGIES] == ["compiled loop, base 2", "compiled loop, lazy", "batched bands",
+                                               "shift-free blocks", "rescaled blocks"]
+    taken = []
+    real = fp._strategy
+    monkeypatch.setattr(fp, "_strategy", lambda P, T: taken.append(real(P, T).name) or real(P, T))
+    q, k, v = (rng.standard_normal((1, 2, 256, 16)).astype(np.float32) for _ in range(3))
+    window = qkv.create_block_mask(qkv.mods.sliding_window(64), None, None, 256, 256, BLOCK_SIZE=32)
+    cases = [(dict(), 1, "shift-free blocks"), (dict(), 6, "rescaled blocks"),
+             (dict(block_mask=window), 1, "batched bands"), (dict(block_mask=window), 6, "rescaled blocks"),
+             (dict(attn_mask=np.zeros((256, 256), np.float32)), 1, "rescaled blocks")]
+    with tiled.limits(plain_loop=False):
+        for kw, amp, want in cases:
+            taken.clear()
+            tiled.forward(q * amp, k, v, scale=0.25, threads=1, **kw)
+            assert set(taken) == {want}, (kw.keys(), amp, taken)
+    if kernels.get_kernels() == "numba" and kernels.plain_available(qkv.gemm.GEMM.active()):
+        with tiled.limits(kernel_min=0):
+            for amp, want in ((1, "compiled loop, base 2"), (6, "compiled loop, lazy")):
+                taken.clear()
+                tiled.forward(q * amp, k, v, scale=0.25, threads=1)
+                assert set(taken) == {want}, (amp, taken)
+
+
 def test_gqa_matches_repeated_heads(rng, monkeypatch):
     q = rng.standard_normal((2, 6, 30, 8)).astype(np.float32)
     k, v = (rng.standard_normal((2, 2, 41, 8)).astype(np.float32) for _ in range(2))
