@@ -15,7 +15,7 @@ instruction, :func:`qkv._jit._rint`).
 Where a task's blocks are nothing else — unmodified, no mask but the causal one — the engine runs the whole
 task as one compiled loop (:func:`run_plain` shift-free, :func:`run_plain_lazy`, :func:`run_plain_backward`),
 the kernels called between the GEMM provider's own C ``sgemm`` calls with nothing of Python in between (see
-:mod:`qkv.backends.tiled`).
+:mod:`qkv.backends.tiled.forward_pass`).
 
 Choice, as the GEMM's (:mod:`qkv.gemm`): ``set_kernels("auto" | "numpy" | "numba")`` / :func:`get_kernels`,
 or ``QKV_KERNELS`` in the environment. ``auto`` (the default) takes numba where it is installed; ``numpy``
@@ -179,7 +179,7 @@ def _args(kind: str, arg):
 
 
 def run(jit, s: np.ndarray, sums: np.ndarray, plan, bounded: bool = False, base2: bool = False) -> None:
-    """Finish a block the scorer left for a kernel (:meth:`qkv.backends.tiled._Scorer.__call__` with
+    """Finish a block the scorer left for a kernel (:meth:`qkv.backends.tiled.scoring._Scorer.__call__` with
     ``fuse=True``): ``s ← exp(f(s) + add)``, masked to the causal diagonal ``d``, ``sums`` its row sums.
     ``plan = (kind, arg, add, d, rep)``: kind ``"exp"`` (f = identity), ``"poly"`` (arg: seven coefficients,
     f(y) = y·Σ arg[k]·y^2k) or ``"tanh"`` (arg: cap, f = cap·tanh). ``bounded``: the caller knows every

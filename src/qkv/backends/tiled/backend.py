@@ -1,4 +1,16 @@
-"""The backend (temporary)."""
+"""The tiled backend's entry points: :func:`forward`, :func:`backward` and :class:`TiledBackend`.
+
+A call builds the problem (:class:`qkv.backends.tiled.plan._Problem`, which reads the limits in force once),
+sizes its tasks — the forward's: query blocks of ``block_q`` rows per head, grouped-query heads a group per task
+(:data:`qkv.backends.tiled.thresholds.GROUP_GQA`), BLOCK_Q_PLAIN rows where the compiled loops run, halved while
+there are fewer than two tasks a worker; the backward's: key blocks per key/value head, chunked among the
+workers — and runs them on the runtime's pool (:mod:`qkv.backends.runtime`: :func:`get_num_threads` workers,
+each pinned to its own CPU, BLAS limited to one thread each while they run; NumPy releases the GIL inside its
+matmuls and ufunc loops). Tasks too small to pay for the GIL hand-offs (``serial_below_flops``) run on the
+calling thread; a decode-like problem with fewer tasks than workers has its key range split among them
+(:mod:`qkv.backends.tiled.split`). The GEMM provider and the fused kernels are resolved here, before the tasks,
+not in a worker.
+"""
 from __future__ import annotations
 
 import math
@@ -6,14 +18,12 @@ import math
 import numpy as np
 
 from ... import _checks, shapes
-from ... import paths as _paths
 from ...kernels import KERNELS as _KERNELS
 from ..base import Backend
 from ..runtime import RUNTIME
 from . import backward_pass as _bp, forward_pass as _fp, split as _split
-from .backward_pass import B_SINKS
-from .thresholds import current_limits
 from .plan import _Problem, _aligned, _plain_loops, _rows_per_task
+from .thresholds import current_limits
 
 _sum_to_shape = shapes.sum_to_shape
 
@@ -25,44 +35,13 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
 
     ``output`` (..., Hq, L, Ev) in the input dtype; ``lse`` (..., Hq, L) in the compute dtype (float32 for
     float16/32 inputs), −inf on fully masked rows; ``weights`` (..., Hq, L, S) only when asked for.
-    ``score_mod``, ``block_mask``, ``sink_logits``: as :func:`qkv.flex_attention` (see the module doc).
+    ``score_mod``, ``block_mask``, ``sink_logits``: as :func:`qkv.flex_attention` (see the package doc).
     ``block_q``/``block_k`` override the block sizes (tests use small ones to hit block boundaries); with a
     block mask they are rounded to multiples of its BLOCK_SIZE.
     """
     threads = RUNTIME.resolve_threads(threads)
     P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits)
-    lim = P.limits                                           # this call's limits, read once
-    bq = _checks.positive_int(block_q, "block_q") if block_q is not None else lim.block_q
-    bk = _checks.positive_int(block_k, "block_k") if block_k is not None else lim.block_k
-    n_heads = math.prod(P.lead)
-    if block_mask is not None:
-        bs = P.bs
-        bq = min(_aligned(bq, bs), -(-P.L // bs) * bs)
-        # the widest run of keys one matmul takes: block_k when given, else as many as keep a block of
-        # scores within BLOCK_Q × BLOCK_K numbers (a cell row of 128 queries takes up to 4096 keys at once)
-        bk = _aligned(bk, bs) if block_k is not None else _aligned(P.L + P.S, bs)
-        P.fwd_budget = None if block_k is not None else lim.block_q * lim.block_k
-        while block_q is None and bq > bs and n_heads * math.ceil(P.L / bq) < 2 * threads:
-            bq = _aligned(bq // 2, bs)
-    else:
-        # Grouped-query heads without masks, mods or sinks: one task takes the query heads that share a
-        # key/value head together, their rows interleaved (P.q_rows_group) — one matmul, exp and row pass per
-        # block for all of them, where each head took its own (a third of the Python steps for 9 query heads
-        # on 3, SmolLM2's prefill); the block keeps about as many rows (block_q positions ÷ group).
-        if (lim.group_gqa and P.n_rep > 1 and P.lead and P.mod.kind == "none" and attn_mask is None
-                and P.sinks is None and dropout_p == 0 and not return_weights):
-            P.group = P.n_rep
-            n_heads //= P.group
-            bq = max(1, bq // P.group) if block_q is None else bq
-        bq = _rows_per_task(P, bq, n_heads, threads) if block_q is None else min(bq, P.L)
-    gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
-    jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S), lim.kernel_min)   # …and load the fused kernels, if blocks use them
-    _plain_loops(P, jit, gemm)
-    if P.plain_gemm is not None and P.plain_scores and dropout_p == 0 and not return_weights:   # compiled loops
-        if block_k is None and P.S > bk:                     # (keys of one BLOCK_K block stay one block)
-            P.plain_block_k = lim.block_k_plain
-        if block_q is None:
-            bq = _rows_per_task(P, max(1, lim.block_q_plain // P.group), n_heads, threads)
+    bq, bk = _forward_blocks(P, block_q, block_k, threads, dropout_p > 0 or return_weights)
     out = np.empty(P.lead + (P.L, P.Ev), P.cdt)
     lse = np.empty(P.lead + (P.L,), P.cdt) if return_lse else None
     weights = np.zeros(P.lead + (P.L, P.S), P.cdt) if return_weights else None
@@ -83,11 +62,51 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     splits = _split._key_splits(P, len(tasks), threads, bq, bk, dropout_p, weights is not None)
     if splits > 1:
         return _split._forward_split(P, tasks, splits, bk, threads, query.dtype, return_lse)
-    if 2 * bq * P.group * P.S * (P.E + P.Ev) < lim.serial_below_flops:
+    if 2 * bq * P.group * P.S * (P.E + P.Ev) < P.limits.serial_below_flops:
         threads = 1
     RUNTIME.run(tasks, _fp._forward_task, threads)
     dt = query.dtype
     return (out.astype(dt, copy=False), None if weights is None else weights.astype(dt, copy=False), lse)
+
+
+def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tuple:
+    """The forward's ``(block_q, block_k)``: the given sizes or the limits', aligned to a block mask's cells; the
+    heads grouped where they may be (``P.group``), the compiled loops' provider and key block set where they
+    run (``reads_scores``: dropout or weights, which the compiled loops do not do)."""
+    lim = P.limits                                           # this call's limits, read once
+    bq = _checks.positive_int(block_q, "block_q") if block_q is not None else lim.block_q
+    bk = _checks.positive_int(block_k, "block_k") if block_k is not None else lim.block_k
+    n_heads = math.prod(P.lead)
+    if P.bm is not None:
+        bs = P.bs
+        bq = min(_aligned(bq, bs), -(-P.L // bs) * bs)
+        # the widest run of keys one matmul takes: block_k when given, else as many as keep a block of
+        # scores within block_q × block_k numbers (a cell row of 128 queries takes up to 4096 keys at once)
+        bk = _aligned(bk, bs) if block_k is not None else _aligned(P.L + P.S, bs)
+        P.fwd_budget = None if block_k is not None else lim.block_q * lim.block_k
+        while block_q is None and bq > bs and n_heads * math.ceil(P.L / bq) < 2 * threads:
+            bq = _aligned(bq // 2, bs)
+    else:
+        # Grouped-query heads without masks, mods or sinks: one task takes the query heads that share a
+        # key/value head together, their rows interleaved (P.q_rows_group) — one matmul, exp and row pass per
+        # block for all of them, where each head took its own (a third of the Python steps for 9 query heads
+        # on 3, SmolLM2's prefill); the block keeps about as many rows (block_q positions ÷ group).
+        if (lim.group_gqa and P.n_rep > 1 and P.lead and P.mod.kind == "none" and P.mask is None
+                and P.sinks is None and not reads_scores):
+            P.group = P.n_rep
+            n_heads //= P.group
+            bq = max(1, bq // P.group) if block_q is None else bq
+        bq = _rows_per_task(P, bq, n_heads, threads) if block_q is None else min(bq, P.L)
+    gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
+    # …and load the fused kernels, if blocks use them
+    jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S), lim.kernel_min)
+    _plain_loops(P, jit, gemm)
+    if P.plain_gemm is not None and P.plain_scores and not reads_scores:   # the compiled loops
+        if block_k is None and P.S > bk:                     # (keys of one block_k block stay one block)
+            P.plain_block_k = lim.block_k_plain
+        if block_q is None:
+            bq = _rows_per_task(P, max(1, lim.block_q_plain // P.group), n_heads, threads)
+    return bq, bk
 
 
 class TiledBackend(Backend):
@@ -137,31 +156,12 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
         out, _, lse = forward(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
                               enable_gqa=enable_gqa, return_lse=True, threads=threads, score_mod=score_mod,
                               block_mask=block_mask, sink_logits=sink_logits)
-    out = np.broadcast_to(out, P.lead + (P.L, P.Ev))
-    grad_out = np.broadcast_to(grad_out, P.lead + (P.L, P.Ev))
-    lead = P.lead
-    kv_lead = shapes.kv_lead(lead, P.n_rep)
+    prep, d_sink = _bp._prepare(P, grad_out, out, lse)
+    kv_lead = shapes.kv_lead(P.lead, P.n_rep)
     dk = np.empty(kv_lead + (P.S, P.E), P.cdt)
     dv = np.empty(kv_lead + (P.S, P.Ev), P.cdt)
-    dq = np.zeros(lead + (P.L, P.E), P.cdt)
-    n_kv = math.prod(kv_lead)
     key_starts = list(range(0, P.S, bk))
-    n_chunks = max(1, min(len(key_starts), math.ceil(threads / n_kv))) if threads > 1 else 1
-    prep = {}
-    d_sink = None if P.sinks is None else np.zeros(P.sinks.shape, np.float64)
-    if d_sink is not None:
-        _paths.hit(B_SINKS)
-    for idx in np.ndindex(*lead):                           # per query head: Q·scale, dO, −lse, D
-        do = np.asarray(grad_out[idx], dtype=P.cdt)
-        o = np.asarray(out[idx], dtype=P.cdt)
-        D = np.einsum("le,le->l", do, o)                      # D_i = rowsum(dO ∘ O)
-        lse_i = np.asarray(lse[idx], dtype=P.cdt)
-        lse_neg = np.where(np.isfinite(lse_i), -lse_i, -np.inf).astype(P.cdt)   # dead rows: P = 0
-        prep[idx] = (P.q_rows(idx, 0, P.L), np.ascontiguousarray(do), lse_neg, D)
-        if d_sink is not None:                                # d sink_h = −Σ_i exp(sink_h − lse_i)·D_i
-            h = P.bh(idx)[1]
-            p_sink = np.exp(P.sinks[h] - lse_i.astype(np.float64))
-            d_sink[h] -= float(np.dot(np.where(np.isfinite(lse_i), p_sink, 0.0), D))
+    n_chunks = max(1, min(len(key_starts), math.ceil(threads / math.prod(kv_lead)))) if threads > 1 else 1
     tasks, partials = [], []
     for kv_idx in np.ndindex(*kv_lead):
         heads = shapes.query_heads(kv_idx, P.n_rep)
@@ -172,9 +172,10 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     if 2 * min(bk, P.S) * P.L * (2 * P.E + 3 * P.Ev) * P.n_rep < lim.serial_below_flops:
         threads = 1
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
-    jit = _KERNELS.for_call(P.cdt, min(bq, P.L) * min(bk, P.S), lim.kernel_min)   # …and load the fused kernels, if blocks use them
+    jit = _KERNELS.for_call(P.cdt, min(bq, P.L) * min(bk, P.S), lim.kernel_min)   # …and the fused kernels
     _plain_loops(P, jit, gemm)
     RUNTIME.run(tasks, _bp._backward_task, threads)
+    dq = np.zeros(P.lead + (P.L, P.E), P.cdt)
     for heads, part in partials:
         for r, idx in enumerate(heads):
             dq[idx] += part[r]

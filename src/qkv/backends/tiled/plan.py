@@ -46,7 +46,11 @@ _src = shapes.source_index
 
 # ---------------------------------------------------------------------------------------------- the problem
 class _Problem:
-    """Validated inputs as views per head, in the compute dtype; shared read-only by the workers."""
+    """Validated inputs as views per head, in the compute dtype; shared read-only by the workers.
+
+    ``limits``: the :class:`qkv.backends.tiled.thresholds.Limits` to plan with (None: those in force now, read
+    once — everything the call plans and runs reads ``P.limits``).
+    """
 
     def __init__(self, query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod=None,
                  block_mask=None, sink_logits=None, limits=None):
@@ -70,7 +74,7 @@ class _Problem:
         if block_mask is not None:
             block_mask.check_sizes(self.lead, self.L, self.S)
             self.bs = int(block_mask.BLOCK_SIZE)
-            # the engine's cells: BLOCK_SIZE, or finer (GRID_CELL) when the mask mod knows its block kinds
+            # the engine's cells: BLOCK_SIZE, or finer (grid_cell) when the mask mod knows its block kinds
             # from index ranges (the built-ins): a window's band then wastes half as much
             self.cell = self.bs
             cell = self.limits.grid_cell
@@ -246,9 +250,9 @@ class _Problem:
 
         Blocks a mask removes entirely are left out; blocks it allows entirely are "full". Causal: the keys
         before i0 in full blocks, then the diagonal square split in quadrants (upper-left and lower-right
-        triangles recursively, lower-left full, upper-right skipped) down to DIAGONAL_MIN rows, so that
-        what is computed and thrown away is n·DIAGONAL_MIN/2 scores per block of n rows, not n²/2
-        (``diagonal_min``: another size than DIAGONAL_MIN, e.g. the compiled loop's DIAGONAL_MIN_PLAIN)::
+        triangles recursively, lower-left full, upper-right skipped) down to the limit ``diagonal_min`` rows,
+        so that what is computed and thrown away is n·diagonal_min/2 scores per block of n rows, not n²/2
+        (``diagonal_min``: another size, e.g. the compiled loop's ``diagonal_min_plain``)::
 
             rows ↓  keys →     ■ full   ◣ causal   · skipped
             ■ ■ ■ ◣ ·
@@ -376,7 +380,7 @@ class _Problem:
 
         Each non-empty cell is computed once; empty cells only where a rectangle spans rows of different
         reach. The rows are halved while that is cheaper by the cost model: a rectangle costs its cells plus
-        GRID_CALL_COST cells' worth of per-call overhead (one matmul per run of columns). Documents stay
+        ``grid_call_cost`` cells' worth of per-call overhead (one matmul per run of columns). Documents stay
         whole 1024-row squares, a sliding window goes by cell rows (BLOCK_SIZE queries against the window's
         run of keys), a causal mask halves towards the diagonal as ``is_causal``'s quadrants do. Runs wider
         than ``max_width`` keys, or than ``budget`` scores per block (at least one cell), are cut. Plans are
@@ -634,11 +638,11 @@ def _plain_loops(P: _Problem, jit, gemm) -> None:
 
 
 def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> tuple:
-    """The blocks of :func:`_forward_rows`'s plain task (kinds "full" and "causal") for the compiled loops
+    """The blocks of a forward task of plain scores (kinds "full" and "causal") for the compiled loops
     (:func:`qkv.kernels.run_plain`, :func:`qkv.kernels.run_plain_lazy`), as rows ``(r0, r1, j0, j1, d, fresh)``:
     rows of ``qs`` (positions × ``g``), keys, the causal diagonal's offset (the kernels' ``d``) and whether no
     earlier block accumulated into these rows (its P·V is then written, not added; the lazy loop tests its rows'
-    maxima instead). A causal diagonal in squares of DIAGONAL_MIN_PLAIN rows. Returns ``(plan, room)``: ``room``
+    maxima instead). A causal diagonal in squares of ``diagonal_min_plain`` rows. Returns ``(plan, room)``: ``room``
     the largest block's scores (rows × keys), the scratch the loop needs."""
     blocks = P.key_blocks(i0, i1, None, block_k, diagonal_min=P.limits.diagonal_min_plain)
     if keys is not None:
@@ -655,7 +659,7 @@ def _plain_backward_plan(P: _Problem, idx, j0: int, j1: int, block_q: int) -> np
     """The backward's blocks of keys j0 … j1 for the compiled loop: rows ``(i0, i1, c0, c1, d)``, query rows,
     keys and the causal diagonal's offset (the kernels' ``d``: key c0 + c is allowed for row i0 + r where
     c ≤ d + r). A causal block that straddles the diagonal is split (:func:`_causal_split`) down to squares of
-    DIAGONAL_MIN_PLAIN, so that what is computed and thrown away is not half of it."""
+    ``diagonal_min_plain``, so that what is computed and thrown away is not half of it."""
     rows = []
     for i0, i1, c0, c1, kind in P.backward_blocks(idx, j0, j1, block_q):
         if kind == "causal":

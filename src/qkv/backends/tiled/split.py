@@ -1,4 +1,15 @@
-"""Split-K (temporary)."""
+"""Split-K (flash-decoding): a decode-like problem's key range shared among the workers.
+
+A problem with fewer (head, query block) tasks than workers — decoding, few query rows against many keys — has
+each task's key range split at key-block boundaries into parts (at least ``split_k_min_blocks`` blocks and
+``split_k_min_part_keys`` keys each, and only while a part still pays for a worker: ``serial_below_flops``);
+each part is a forward task over its keys alone (``keys=(k0, k1)``: the same strategies, without sinks)
+writing its own partial ``(out, lse)``. The parts are merged by log-sum-exp (:func:`qkv.merge.merge_partials`,
+the ring's merge too), then the sinks merged in as one more part (``out = 0``, ``lse = sink``). Not with dropout
+(its mask is drawn per task) or weights (a second pass over all keys). The key/value heads are prepared by key
+ranges in parallel too (:meth:`qkv.backends.tiled.plan._Problem.prepare_kv_split`): with few query rows that
+preparation costs as much as the attention.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -16,7 +27,7 @@ def _key_splits(P, n_tasks: int, threads: int, bq: int, bk: int, dropout_p, weig
     """Into how many key ranges each task is split (1: none). Decode-like problems (few query rows, many keys:
     fewer tasks than workers) split so every worker has a share; not with dropout (its mask is drawn per
     task) or weights (a second pass over all keys), and only while each part still pays for a worker
-    (SERIAL_BELOW_FLOPS)."""
+    (``serial_below_flops``)."""
     lim = P.limits
     if threads <= 1 or n_tasks >= threads or dropout_p > 0 or weights:
         return 1
