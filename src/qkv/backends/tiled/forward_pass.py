@@ -232,13 +232,13 @@ def _banded_blocks(P, T) -> None:
         if step[0] == "bands":
             _bands(P, T, step)
         else:
-            _shift_free_block(P, T, *step)
+            _shift_free_block(P, T, step)
 
 
 def _shift_free_blocks(P, T) -> None:
     """Every block shift-free (:func:`_shift_free_block`)."""
     for step in T.blocks:
-        _shift_free_block(P, T, *step)
+        _shift_free_block(P, T, step)
 
 
 def _rescaled_blocks(P, T) -> None:
@@ -247,9 +247,9 @@ def _rescaled_blocks(P, T) -> None:
     block than the upper ones (measured on SmolLM2's prefill, 512 rows, 7 blocks: a task-wide test sent ~90 %
     of the scores to the max pass) — else, or when its row sums grew too much, with the max pass."""
     g, seen, lazy = T.g, T.seen, T.lazy
-    for r0, r1, j0, j1, kind in T.blocks:
-        if not (lazy and seen[r0 * g:r1 * g].all() and _lazy_block(P, T, r0, r1, j0, j1, kind)):
-            _max_pass_block(P, T, r0, r1, j0, j1, kind)
+    for step in T.blocks:
+        if not (lazy and seen[step[0] * g:step[1] * g].all() and _lazy_block(P, T, step)):
+            _max_pass_block(P, T, step)
 
 
 #: The forward's strategies, in the order they are tried: a task runs the first that supports it.
@@ -271,11 +271,13 @@ def _strategy(P, T) -> Strategy:
 
 
 # ---------------------------------------------------------------------------------------------- blocks
-def _shift_free_block(P, T, r0, r1, j0, j1, kind) -> None:
+def _shift_free_block(P, T, step) -> None:
     """One block with ``m_i = 0``: ``S = Q·Kᵀ`` (modded, masked), ``P = exp(S)``, ``l_i += P·1``,
     ``acc += P·V_j`` — written, not added, where nothing was accumulated in these rows yet."""
     _paths.hit(F_SHIFT_FREE)
-    g, w, jit, rs = T.g, j1 - j0, T.jit, slice(r0 * T.g, r1 * T.g)   # the block's rows (all, but on the diagonal)
+    r0, r1, j0, j1, kind = step
+    g, w, jit = T.g, j1 - j0, T.jit
+    rs = slice(r0 * g, r1 * g)                               # the block's rows (all, but on the diagonal)
     s = T.s_flat[:(r1 - r0) * g * w].reshape((r1 - r0) * g, w)
     # nothing accumulated in these rows yet (a Python test on the plan, where `l_i[rs].any()` cost ~16 µs a block)
     fresh = _first_rows(T.added, r0, r1)
@@ -324,10 +326,12 @@ def _alibi_fold(T, s, rs, j0, j1) -> None:
     T.acc[rs] += t
 
 
-def _lazy_block(P, T, r0, r1, j0, j1, kind) -> bool:
+def _lazy_block(P, T, step) -> bool:
     """One block against the running max as it is: ``P = exp(S − m_i)``; kept (``l_i += P·1``, ``acc += P·V_j``,
     ``m_i`` unchanged) when every row sum stays within ``exp(lazy_bound)``. Returns whether it was kept."""
-    g, w, jit, rs = T.g, j1 - j0, T.jit, slice(r0 * T.g, r1 * T.g)
+    r0, r1, j0, j1, kind = step
+    g, w, jit = T.g, j1 - j0, T.jit
+    rs = slice(r0 * g, r1 * g)
     s = T.s_flat[:(r1 - r0) * g * w].reshape((r1 - r0) * g, w)
     plan = T.sc(s, T.i0 + r0, T.i0 + r1, j0, j1, kind, m=T.m_i[rs], fuse=jit is not None)   # s − m_i
     lb = T.l_blk[rs]
@@ -347,11 +351,13 @@ def _lazy_block(P, T, r0, r1, j0, j1, kind) -> bool:
     return True
 
 
-def _max_pass_block(P, T, r0, r1, j0, j1, kind) -> None:
+def _max_pass_block(P, T, step) -> None:
     """One block with the max pass: ``m_new = max(m_i, rowmax(S))``, ``P = exp(S − m_new)``,
     ``alpha = exp(m_i − m_new)``, ``l_i = alpha·l_i + P·1``, ``acc = alpha·acc + P·V_j``, ``m_i = m_new``."""
     _paths.hit(F_MAX_PASS)
-    g, w, jit, rs = T.g, j1 - j0, T.jit, slice(r0 * T.g, r1 * T.g)
+    r0, r1, j0, j1, kind = step
+    g, w, jit = T.g, j1 - j0, T.jit
+    rs = slice(r0 * g, r1 * g)
     s = T.s_flat[:(r1 - r0) * g * w].reshape((r1 - r0) * g, w)
     plan = T.sc(s, T.i0 + r0, T.i0 + r1, j0, j1, kind, m=T.m_i[rs], fuse=jit is not None)   # s − m_i
     seen_r, lb = T.seen[rs], T.l_blk[rs]
