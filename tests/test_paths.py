@@ -76,3 +76,12 @@ def test_limits_govern_the_calls_inside_the_block_and_only_in_this_thread():
             tiled.forward(q, k, v, scale=0.3, threads=1)
     assert other == [tiled.Limits()]
     assert seen["kernel.exp_rows.base2"] == 2 * 4 and seen["forward.shift_free"] == 2 * 4   # 4 tasks a head
+
+
+def test_limits_follow_work_handed_to_the_runtimes_pool():
+    """RUNTIME.map runs each item in a copy of the caller's context: a model's attention calls made by the
+    pool's workers plan with the caller's limits."""
+    with tiled.limits(block_q=16):
+        got = list(tiled.RUNTIME.map(lambda _: tiled.current_limits().block_q, range(4), 2))
+    assert got == [16] * 4
+    assert list(tiled.RUNTIME.map(lambda _: tiled.current_limits().block_q, range(4), 2)) == [tiled.BLOCK_Q] * 4
