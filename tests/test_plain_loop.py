@@ -223,7 +223,8 @@ def test_plain_tasks_take_block_q_plain_rows_unless_block_q_is_given(rng, plain_
     blocks = []
     real = tiled.forward_pass._forward_task
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(tiled.forward_pass, "_forward_task", lambda P, idx, i0, i1, *a: (blocks.append(i1 - i0), real(P, idx, i0, i1, *a)))
+        m.setattr(tiled.forward_pass, "_forward_task",
+                  lambda P, idx, i0, i1, *a: (blocks.append(i1 - i0), real(P, idx, i0, i1, *a)))
         ref = tiled.forward(q, k, v, scale=0.2, attn_mask=mask, threads=threads, block_q=block_q)[0]
     assert max(blocks) == min(block_q or tiled.BLOCK_Q, L) or threads > 1
     np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)

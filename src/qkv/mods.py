@@ -40,8 +40,8 @@ import numpy as np
 from . import _checks, stages
 from .stages import Names
 
-__all__ = ["MaskMod", "MaskTraits", "ScoreMod", "ScoreTraits", "causal", "sliding_window", "prefix_lm", "document", "document_from_lengths",
-           "sinks", "and_masks", "or_masks", "alibi", "alibi_slopes", "softcap", "compose"]
+__all__ = ["MaskMod", "MaskTraits", "ScoreMod", "ScoreTraits", "causal", "sliding_window", "prefix_lm", "document",
+           "document_from_lengths", "sinks", "and_masks", "or_masks", "alibi", "alibi_slopes", "softcap", "compose"]
 
 
 # ============================================================================================== mask mods

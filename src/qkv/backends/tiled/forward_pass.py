@@ -10,36 +10,35 @@ O(block_q · block_k) per worker. In NumPy every elementwise pass over a block c
 product, so the strategies below make a block, as often as they can, just matmul → exp → matmul (``l_i``
 accumulates ``P·1``, a matrix-vector product, a fifth of NumPy's row sum).
 
-**The strategies.** :data:`STRATEGIES` lists them in the order they are tried; a task runs the first whose
-``supports(P, task)`` holds. *Compiled loop, base 2* (``forward.plain_loop``): plain blocks — no mod, no mask
-but the causal one, no weights or dropout — whose scores are provably within ``±shift_free_bound``: the whole
-task runs in numba (:func:`qkv._jit.plain_rows`), its GEMMs by the provider's C sgemm, P·V accumulated by the
-GEMM's beta, log₂ e folded into the query rows so the exponential is 2^s; without Python between the calls a
-block costs nothing of its own, so a causal diagonal is split down to squares of ``diagonal_min_plain`` (32)
-rows — 0.75 % of the computed scores thrown away at N = 4096 where 256-row squares threw 5.9 % — and the
-task is BLOCK_Q_PLAIN rows against key blocks of BLOCK_K_PLAIN (where the provider has no C sgemm qkv can
-find, the Python loop runs). *Compiled loop, lazy* (``forward.plain_loop_lazy``): the same blocks with larger
-scores, the lazy rescaling below compiled in.
-*Batched bands* (``forward.bands``): a block mask's runs of bands (a sliding window's cell rows) shift-free,
-each run one batched product, pattern, exp and P·V over strided views. *Shift-free blocks*
-(``forward.shift_free``): softmax is shift invariant, the max is subtracted only so that ``exp`` cannot
-overflow; when ``|q_i|·|k_j|`` bounds every (modded) score within the bound (Cauchy–Schwarz; softcap by its
-cap; ALiBi under a causal mask that allows the diagonal), ``m_i = 0`` for good: no max pass, no rescaling —
-and ALiBi's column term folds into V and the row sums (``forward.alibi_fold``). *Rescaled blocks*
-(everything else: large scores, float masks, custom mods): *lazy rescaling* (``forward.lazy``) — ``−m_i`` is a
-column of the query block and the keys a row of ones, so the product itself yields ``s − m_i``; a block is
-exponentiated against the ``m_i`` it finds and kept while its row sums stay below ``exp(lazy_bound)``, else
-(or while a row has seen no key) it is redone with the *max pass* (``forward.max_pass``) that raises ``m_i``
-and rescales ``l_i`` and ``acc``; ALiBi's blocks taken largest bias first, so the max is rarely raised. After
-the blocks, the *sinks merge* (``forward.sinks``: a sink is one more key with no value, a partial result
-``out = 0``, ``lse = sink_h`` merged by :func:`qkv.merge.merge_partials`) and the *weights pass*
-(``forward.weights``: ``exp(s − lse)`` stored, block by block). All strategies give the same numbers up to
-rounding; the tests drive each.
+**The strategies.** A task runs the first of :data:`STRATEGIES` whose ``supports(P, task)`` holds. *The
+compiled loop, base 2* (``forward.plain_loop``) takes plain blocks — no mod, no mask but the causal one, no
+weights or dropout — whose scores are provably small: the whole task runs in numba, its products by the GEMM
+provider's C sgemm, P·V accumulated by the GEMM's beta, ``m_i = 0`` and log₂ e folded into the query rows so
+that the exponential is 2^s. *The compiled loop, lazy* (``forward.plain_loop_lazy``) takes the same blocks with
+larger scores, the lazy rescaling compiled in. *Batched bands* (``forward.bands``) take a block mask's runs of
+bands (a sliding window's cell rows) when the scores are small: each run is one batched product, pattern, exp
+and P·V over strided views. *Shift-free blocks* (``forward.shift_free``) take any other task whose scores are
+provably within ``±shift_free_bound`` (Cauchy–Schwarz on the rows' norms; softcap by its cap; ALiBi under a
+causal mask that allows the diagonal): softmax is shift invariant and the max is subtracted only so that
+``exp`` cannot overflow, so ``m_i = 0`` for good — no max pass, no rescaling — and ALiBi's column term folds
+into V and the row sums (``forward.alibi_fold``). *Rescaled blocks* take the rest (large scores, float masks,
+custom mods): ``−m_i`` is a column of the query block and the keys a row of ones, so the product itself yields
+``s − m_i``; a block is exponentiated against the ``m_i`` it finds and kept while its row sums stay below
+``exp(lazy_bound)`` (``forward.lazy``), else — or while a row has seen no key — redone with the max pass
+(``forward.max_pass``), which raises ``m_i`` and rescales ``l_i`` and ``acc``; ALiBi's blocks go largest bias
+first, so the max is rarely raised. After the blocks, the *sinks merge* (``forward.sinks``: a sink is one more
+key with no value, a partial result ``out = 0``, ``lse = sink_h``, merged by :func:`qkv.merge.merge_partials`)
+and the *weights pass* (``forward.weights``: ``exp(s − lse)`` stored, block by block). All strategies give the
+same numbers up to rounding; the tests drive each.
 
-With the fused kernels (:mod:`qkv.kernels`, numba) a Python-loop block's elementwise steps after ``Q·Kᵀ`` —
-softcap, the causal diagonal's mask, the shift, ``exp`` and the row sums — are one compiled pass; without
-them, NumPy's passes (``forward.numpy_block``). Dropout draws its keep-mask per task from ``SeedSequence([seed,
-head, block start])``: reproducible for a given ``rng``, shapes and block sizes, whatever the thread count.
+In the compiled loops a block costs no Python of its own, so a causal diagonal is split down to squares of
+``diagonal_min_plain`` (32) rows — 0.75 % of the computed scores thrown away at N = 4096, where 256-row squares
+threw 5.9 % — and a task is ``block_q_plain`` rows against key blocks of ``block_k_plain``; where the provider
+has no C sgemm qkv can find, the Python loop runs. With the fused kernels (:mod:`qkv.kernels`, numba) a
+Python-loop block's elementwise steps after ``Q·Kᵀ`` — softcap, the causal diagonal's mask, the shift, ``exp``
+and the row sums — are one compiled pass; without them, NumPy's passes (``forward.numpy_block``). Dropout
+draws its keep-mask per task from ``SeedSequence([seed, head, block start])``: reproducible for a given ``rng``,
+shapes and block sizes, whatever the thread count.
 
 Shape legend: B batch, H query heads, Hk key/value heads, L queries, S keys, E query/key width, Ev value width;
 Bq a task's rows (positions × grouped heads), bk a block's keys.

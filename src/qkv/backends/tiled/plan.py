@@ -2,7 +2,7 @@
 
 :class:`_Problem` holds a call's validated inputs as views per head in the compute dtype, the score mod's plan
 (:class:`qkv.backends.tiled.scoring._ModPlan`), what the block mask's mod promises (its traits), and the limits
-in force when the call started (``P.limits``, :class:`qkv.backends.tiled.limits.Limits`): every block size and
+in force when the call started (``P.limits``, :class:`qkv.backends.tiled.thresholds.Limits`): every block size and
 threshold below is read from there. The workers share it read-only (the key/value heads are prepared once
 each, under a lock per head).
 
