@@ -272,7 +272,8 @@ class _Scorer:
                 col_term = (self.slope * (np.arange(j0, j1, dtype=np.float64) - rho)).astype(dt)
             else:
                 _paths.hit(S_ALIBI_PATTERN)
-                causal = kind == "causal"
+                # the causal −inf rides in the pattern only without a cap: softcap after it would make −inf −cap
+                causal = kind == "causal" and self.cap is None
                 pattern = _alibi_pattern(self.slope, a0 - j0, a1 - a0, j1 - j0, dt, causal)
                 done_mask = causal
         fold_m = m is not None and self.fold_m
