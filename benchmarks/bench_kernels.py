@@ -41,7 +41,7 @@ def main() -> None:
     s = s0.copy()
     sums, add = np.empty(a.rows, np.float32), np.zeros(a.rows, np.float32)
     seen, shift, hit = np.zeros(a.rows, bool), np.empty(a.rows, np.float32), np.empty(a.rows, bool)
-    poly = tiled._tanh_poly(0.5)
+    poly = tiled.scoring._tanh_poly(0.5)
     coef = np.zeros(7, np.float32)
     coef[:len(poly)] = np.array(poly) * 30
     cases = {

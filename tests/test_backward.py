@@ -18,8 +18,9 @@ def _parallel_even_when_small(monkeypatch):
     """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS) and, through the public function, on
     whole arrays (BACKWARD_WHOLE_SCORES); these tests want the tiled engine and its pool."""
     from qkv import engine
-    monkeypatch.setattr(tiled, "SERIAL_BELOW_FLOPS", 0)
     monkeypatch.setattr(engine, "BACKWARD_WHOLE_SCORES", 0)
+    with tiled.limits(serial_below_flops=0):
+        yield
 
 
 @pytest.mark.parametrize("lead, L, S, E, mask, expected", [((1, 2), 16, 16, 8, "causal", "reference"),

@@ -210,7 +210,7 @@ def test_threads_argument_per_call(rng, monkeypatch):
     q, k, v = _qkv(rng, (1, 4, 400, 16))
     seen = []
     real = tiled.forward
-    monkeypatch.setattr(tiled, "forward", lambda *a, **kw: seen.append(kw.get("threads")) or real(*a, **kw))
+    monkeypatch.setattr(tiled.backend, "forward", lambda *a, **kw: seen.append(kw.get("threads")) or real(*a, **kw))
     want = qkv.scaled_dot_product_attention(q, k, v, backend="reference")
     for n in (1, 3):
         got = qkv.scaled_dot_product_attention(q, k, v, backend="tiled", threads=n)

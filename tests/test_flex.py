@@ -24,14 +24,15 @@ SIZES = [(1, 1, 128), (7, 7, 16), (59, 59, 16), (130, 130, 128), (257, 257, 128)
 
 
 @pytest.fixture(params=BACKENDS)
-def backend(request, monkeypatch):
-    if request.param == "tiled":
-        if "score_mod" not in qkv.backends.get("tiled").features:
-            pytest.skip("the tiled engine does not compute score_mod/block_mask/sinks yet (TiledBackend.features)")
-        # small, odd tiles that do not line up with the block masks' BLOCK_SIZE: every boundary case occurs
-        for name, value in (("BLOCK_Q", 48), ("BLOCK_K", 40), ("BLOCK_Q_BACKWARD", 40), ("BLOCK_K_BACKWARD", 48)):
-            monkeypatch.setattr(tiled, name, value, raising=False)
-    return request.param
+def backend(request):
+    if request.param != "tiled":
+        yield request.param
+        return
+    if "score_mod" not in qkv.backends.get("tiled").features:
+        pytest.skip("the tiled engine does not compute score_mod/block_mask/sinks yet (TiledBackend.features)")
+    # small, odd tiles that do not line up with the block masks' BLOCK_SIZE: every boundary case occurs
+    with tiled.limits(block_q=48, block_k=40, block_q_backward=40, block_k_backward=48):
+        yield request.param
 
 
 # ================================================================================== the cases, both sides

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 import qkv
-from qkv import gemm
-from qkv.backends import tiled
+from qkv import gemm, kernels
 from qkv.backends.runtime import RUNTIME
 
 HAS_MKL = gemm.GEMM.mkl() is not None
@@ -334,8 +333,8 @@ def counted_mkl(mkl, monkeypatch, restore_gemm):
         return real_exp(x, out=out)
     monkeypatch.setattr(mkl, "matmul", counting)
     monkeypatch.setattr(mkl, "exp", counting_exp)
-    for name in ("_krun_plain", "_krun_plain_lazy", "_krun_plain_backward"):   # the compiled loops call the
-        monkeypatch.setattr(tiled, name, _counting_loop(calls, mkl, getattr(tiled, name)))   # provider's C sgemm
+    for name in ("run_plain", "run_plain_lazy", "run_plain_backward"):   # the compiled loops call the provider's
+        monkeypatch.setattr(kernels, name, _counting_loop(calls, mkl, getattr(kernels, name)))   # C sgemm
     return calls
 
 

@@ -74,7 +74,7 @@ def test_exp2_is_2_to_the_s_on_its_range_and_masks_the_diagonal(rng):
     # e^score from the score times log₂ e (the float32 product the engine's matmul gives): the product's
     # rounding is the argument's, not the exponential's — against exp of the score itself, 30·2⁻²⁴·ln 2 more
     y = np.linspace(-30, 30, 600_001, dtype=np.float32)
-    s, _ = _rows((y * np.float32(tiled._LOG2E))[None], base2=True)
+    s, _ = _rows((y * np.float32(tiled.forward_pass._LOG2E))[None], base2=True)
     np.testing.assert_allclose(s[0], np.exp(y.astype(np.float64)), rtol=2e-7 + 30 * 2.0 ** -24)
     x = rng.uniform(-40, 40, (12, 9)).astype(np.float32)
     for d, rep in [(0, 1), (-2, 1), (3, 1), (0, 3), (-1, 2), (20, 1), (-20, 1)]:
@@ -154,13 +154,13 @@ def test_softcap_kernels_equal_cap_tanh_then_exp(rng):
     got, _ = _rows(wide, kind="tanh", arg=np.float32(1.0))
     np.testing.assert_allclose(np.log(got.astype(np.float64)), np.tanh(wide.astype(np.float64)), rtol=0, atol=5e-7)
     # the fitted polynomial (the engine's, for |y| ≤ bound), as seven coefficients
-    a = tiled._tanh_poly(0.5)
+    a = tiled.scoring._tanh_poly(0.5)
     coef = np.zeros(7, np.float32)
     coef[:len(a)] = np.array(a) * cap
     y = rng.uniform(-0.5, 0.5, (64, 300)).astype(np.float32)
     got, _ = _rows(y, kind="poly", arg=coef)
     np.testing.assert_allclose(got, np.exp(cap * np.tanh(y.astype(np.float64))), rtol=4e-6)
-    short = tiled._tanh_poly(0.25)                                       # four terms: the short loop
+    short = tiled.scoring._tanh_poly(0.25)                                       # four terms: the short loop
     assert len(short) <= 4
     coef = np.zeros(7, np.float32)
     coef[:len(short)] = np.array(short) * cap
@@ -179,7 +179,7 @@ def test_max_pass_kernel_equals_the_numpy_max_pass(rng, kind):
     seen = np.array([True, False] * 5)
     d, rep = -4, 2                                                       # rows 0–7 see nothing at first
     if kind == "poly":
-        a = tiled._tanh_poly(0.5)
+        a = tiled.scoring._tanh_poly(0.5)
         arg = np.zeros(7, np.float32)
         arg[:len(a)] = np.array(a) * 20
         f = 20 * np.tanh(y.astype(np.float64))
@@ -213,7 +213,7 @@ def counted(monkeypatch):
         calls.append(plan[0])
         calls.append("exp2" if base2 else "bounded" if bounded else "clamped")
         return real(j, s, sums, plan, bounded, base2)
-    monkeypatch.setattr(tiled, "_krun", krun)
+    monkeypatch.setattr(kernels, "run", krun)
     real_rows = jit.exp_rows
 
     def rows(*a):
@@ -221,17 +221,17 @@ def counted(monkeypatch):
         return real_rows(*a)
     monkeypatch.setattr(jit, "exp_rows", rows)
     real_max = kernels.run_max
-    monkeypatch.setattr(tiled, "_krun_max", lambda j, s, *a: (calls.append("max"), real_max(j, s, *a)))
+    monkeypatch.setattr(kernels, "run_max", lambda j, s, *a: (calls.append("max"), real_max(j, s, *a)))
     real_ds = jit.ds_rows
     monkeypatch.setattr(jit, "ds_rows", lambda *a: (calls.append("ds"), real_ds(*a)))
     real_bands = kernels.run_bands
-    monkeypatch.setattr(tiled, "_krun_bands", lambda j, s, *a: (calls.append("bands"), real_bands(j, s, *a)))
+    monkeypatch.setattr(kernels, "run_bands", lambda j, s, *a: (calls.append("bands"), real_bands(j, s, *a)))
     real_plain = kernels.run_plain                           # the compiled loop of plain blocks: base 2
-    monkeypatch.setattr(tiled, "_krun_plain", lambda j, *a: (calls.extend(("plain", "exp2")), real_plain(j, *a)))
+    monkeypatch.setattr(kernels, "run_plain", lambda j, *a: (calls.extend(("plain", "exp2")), real_plain(j, *a)))
     real_lazy = kernels.run_plain_lazy                       # …its lazy rescaling (the max pass compiled in)
-    monkeypatch.setattr(tiled, "_krun_plain_lazy", lambda j, *a: (calls.append("plain lazy"), real_lazy(j, *a)))
+    monkeypatch.setattr(kernels, "run_plain_lazy", lambda j, *a: (calls.append("plain lazy"), real_lazy(j, *a)))
     real_plain_bw = kernels.run_plain_backward               # …and the backward's (exp_rows, ds_rows compiled in)
-    monkeypatch.setattr(tiled, "_krun_plain_backward",
+    monkeypatch.setattr(kernels, "run_plain_backward",
                         lambda j, *a: (calls.append("plain backward"), real_plain_bw(j, *a)))
     monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
     return calls
@@ -492,12 +492,12 @@ def test_base2_scale_is_rounded_once_and_the_bound_reads_the_input_rows(rng):
     # log₂ e goes into the scale (one rounding of each query value, as without base 2), and the shift-free
     # bound comes from the input rows' norms before they are scaled; grouped rows interleaved (r·g + h)
     q, k, v = _inputs(rng, H=6, Hk=2)
-    P = tiled._Problem(q, k, v, None, True, 0.2, True)
+    P = tiled.plan._Problem(q, k, v, None, True, 0.2, True)
     P.group = 3
     got = np.empty((90, 32), np.float32)
-    P.q_rows_group((0, 0), 10, 40, got, tiled._LOG2E)
+    P.q_rows_group((0, 0), 10, 40, got, tiled.forward_pass._LOG2E)
     rows = q[0, :3, 10:40].transpose(1, 0, 2).reshape(90, 32)
-    np.testing.assert_array_equal(got, rows * np.float32(0.2 * tiled._LOG2E))
+    np.testing.assert_array_equal(got, rows * np.float32(0.2 * tiled.forward_pass._LOG2E))
     P.q_rows_group((0, 0), 10, 40, got)
     np.testing.assert_array_equal(got, rows * np.float32(0.2))
     want = np.linalg.norm(rows.astype(np.float64) * 0.2, axis=1).max()
@@ -516,11 +516,11 @@ def test_kernels_compiled_inside_the_tasks_keep_every_openblas_at_one_thread_the
             "def openblas():\n"
             "    return sorted((d['filepath'], d['num_threads']) for d in threadpoolctl.threadpool_info()\n"
             "                  if d['internal_api'] == 'openblas')\n"
-            "seen, real = [], tiled._forward_task\n"
+            "seen, real = [], tiled.forward_pass._forward_task\n"
             "def spy(*a):\n"
             "    seen.append(openblas())\n"
             "    return real(*a)\n"
-            "tiled._forward_task = spy\n"
+            "tiled.forward_pass._forward_task = spy\n"
             "q = np.random.default_rng(0).standard_normal((1, 4, 1024, 64)).astype(np.float32)\n"
             "for causal in (False, True, False):\n"
             "    tiled.forward(q, q, q, scale=0.125, is_causal=causal, threads=2)\n"

@@ -231,6 +231,71 @@ def test_sparsity_and_repr():
     assert "causal()" in repr(bm) and "BLOCK_SIZE=64" in repr(bm)
 
 
+# ============================================================================================ traits
+def _mask_cases():
+    lengths = [5, 9, 6]
+    return {"causal": mods.causal(), "window": mods.sliding_window(4), "prefix": mods.prefix_lm(3),
+            "document": mods.document_from_lengths(lengths), "sinks": mods.sinks(2),
+            "streaming": mods.or_masks(mods.sinks(2), mods.sliding_window(4)),
+            "causal_document": mods.and_masks(mods.causal(), mods.document_from_lengths(lengths)),
+            "window_or_causal": mods.or_masks(mods.sliding_window(3), mods.causal()),
+            "window_and_custom": mods.and_masks(mods.sliding_window(3), lambda b, h, q, k: (q + k) % 3 != 0)}
+
+
+@pytest.mark.parametrize("name", list(_mask_cases()))
+def test_mask_traits_are_kept_by_the_mods(name):
+    """What each mod promises (qkv.mods.MaskTraits, read by the engine instead of its name) holds everywhere."""
+    mod = _mask_cases()[name]
+    t = mod.traits
+    assert isinstance(t, mods.MaskTraits)
+    m = dense(mod, 20, 20)[0, 0]
+    i, j = np.arange(20)[:, None], np.arange(20)[None, :]
+    if t.invariant:                                          # a function of i − j: constant along diagonals
+        for d in range(-19, 20):
+            assert len(set(np.diagonal(m, -d).tolist())) == 1, d
+    if t.diagonal:
+        assert np.diagonal(m).all()
+    if t.causal:
+        assert not m[j > i].any()
+
+
+def test_mask_traits_of_the_builtins_and_their_combinations():
+    T = mods.MaskTraits
+    c = _mask_cases()
+    assert c["causal"].traits == c["window"].traits == T(True, True, True)
+    assert c["prefix"].traits == c["document"].traits == T(False, True, False)
+    assert c["sinks"].traits == T()
+    assert c["streaming"].traits == T(False, True, False)          # or: the diagonal if either allows it
+    assert c["causal_document"].traits == T(False, True, True)     # and: causal if either is
+    assert c["window_or_causal"].traits == T(True, True, True)
+    assert c["window_and_custom"].traits == T(False, False, True)  # a child without traits knows nothing
+    assert mods.as_mask_mod(lambda b, h, q, k: q >= k).traits is None
+    assert mods.MaskMod(lambda b, h, q, k: q >= k, name="causal").traits is None   # a name promises nothing
+    with pytest.raises(TypeError, match="traits"):
+        mods.MaskMod(lambda b, h, q, k: q >= k, traits=(True, True, True))
+
+
+def test_score_traits_describe_what_the_mods_compute():
+    slopes = mods.alibi_slopes(4)
+    b, h, q_idx, kv_idx = indices((1, 4), 6, 7)
+    s = np.random.default_rng(3).standard_normal((1, 4, 6, 7)) * 3
+    a = mods.alibi(slopes)
+    assert np.array_equal(a.traits.bias_slopes, slopes) and a.traits.cap is None and not a.traits.elementwise
+    want = s + a.traits.bias_slopes[:, None, None] * (kv_idx - q_idx)
+    np.testing.assert_allclose(mods.call_score_mod(a, s, b, h, q_idx, kv_idx), want, rtol=1e-15)
+    c = mods.softcap(5.0)
+    assert c.traits.cap == 5.0 and c.traits.bias_slopes is None and c.traits.elementwise
+    np.testing.assert_allclose(mods.call_score_mod(c, s, b, h, q_idx, kv_idx), 5.0 * np.tanh(s / 5.0), rtol=1e-15)
+    chain = mods.compose(a, c)
+    assert chain.traits.chain == (a, c) and not chain.traits.elementwise
+    assert mods.compose(c, mods.softcap(2.0)).traits.elementwise
+    custom = mods.ScoreMod(lambda s, b, h, q, k: s, grad=lambda s, b, h, q, k: np.ones((), s.dtype), name="alibi")
+    assert custom.traits is None and mods.as_score_mod(lambda s, b, h, q, k: s).traits is None
+    assert not mods.compose(custom, c).traits.elementwise
+    with pytest.raises(TypeError, match="traits"):
+        mods.ScoreMod(lambda s, b, h, q, k: s, traits={"cap": 5.0})
+
+
 # ============================================================================================ score mods
 def _bloom_slopes(num_heads):
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor

@@ -45,9 +45,43 @@ def test_hits_from_worker_threads_are_all_counted():
 
 def test_limits_move_the_thresholds_inside_the_block_only():
     before = tiled.current_limits()
+    assert before == tiled.Limits() and before.block_q == tiled.BLOCK_Q
     with tiled.limits(block_q=16, kernel_min=0) as lim:
-        assert lim.block_q == 16 and tiled.BLOCK_Q == 16 and qkv.kernels.KERNEL_MIN == 0
+        assert lim.block_q == 16 and tiled.current_limits() is lim and lim.kernel_min == 0
+        with tiled.limits(block_k=8) as inner:                  # nested: the outer block's changes kept
+            assert (inner.block_q, inner.block_k) == (16, 8)
+        assert tiled.current_limits() is lim
     assert tiled.current_limits() == before
+    assert tiled.BLOCK_Q == 1024 and qkv.kernels.KERNEL_MIN == 1 << 14     # nothing global rewritten
     with pytest.raises(ValueError, match="unknown nosuch"):
         with tiled.limits(nosuch=1):
             pass
+
+
+def test_limits_govern_the_calls_inside_the_block_and_only_in_this_thread():
+    """A call reads the limits once, at its start: kernel_min=0 takes the fused kernels even for tiny blocks,
+    block sizes change the tasks; another thread's calls meanwhile keep the defaults."""
+    pytest.importorskip("numba")
+    r = np.random.default_rng(1)
+    q, k, v = (r.standard_normal((1, 2, 64, 8)).astype(np.float32) for _ in range(3))
+    with paths.counting() as seen:
+        tiled.forward(q, k, v, scale=0.3, threads=1)
+    assert not any(n.startswith("kernel.") for n in seen)          # 64 × 64 blocks: under KERNEL_MIN
+    other = []
+    with tiled.limits(kernel_min=0, block_q=16, plain_loop=False):
+        t = threading.Thread(target=lambda: other.append(tiled.current_limits()))
+        t.start()
+        t.join()
+        with paths.counting() as seen:
+            tiled.forward(q, k, v, scale=0.3, threads=1)
+    assert other == [tiled.Limits()]
+    assert seen["kernel.exp_rows.base2"] == 2 * 4 and seen["forward.shift_free"] == 2 * 4   # 4 tasks a head
+
+
+def test_limits_follow_work_handed_to_the_runtimes_pool():
+    """RUNTIME.map runs each item in a copy of the caller's context: a model's attention calls made by the
+    pool's workers plan with the caller's limits."""
+    with tiled.limits(block_q=16):
+        got = list(tiled.RUNTIME.map(lambda _: tiled.current_limits().block_q, range(4), 2))
+    assert got == [16] * 4
+    assert list(tiled.RUNTIME.map(lambda _: tiled.current_limits().block_q, range(4), 2)) == [tiled.BLOCK_Q] * 4

@@ -1,6 +1,6 @@
 """The engine's compiled loop of plain blocks (qkv._jit.plain_rows through qkv.kernels.run_plain): shift-free
 blocks of unmodified scores, the whole task in numba, its GEMMs by the provider's C sgemm. Checked against
-the Python loop it replaces (tiled.PLAIN_LOOP = False), the float64 reference, and its own plan."""
+the Python loop it replaces (tiled.limits(plain_loop=False)), the float64 reference, and its own plan."""
 import os
 import sys
 import time
@@ -19,9 +19,9 @@ needs_sgemm = pytest.mark.skipif(NUMPY_SGEMM is None, reason="NumPy's BLAS has n
 
 
 def _spy(monkeypatch, name: str, real) -> list:
-    """The calls of the engine's ``tiled.<name>`` (a compiled loop's entry): the provider each got."""
+    """The calls of the engine's ``kernels.<name>`` (a compiled loop's entry): the provider each got."""
     calls = []
-    monkeypatch.setattr(tiled, name, lambda jit, g, *a: (calls.append(g.name), real(jit, g, *a)))
+    monkeypatch.setattr(kernels, name, lambda jit, g, *a: (calls.append(g.name), real(jit, g, *a)))
     monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
     return calls
 
@@ -29,7 +29,7 @@ def _spy(monkeypatch, name: str, real) -> list:
 @pytest.fixture
 def plain_calls(monkeypatch):
     """The forward's compiled loop's calls."""
-    return _spy(monkeypatch, "_krun_plain", kernels.run_plain)
+    return _spy(monkeypatch, "run_plain", kernels.run_plain)
 
 
 def _inputs(rng, H=2, Hk=None, L=700, S=900, E=32, Ev=24, amp=1.0):
@@ -84,10 +84,9 @@ def test_the_compiled_loop_equals_the_python_loop_and_the_reference(rng, plain_c
     out, _, lse = tiled.forward(q, k, v, return_lse=True, threads=threads, **kw)
     assert plain_calls and set(plain_calls) == {gemm.GEMM.active().name}
     n = len(plain_calls)
-    with monkeypatch.context() as m:
-        m.setattr(tiled, "PLAIN_LOOP", False)
+    with tiled.limits(plain_loop=False):
         base, _, base_lse = tiled.forward(q, k, v, return_lse=True, threads=threads, **kw)
-    assert len(plain_calls) == n, "PLAIN_LOOP = False still took the compiled loop"
+    assert len(plain_calls) == n, "plain_loop=False still took the compiled loop"
     # the same products and 2^s; only the order of additions differs (P·V accumulated by the GEMM's beta, the
     # diagonal in smaller squares)
     np.testing.assert_allclose(out, base, rtol=1e-5, atol=1e-6)
@@ -155,12 +154,12 @@ def test_numpys_c_sgemm_is_its_own_blas_and_takes_leading_dimensions(rng):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("bk", [512, tiled.BLOCK_K_PLAIN])
 def test_the_plan_covers_every_allowed_pair_once(L, S, causal, bk):
-    P = tiled._Problem(np.zeros((L, 8), np.float32), np.zeros((S, 8), np.float32), np.zeros((S, 8), np.float32),
+    P = tiled.plan._Problem(np.zeros((L, 8), np.float32), np.zeros((S, 8), np.float32), np.zeros((S, 8), np.float32),
                        None, causal, 1.0, False)
     bq = min(1024, L)
     for i0 in range(0, L, bq):
         i1 = min(i0 + bq, L)
-        plan, room = tiled._plain_plan(P, i0, i1, bk, 1, None)
+        plan, room = tiled.plan._plain_plan(P, i0, i1, bk, 1, None)
         assert room == max((r1 - r0) * (j1 - j0) for r0, r1, j0, j1, _, _ in plan)   # the scratch it needs
         cover = np.zeros((i1 - i0, S), np.int64)
         seen_rows = np.zeros(i1 - i0, bool)
@@ -192,12 +191,12 @@ def test_the_compiled_loops_key_blocks_are_block_k_plain_unless_block_k_is_given
     where the keys are more than one BLOCK_K block (else they stay one); a given ``block_k`` is the width of
     both. Either way the result is the Python loop's."""
     widths = []
-    real = tiled._krun_plain
+    real = kernels.run_plain
 
     def spy(jit, g, qs, k_t, v, plan, *a):
         widths.extend(int(w) for w in plan[:, 3] - plan[:, 2])
         return real(jit, g, qs, k_t, v, plan, *a)
-    monkeypatch.setattr(tiled, "_krun_plain", spy)
+    monkeypatch.setattr(kernels, "run_plain", spy)
     monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
     q, k, v = _inputs(rng, H=2, L=1024, S=S, E=32, Ev=32)
     for causal in (False, True):
@@ -205,9 +204,8 @@ def test_the_compiled_loops_key_blocks_are_block_k_plain_unless_block_k_is_given
         got = tiled.forward(q, k, v, scale=0.2, is_causal=causal, threads=1, block_k=block_k)[0]
         # (causal: the diagonal's squares may all be narrower than a block)
         assert widths and (max(widths) == want if not causal else max(widths) <= want)
-        monkeypatch.setattr(tiled, "PLAIN_LOOP", False)
-        ref = tiled.forward(q, k, v, scale=0.2, is_causal=causal, threads=1, block_k=block_k)[0]
-        monkeypatch.setattr(tiled, "PLAIN_LOOP", True)
+        with tiled.limits(plain_loop=False):
+            ref = tiled.forward(q, k, v, scale=0.2, is_causal=causal, threads=1, block_k=block_k)[0]
         np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
 
 
@@ -223,9 +221,10 @@ def test_plain_tasks_take_block_q_plain_rows_unless_block_q_is_given(rng, plain_
     assert len(plain_calls) == tasks
     mask = np.tril(np.ones((L, L), bool))                            # the same attention, as a mask: BLOCK_Q
     blocks = []
-    real = tiled._forward_task
+    real = tiled.forward_pass._forward_task
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(tiled, "_forward_task", lambda P, idx, i0, i1, *a: (blocks.append(i1 - i0), real(P, idx, i0, i1, *a)))
+        m.setattr(tiled.forward_pass, "_forward_task",
+                  lambda P, idx, i0, i1, *a: (blocks.append(i1 - i0), real(P, idx, i0, i1, *a)))
         ref = tiled.forward(q, k, v, scale=0.2, attn_mask=mask, threads=threads, block_q=block_q)[0]
     assert max(blocks) == min(block_q or tiled.BLOCK_Q, L) or threads > 1
     np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-6)
@@ -310,9 +309,9 @@ def test_the_compiled_loops_run_mkl_on_one_thread_per_worker(rng, monkeypatch, t
         def __getattr__(self, name):
             real = getattr(self.jit, name)
             return lambda *a: (seen.append((name, get())), real(*a))[1]
-    for name, run in (("_krun_plain", kernels.run_plain), ("_krun_plain_lazy", kernels.run_plain_lazy),
-                      ("_krun_plain_backward", kernels.run_plain_backward)):
-        monkeypatch.setattr(tiled, name, lambda jit, g, *a, run=run: run(Probe(jit), g, *a))
+    for name, run in (("run_plain", kernels.run_plain), ("run_plain_lazy", kernels.run_plain_lazy),
+                      ("run_plain_backward", kernels.run_plain_backward)):
+        monkeypatch.setattr(kernels, name, lambda jit, g, *a, run=run: run(Probe(jit), g, *a))
     saved, before = gemm.GEMM.choice, get()
     put(2)                                                     # MKL's own count: 2, as on the 2-core test machine
     try:
@@ -333,7 +332,7 @@ def test_the_compiled_loops_run_mkl_on_one_thread_per_worker(rng, monkeypatch, t
 @pytest.fixture
 def lazy_calls(monkeypatch):
     """The forward's compiled loop for unbounded scores (lazy rescaling)."""
-    return _spy(monkeypatch, "_krun_plain_lazy", kernels.run_plain_lazy)
+    return _spy(monkeypatch, "run_plain_lazy", kernels.run_plain_lazy)
 
 
 LAZY = {
@@ -367,8 +366,7 @@ def test_the_compiled_lazy_loop_equals_the_python_loop_and_the_reference(rng, la
     out, _, lse = tiled.forward(q, k, v, return_lse=True, threads=threads, **kw)
     assert lazy_calls and not plain_calls, "not the lazy loop (or the scores were bounded after all)"
     n = len(lazy_calls)
-    with monkeypatch.context() as m:
-        m.setattr(tiled, "PLAIN_LOOP", False)
+    with tiled.limits(plain_loop=False):
         base, _, base_lse = tiled.forward(q, k, v, return_lse=True, threads=threads, **kw)
     assert len(lazy_calls) == n
     # scores of ~100: the running max differs with the blocks (the diagonal's squares are smaller here), and
@@ -384,7 +382,7 @@ def test_the_compiled_lazy_loop_equals_the_python_loop_and_the_reference(rng, la
 @pytest.fixture
 def plain_backward_calls(monkeypatch):
     """The backward's compiled loop's calls."""
-    return _spy(monkeypatch, "_krun_plain_backward", kernels.run_plain_backward)
+    return _spy(monkeypatch, "run_plain_backward", kernels.run_plain_backward)
 
 
 BACKWARD = {
@@ -409,8 +407,7 @@ def test_the_compiled_backward_equals_the_python_loop_and_float64(rng, plain_bac
     got = tiled.backward(g, q, k, v, threads=threads, **kw)
     assert plain_backward_calls, "the backward did not take the compiled loop"
     n = len(plain_backward_calls)
-    with monkeypatch.context() as m:
-        m.setattr(tiled, "PLAIN_LOOP", False)
+    with tiled.limits(plain_loop=False):
         base = tiled.backward(g, q, k, v, threads=threads, **kw)
     assert len(plain_backward_calls) == n
     f = np.float64
@@ -441,7 +438,7 @@ def test_only_plain_backwards_take_the_compiled_loop(rng, plain_backward_calls, 
 
 def _causal_cover(a, b, c, d, smallest):
     out = []
-    tiled._causal_split(a, b, c, d, smallest, out)
+    tiled.plan._causal_split(a, b, c, d, smallest, out)
     cover = np.zeros((b - a, d - c), np.int64)
     computed = 0
     for r0, r1, c0, c1, off in out:
@@ -522,7 +519,7 @@ def test_a_block_after_bands_on_the_same_rows_adds_to_them(rng, monkeypatch):
     L = 2048
     q, k, v = (rng.standard_normal((1, 2, L, 32)).astype(np.float32) for _ in range(3))
     bm = qkv.create_block_mask(mods.sliding_window(64), None, None, L, L)
-    real = tiled._band_groups
+    real = tiled.forward_pass._band_groups
     runs = []
 
     def bands_then_empty(P, blocks, i0, slope, max_scores):
@@ -535,7 +532,7 @@ def test_a_block_after_bands_on_the_same_rows_adds_to_them(rng, monkeypatch):
                     extra.append((r0, r1, 0, s[3], ("grid", [(i0 + r0, i0 + r1, 0, s[3], -1)])))
         runs.extend(extra)
         return steps + extra
-    monkeypatch.setattr(tiled, "_band_groups", bands_then_empty)
+    monkeypatch.setattr(tiled.forward_pass, "_band_groups", bands_then_empty)
     out = qkv.flex_attention(q, k, v, block_mask=bm)
     assert runs, "no band runs (the test would be vacuous)"
     f = np.float64

@@ -21,9 +21,10 @@ F = torch.nn.functional
 
 
 @pytest.fixture(autouse=True)
-def _parallel_even_when_small(monkeypatch):
+def _parallel_even_when_small():
     """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS); these tests want the pool."""
-    monkeypatch.setattr(tiled, "SERIAL_BELOW_FLOPS", 0)
+    with tiled.limits(serial_below_flops=0):
+        yield
 
 
 def _t(a):
@@ -181,14 +182,41 @@ def test_lse_is_logsumexp_of_the_scaled_masked_scores(rng):
     np.testing.assert_allclose(lse, want, atol=1e-12)
 
 
+def test_a_task_runs_the_first_strategy_that_supports_it(rng, monkeypatch):
+    """The forward's strategies in their order; each task takes the first whose supports() holds."""
+    from qkv import kernels
+    fp = tiled.forward_pass
+    assert [s.name for s in fp.STRATEGIES] == ["compiled loop, base 2", "compiled loop, lazy", "batched bands",
+                                               "shift-free blocks", "rescaled blocks"]
+    taken = []
+    real = fp._strategy
+    monkeypatch.setattr(fp, "_strategy", lambda P, T: taken.append(real(P, T).name) or real(P, T))
+    q, k, v = (rng.standard_normal((1, 2, 256, 16)).astype(np.float32) for _ in range(3))
+    window = qkv.create_block_mask(qkv.mods.sliding_window(64), None, None, 256, 256, BLOCK_SIZE=32)
+    cases = [(dict(), 1, "shift-free blocks"), (dict(), 6, "rescaled blocks"),
+             (dict(block_mask=window), 1, "batched bands"), (dict(block_mask=window), 6, "rescaled blocks"),
+             (dict(attn_mask=np.zeros((256, 256), np.float32)), 1, "rescaled blocks")]
+    with tiled.limits(plain_loop=False):
+        for kw, amp, want in cases:
+            taken.clear()
+            tiled.forward(q * amp, k, v, scale=0.25, threads=1, **kw)
+            assert set(taken) == {want}, (kw.keys(), amp, taken)
+    if kernels.get_kernels() == "numba" and kernels.plain_available(qkv.gemm.GEMM.active()):
+        with tiled.limits(kernel_min=0):
+            for amp, want in ((1, "compiled loop, base 2"), (6, "compiled loop, lazy")):
+                taken.clear()
+                tiled.forward(q * amp, k, v, scale=0.25, threads=1)
+                assert set(taken) == {want}, (amp, taken)
+
+
 def test_gqa_matches_repeated_heads(rng, monkeypatch):
     q = rng.standard_normal((2, 6, 30, 8)).astype(np.float32)
     k, v = (rng.standard_normal((2, 2, 41, 8)).astype(np.float32) for _ in range(2))
     got, _ = _tiled(q, k, v, enable_gqa=True, block_q=7, block_k=9)
     want, _ = _tiled(q, np.repeat(k, 3, axis=1), np.repeat(v, 3, axis=1), block_q=7, block_k=9)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)       # grouped heads: another GEMM blocking
-    monkeypatch.setattr(tiled, "GROUP_GQA", False)
-    per_head, _ = _tiled(q, k, v, enable_gqa=True, block_q=7, block_k=9)
+    with tiled.limits(group_gqa=False):
+        per_head, _ = _tiled(q, k, v, enable_gqa=True, block_q=7, block_k=9)
     np.testing.assert_array_equal(per_head, want)                      # a head per task: the same numbers
 
 
@@ -202,12 +230,12 @@ def test_grouped_query_heads_run_a_group_per_task_with_the_references_numbers(rn
     q = rng.standard_normal((B, Hk * rep, L, E)) * 2
     k, v = (rng.standard_normal((B, Hk, S, E)) * 2 for _ in range(2))
     groups = []
-    real = tiled._forward_rows
+    real = tiled.forward_pass._forward_task
 
     def spy(P, idx, i0, i1, *a):
         groups.append((P.group, idx[-1]))
         return real(P, idx, i0, i1, *a)
-    monkeypatch.setattr(tiled, "_forward_rows", spy)
+    monkeypatch.setattr(tiled.forward_pass, "_forward_task", spy)
     kw = dict(scale=0.3, is_causal=causal, enable_gqa=True, return_lse=True)
     out, _, lse = TILED.forward(q, k, v, block_q=block_q, block_k=block_k, **kw)
     assert groups and {g for g, _ in groups} == {rep} and {h % rep for _, h in groups} == {0}
@@ -236,17 +264,18 @@ def test_thread_count_does_not_change_results(rng):
     assert qkv.get_num_threads() == tiled.default_num_threads() == old
 
 
-def test_masked_blocks_are_skipped_and_full_blocks_unmasked(monkeypatch):
-    def plan(i0, i1, S=64, block_k=8):
-        P = tiled._Problem(np.zeros((64, 4)), np.zeros((S, 4)), np.zeros((S, 4)), None, True, 1.0, False)
+def test_masked_blocks_are_skipped_and_full_blocks_unmasked():
+    def plan(i0, i1, S=64, block_k=8, diagonal_min=None):
+        lim = tiled.Limits(diagonal_min=diagonal_min) if diagonal_min else None
+        P = tiled.plan._Problem(np.zeros((64, 4)), np.zeros((S, 4)), np.zeros((S, 4)), None, True, 1.0, False,
+                                limits=lim)
         return P.key_blocks(i0, i1, None, block_k)
 
     # causal: keys before the row block in full blocks, then the diagonal square
     assert plan(0, 8) == [(0, 8, 0, 8, "causal")]
     assert plan(16, 24) == [(0, 8, 0, 8, "full"), (0, 8, 8, 16, "full"), (0, 8, 16, 24, "causal")]
     # the diagonal square split in quadrants down to DIAGONAL_MIN rows: upper-right skipped
-    monkeypatch.setattr(tiled, "DIAGONAL_MIN", 2)
-    got = plan(8, 16, block_k=16)
+    got = plan(8, 16, block_k=16, diagonal_min=2)
     assert got == [(0, 8, 0, 8, "full"),
                    (0, 2, 8, 10, "causal"), (2, 4, 8, 10, "full"), (2, 4, 10, 12, "causal"),
                    (4, 8, 8, 12, "full"),
@@ -254,7 +283,7 @@ def test_masked_blocks_are_skipped_and_full_blocks_unmasked(monkeypatch):
     # every allowed pair is covered exactly once, and few disallowed ones are computed
     for i0, i1, S in [(8, 16, 64), (0, 13, 64), (5, 31, 20), (40, 64, 30)]:
         seen = np.zeros((i1 - i0, S), int)
-        for r0, r1, j0, j1, kind in plan(i0, i1, S=S, block_k=3):
+        for r0, r1, j0, j1, kind in plan(i0, i1, S=S, block_k=3, diagonal_min=2):
             seen[r0:r1, j0:j1] += 1
             if kind == "full":
                 assert np.all(np.arange(j0, j1)[None, :] <= np.arange(i0 + r0, i0 + r1)[:, None])
@@ -262,22 +291,22 @@ def test_masked_blocks_are_skipped_and_full_blocks_unmasked(monkeypatch):
         assert np.all(seen[allowed] == 1) and seen.max() == 1
         assert seen[~allowed].sum() <= (i1 - i0) * 2
     win = qkv.masks.sliding_window(32, window=4)
-    P = tiled._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), win, False, 1.0, False)
+    P = tiled.plan._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), win, False, 1.0, False)
     blocks = P.key_blocks(16, 24, P.mask2d(()), 8)
     assert [b[2:4] for b in blocks] == [(8, 16), (16, 24)]      # keys 0..7 are out of every row's window
     assert all(kind == "mask" for *_, kind in blocks)
     allowed = np.ones((32, 32), bool)
-    P = tiled._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), allowed, False, 1.0, False)
+    P = tiled.plan._Problem(np.zeros((32, 4)), np.zeros((32, 4)), np.zeros((32, 4)), allowed, False, 1.0, False)
     assert all(kind == "full" for *_, kind in P.key_blocks(0, 8, P.mask2d(()), 8))
 
 
 @pytest.mark.parametrize("L, S", [(300, 300), (300, 200), (200, 300), (257, 257)])
-def test_causal_diagonal_split(L, S, rng, monkeypatch):
-    monkeypatch.setattr(tiled, "DIAGONAL_MIN", 16)
+def test_causal_diagonal_split(L, S, rng):
     q = rng.standard_normal((2, L, 8)).astype(np.float32)
     k, v = (rng.standard_normal((2, S, 8)).astype(np.float32) for _ in range(2))
     for amp in (1.0, 8.0):                                   # shift-free and running-max paths
-        got, _ = _tiled(q * amp, k, v, is_causal=True, block_q=128, block_k=48)
+        with tiled.limits(diagonal_min=16):
+            got, _ = _tiled(q * amp, k, v, is_causal=True, block_q=128, block_k=48)
         np.testing.assert_allclose(got, _torch64(q * amp, k, v, is_causal=True), atol=2e-5, rtol=2e-5)
 
 

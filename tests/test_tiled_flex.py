@@ -19,9 +19,10 @@ REF = backends.get("reference")
 
 
 @pytest.fixture(autouse=True)
-def _parallel_even_when_small(monkeypatch):
+def _parallel_even_when_small():
     """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS); these tests want the pool."""
-    monkeypatch.setattr(tiled, "SERIAL_BELOW_FLOPS", 0)
+    with tiled.limits(serial_below_flops=0):
+        yield
 
 
 def _inputs(seed, B, Hq, Hk, L, S, E=8, Ev=6, dtype=np.float64, amp=1.0):
@@ -263,7 +264,7 @@ def test_plan_covers_allowed_pairs_once_and_skips_empty_cells(mm):
     bs = 4
     bm = create_block_mask(mm, None, None, L, S, BLOCK_SIZE=bs)
     z = np.zeros((1, 1, L, 8))
-    P = tiled._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
     P.fwd_budget = 10**9
     seen = _plan_coverage(P, L, S, 16)
     allowed = bm.dense((1, 1), L, S).reshape(L, S)
@@ -360,15 +361,50 @@ def test_features_and_shift_free_rules():
     assert TILED.supports(score_mod=mods.softcap(5), block_mask=object(), sink_logits=np.zeros(2),
                           backward=True) is None
     z = np.zeros((1, 2, 16, 4))
-    P = tiled._Problem(z, z, z, None, False, 1.0, False, score_mod=mods.softcap(50.0))
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, score_mod=mods.softcap(50.0))
     assert P.mod.kind == "softcap" and P.shift_free(1e6, 70.0, None)        # bounded by the cap
     assert not P.shift_free(1e6, 45.0, None)                                  # too little room for exp(50)
-    P = tiled._Problem(z, z, z, None, True, 1.0, False, score_mod=mods.alibi([0.5, 0.25]))
+    P = tiled.plan._Problem(z, z, z, None, True, 1.0, False, score_mod=mods.alibi([0.5, 0.25]))
     assert P.mod.kind == "alibi" and P.shift_free(10.0, 70.0, 0.5)           # causal: bias ≤ 0, diagonal 0
-    P = tiled._Problem(z, z, z, None, False, 1.0, False, score_mod=mods.alibi([0.5, 0.25]))
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, score_mod=mods.alibi([0.5, 0.25]))
     assert not P.shift_free(10.0, 70.0, 0.5)                                  # future keys: bias > 0
-    P = tiled._Problem(z, z, z, None, False, 1.0, False, score_mod=_custom_score())
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, score_mod=_custom_score())
     assert P.mod.kind == "generic" and not P.shift_free(0.0, 70.0, None)
+
+
+def test_the_engine_reads_a_mods_traits_never_its_name():
+    """A mod is what its traits say (qkv.mods.ScoreTraits / MaskTraits), not what its function is called: a
+    custom mod under a built-in's name and module is called on every block; one declaring a cap is folded."""
+    from qkv import paths
+    z = np.zeros((1, 2, 16, 4))
+
+    def softcap_mod(score, b, h, q_idx, kv_idx):              # a built-in's name and module, but a user's mod
+        return 5.0 * np.tanh(score / 5.0)
+    softcap_mod.__module__ = "qkv.mods"
+    spoof = mods.ScoreMod(softcap_mod, lambda s, b, h, i, j: 1 - np.tanh(s / 5.0) ** 2, name="softcap")
+    assert tiled.plan._Problem(z, z, z, None, False, 1.0, False, score_mod=spoof).mod.kind == "generic"
+    declared = mods.ScoreMod(softcap_mod, spoof._grad, traits=mods.ScoreTraits(cap=5.0))
+    assert tiled.plan._Problem(z, z, z, None, False, 1.0, False, score_mod=declared).mod.kind == "softcap"
+    chain = mods.compose(mods.alibi([0.5, 0.25]), declared)
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, score_mod=chain)
+    assert P.mod.kind == "alibi_softcap" and P.mod.cap == 5.0
+    q, k, v, go = _inputs(3, 1, 2, 2, 40, 40, amp=4.0)
+    want = REF.forward(q, k, v, score_mod=spoof, scale=0.5)[0]
+    for mod, path in ((spoof, "score.generic"), (declared, "score.softcap_tanh")):
+        with paths.counting() as seen:
+            got = TILED.forward(q, k, v, score_mod=mod, scale=0.5, block_q=8, block_k=16)[0]
+        assert seen[path] > 0 and (path == "score.generic") == (seen["score.generic"] > 0), seen
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+    def causal_mask(b, h, q_idx, kv_idx):                      # a mask mod under a built-in's name: no traits
+        return q_idx >= kv_idx
+    causal_mask.__module__ = "qkv.mods"
+    bm = create_block_mask(causal_mask, None, None, 16, 16, BLOCK_SIZE=8)
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
+    assert P.mask_traits == mods.MaskTraits()
+    bm = create_block_mask(mods.MaskMod(causal_mask, traits=mods.MaskTraits(True, True, True)), None, None, 16, 16,
+                           BLOCK_SIZE=8)
+    assert tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm).mask_traits.invariant
 
 
 @pytest.mark.parametrize("amp", [0.05, 0.5, 1.0, 1.6, 2.5, 4.0])
@@ -389,13 +425,13 @@ def test_softcap_polynomial_is_as_exact_as_numpy_tanh(amp):
 
 def test_tanh_polynomials():
     for bound in (0.001, 0.03, 0.1, 0.2, 0.29, 0.31, 0.4, 0.5, 0.6, 0.75):
-        a = tiled._tanh_poly(bound)
+        a = tiled.scoring._tanh_poly(bound)
         assert a is not None and len(a) <= 7
         y = np.linspace(-bound, bound, 2001)
         y = y[y != 0]
         got = y * np.polynomial.Polynomial(a)(y * y)
         assert np.abs(got / np.tanh(y) - 1).max() < 3e-8
-    assert tiled._tanh_poly(0.76) is None and tiled._tanh_poly(float("nan")) is None
+    assert tiled.scoring._tanh_poly(0.76) is None and tiled.scoring._tanh_poly(float("nan")) is None
 
 
 def test_weights_and_dropout_with_block_masks():
@@ -450,7 +486,7 @@ def test_finer_cells_for_built_in_mods(mm):
     L = S = 512
     bm = create_block_mask(mm, None, None, L, S)
     z = np.zeros((1, 1, L, 8))
-    P = tiled._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
     assert P.cell == tiled.GRID_CELL == 64
     P.fwd_budget = 10**9
     seen = _plan_coverage(P, L, S, 256)
@@ -463,7 +499,7 @@ def test_finer_cells_for_built_in_mods(mm):
     _compare(*res["fwd"], np.float64, "forward")
     _compare(*res["bwd"], np.float64, "backward")
     custom = create_block_mask(lambda b, h, q_idx, kv_idx: kv_idx <= q_idx, None, None, L, S)
-    assert tiled._Problem(z, z, z, None, False, 1.0, False, block_mask=custom).cell == 128   # no block_kinds
+    assert tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=custom).cell == 128   # no block_kinds
 
 
 def test_softcap_polynomial_runs_in_chunks_with_the_same_result(monkeypatch, numpy_kernels):
@@ -471,12 +507,12 @@ def test_softcap_polynomial_runs_in_chunks_with_the_same_result(monkeypatch, num
     # numbers as one pass over the block, and the chunked path is really taken.
     q, k, v, _ = _inputs(9, 1, 2, 2, 256, 256, E=64, Ev=16, dtype=np.float32, amp=0.5)
     kw = dict(scale=1 / 8, score_mod=mods.softcap(50.0), block_q=128, block_k=128)
-    monkeypatch.setattr(tiled, "POLY_CHUNK", 1 << 30)
+    monkeypatch.setattr(tiled.scoring, "POLY_CHUNK", 1 << 30)
     whole = TILED.forward(q, k, v, **kw)[0]
     calls = []
-    real = tiled._apply_poly_chunk
-    monkeypatch.setattr(tiled, "_apply_poly_chunk", lambda s, poly: (calls.append(s.shape), real(s, poly)))
-    monkeypatch.setattr(tiled, "POLY_CHUNK", 40 * 128)
+    real = tiled.scoring._apply_poly_chunk
+    monkeypatch.setattr(tiled.scoring, "_apply_poly_chunk", lambda s, poly: (calls.append(s.shape), real(s, poly)))
+    monkeypatch.setattr(tiled.scoring, "POLY_CHUNK", 40 * 128)
     chunked = TILED.forward(q, k, v, **kw)[0]
     assert calls and all(rows <= 40 for rows, _ in calls) and any(rows < 128 for rows, _ in calls)
     np.testing.assert_array_equal(chunked, whole)

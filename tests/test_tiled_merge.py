@@ -14,16 +14,18 @@ TILED = tiled.TILED
 
 @pytest.fixture
 def merges(monkeypatch):
-    """Count the engine's calls of merge_partials (still the real one); split-K allowed on parts of 1024 keys
-    (by default it waits for 65536 per part, where it pays for itself: test sizes stay small)."""
-    monkeypatch.setattr(tiled, "SPLIT_K_MIN_PART_KEYS", 1024)
+    """Count the engine's calls of merge_partials (still the real one: split-K's and the sinks'); split-K allowed
+    on parts of 1024 keys (by default it waits for 65536 per part, where it pays for itself: test sizes stay
+    small)."""
     calls = []
 
     def counting(*a, **k):
         calls.append(np.shape(a[0]))
         return merge.merge_partials(*a, **k)
-    monkeypatch.setattr(tiled, "merge_partials", counting)
-    return calls
+    monkeypatch.setattr(tiled.split, "merge_partials", counting)
+    monkeypatch.setattr(tiled.forward_pass, "merge_partials", counting)
+    with tiled.limits(split_k_min_part_keys=1024):
+        yield calls
 
 
 def _inputs(rng, H=1, Hk=1, L=64, S=8192, E=64, dt=np.float32):
@@ -74,8 +76,8 @@ def test_split_k_not_taken_when_every_worker_has_a_task_or_the_parts_are_too_sma
     q, k, v = _inputs(rng, L=64, S=8192)
     TILED.forward(q, k, v, scale=0.125, threads=2, return_weights=True)   # weights: a second pass
     TILED.forward(q, k, v, scale=0.125, threads=2, dropout_p=0.5, rng=np.random.default_rng(0))
-    monkeypatch.setattr(tiled, "SPLIT_K_MIN_PART_KEYS", 1 << 16)
-    TILED.forward(q, k, v, scale=0.125, threads=2)              # parts of 4096 keys: under the default minimum
+    with tiled.limits(split_k_min_part_keys=1 << 16):
+        TILED.forward(q, k, v, scale=0.125, threads=2)          # parts of 4096 keys: under the default minimum
     assert not merges
 
 

@@ -515,7 +515,8 @@ def plain_lazy_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, 
     a sum is larger, the block's product made again) the running max's pass (:func:`max_exp_rows`): the shift,
     ``acc`` and ``l_i`` rescaled by ``exp(−shift)``, ``m_i`` raised, ``seen`` set where a row met a finite
     score. ``acc (+)= p·V`` by the GEMM's beta — written where none of the rows had a max (their acc was 0).
-    The Python loop's steps (:func:`qkv.backends.tiled._forward_rows`), in its order."""
+    The Python loop's steps (:func:`qkv.backends.tiled.forward_pass._lazy_block`, :func:`~qkv.backends.tiled.forward_pass._max_pass_block`),
+    in its order."""
     E1 = k_t.shape[0]
     ev, lda, ldk, ldv, lacc, qp, kp, vp, ap, sp, ts = _forward_layout(qs, k_t, v, acc, s_flat)
     spent = flops = 0.0

@@ -15,7 +15,7 @@ instruction, :func:`qkv._jit._rint`).
 Where a task's blocks are nothing else — unmodified, no mask but the causal one — the engine runs the whole
 task as one compiled loop (:func:`run_plain` shift-free, :func:`run_plain_lazy`, :func:`run_plain_backward`),
 the kernels called between the GEMM provider's own C ``sgemm`` calls with nothing of Python in between (see
-:mod:`qkv.backends.tiled`).
+:mod:`qkv.backends.tiled.forward_pass`).
 
 Choice, as the GEMM's (:mod:`qkv.gemm`): ``set_kernels("auto" | "numpy" | "numba")`` / :func:`get_kernels`,
 or ``QKV_KERNELS`` in the environment. ``auto`` (the default) takes numba where it is installed; ``numpy``
@@ -103,9 +103,11 @@ class Kernels:
             raise ValueError(f"QKV_KERNELS: 'numba' needs numba, which is not installed: {_INSTALL}")
         return j
 
-    def _wanted(self, dtype, size: int) -> bool:
-        """Whether a block of ``size`` scores of ``dtype`` should use the kernels."""
-        return self.choice != "numpy" and size >= KERNEL_MIN and dtype == np.float32
+    def _wanted(self, dtype, size: int, minimum: int | None) -> bool:
+        """Whether a block of ``size`` scores of ``dtype`` should use the kernels (at least ``minimum`` scores;
+        None: :data:`KERNEL_MIN`)."""
+        return (self.choice != "numpy" and size >= (KERNEL_MIN if minimum is None else minimum)
+                and dtype == np.float32)
 
     def describe(self) -> str:
         """``numba 0.68.1`` or ``numpy`` — for benchmark headers."""
@@ -114,17 +116,19 @@ class Kernels:
         import numba
         return f"numba {numba.__version__}"
 
-    def for_call(self, dtype, size: int):
+    def for_call(self, dtype, size: int, minimum: int | None = None):
         """Called by the engine before it runs its tasks (outside its BLAS limit): loads the kernels when
-        blocks of ``size`` scores of ``dtype`` will use them (see :func:`_warm`). Returns them or None."""
-        if not self._wanted(dtype, size):
+        blocks of ``size`` scores of ``dtype`` will use them (see :func:`_warm`). Returns them or None.
+        ``minimum``: the fewest scores a block takes them for (None: :data:`KERNEL_MIN`; the tiled engine passes
+        its call's limit, :attr:`qkv.backends.tiled.Limits.kernel_min`)."""
+        if not self._wanted(dtype, size, minimum):
             return None
         return self._required() if self.choice == "numba" else self.jit()
 
-    def for_block(self, dtype, size: int):
-        """The kernels for a block of ``size`` scores of ``dtype`` inside a task, else None. Never loads
-        them (:meth:`for_call` does, before the tasks)."""
-        return (self._jit or None) if self._wanted(dtype, size) else None
+    def for_block(self, dtype, size: int, minimum: int | None = None):
+        """The kernels for a block of ``size`` scores of ``dtype`` inside a task, else None (``minimum`` as
+        :meth:`for_call`'s). Never loads them (:meth:`for_call` does, before the tasks)."""
+        return (self._jit or None) if self._wanted(dtype, size, minimum) else None
 
 
 def _warm(jit) -> None:
@@ -175,7 +179,7 @@ def _args(kind: str, arg):
 
 
 def run(jit, s: np.ndarray, sums: np.ndarray, plan, bounded: bool = False, base2: bool = False) -> None:
-    """Finish a block the scorer left for a kernel (:meth:`qkv.backends.tiled._Scorer.__call__` with
+    """Finish a block the scorer left for a kernel (:meth:`qkv.backends.tiled.scoring._Scorer.__call__` with
     ``fuse=True``): ``s ← exp(f(s) + add)``, masked to the causal diagonal ``d``, ``sums`` its row sums.
     ``plan = (kind, arg, add, d, rep)``: kind ``"exp"`` (f = identity), ``"poly"`` (arg: seven coefficients,
     f(y) = y·Σ arg[k]·y^2k) or ``"tanh"`` (arg: cap, f = cap·tanh). ``bounded``: the caller knows every

@@ -19,9 +19,19 @@ surely full (:meth:`MaskMod.block_kinds`), so :func:`qkv.create_block_mask` neve
 element and the tiled engine skips empty blocks and never masks full ones. Every built-in score mod carries
 its derivative (:meth:`ScoreMod.grad`) for :func:`qkv.flex_attention_backward`; a custom score mod needs one
 (``ScoreMod(fn, grad=...)``), or the backward refuses it. A bias (ALiBi) is a score mod, not a mask.
+
+**Traits.** A built-in mod also declares what a fused engine may assume of it without calling it:
+:class:`MaskTraits` (``mod.traits``: a function of ``i − j`` alone, allows the diagonal, causal) and
+:class:`ScoreTraits` (a bias ``m_h·(j − i)`` with ALiBi's slopes, a cap for softcap, the chain of
+:func:`compose`). The tiled engine reads these, never a mod's name or module: ALiBi's bias rides in the
+product, softcap's ``1/cap`` in the query scale, an ``i − j`` mask's partial blocks are cached patterns. A mod
+without traits — any callable, or ``ScoreMod(fn, grad=...)`` — is called on every block (the generic path).
+:func:`and_masks` / :func:`or_masks` derive their traits from their children's (a child without traits
+counts as knowing nothing).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 
@@ -30,11 +40,37 @@ import numpy as np
 from . import _checks, stages
 from .stages import Names
 
-__all__ = ["MaskMod", "ScoreMod", "causal", "sliding_window", "prefix_lm", "document", "document_from_lengths",
-           "sinks", "and_masks", "or_masks", "alibi", "alibi_slopes", "softcap", "compose"]
+__all__ = ["MaskMod", "MaskTraits", "ScoreMod", "ScoreTraits", "causal", "sliding_window", "prefix_lm", "document",
+           "document_from_lengths", "sinks", "and_masks", "or_masks", "alibi", "alibi_slopes", "softcap", "compose"]
 
 
 # ============================================================================================== mask mods
+@dataclasses.dataclass(frozen=True)
+class MaskTraits:
+    """What an engine may assume of a mask mod without calling it (each False: not known).
+
+    Attributes:
+        invariant: it depends on ``i − j`` alone (``mask(i + t, j + t) == mask(i, j)``), so its partial blocks
+            repeat per offset and may be cached as patterns.
+        diagonal: it allows every ``(i, i)``.
+        causal: it allows no ``j > i``.
+    """
+    invariant: bool = False
+    diagonal: bool = False
+    causal: bool = False
+
+    def combine(self, other: "MaskTraits", both: bool) -> "MaskTraits":
+        """The traits of two mods joined: ``both`` (and_masks) or either (or_masks)."""
+        inv = self.invariant and other.invariant
+        if both:                                        # allowed where both allow it
+            return MaskTraits(inv, self.diagonal and other.diagonal, self.causal or other.causal)
+        return MaskTraits(inv, self.diagonal or other.diagonal, self.causal and other.causal)
+
+
+#: The traits of a mod that declares none: nothing known.
+UNKNOWN = MaskTraits()
+
+
 class MaskMod:
     """A mask mod: ``mask_mod(b, h, q_idx, kv_idx) -> bool array`` (True = may attend).
 
@@ -50,10 +86,12 @@ class MaskMod:
         children: the mods it combines (and_masks / or_masks).
         validate: ``(B, H, L, S) -> None``, or None: raises ValueError naming the parameter when the mod cannot
             serve these sizes (``doc_ids`` of the wrong length …); B/H may be None (broadcast).
+        traits: :class:`MaskTraits` the mod promises (the built-ins declare theirs), or None: nothing known
+            (the engine calls the mod on each partial block).
     """
 
     def __init__(self, fn, *, name: str | None = None, params: dict | None = None, block_kinds=None,
-                 children: tuple = (), validate=None):
+                 children: tuple = (), validate=None, traits: MaskTraits | None = None):
         if not callable(fn):
             raise TypeError(f"mask_mod: expected a callable (b, h, q_idx, kv_idx) -> bool, got {type(fn).__name__}")
         self.fn = fn
@@ -62,6 +100,9 @@ class MaskMod:
         self._block_kinds = block_kinds
         self.children = tuple(children)
         self._validate = validate
+        if traits is not None and not isinstance(traits, MaskTraits):
+            raise TypeError(f"traits: expected a qkv.mods.MaskTraits or None, got {type(traits).__name__}")
+        self.traits = traits
 
     def __call__(self, b, h, q_idx, kv_idx):
         return self.fn(b, h, q_idx, kv_idx)
@@ -131,10 +172,12 @@ def _window_kinds(lo: int, hi: int):
 
 
 def causal() -> MaskMod:
-    """Query i may attend to keys j ≤ i (torch's ``is_causal``, top-left)."""
+    """Query i may attend to keys j ≤ i (torch's ``is_causal``, top-left). Traits: a function of ``i − j``,
+    allows the diagonal, causal."""
     def causal_mask(b, h, q_idx, kv_idx):
         return q_idx >= kv_idx
-    return MaskMod(causal_mask, name="causal", block_kinds=_window_kinds(0, math.inf))
+    return MaskMod(causal_mask, name="causal", block_kinds=_window_kinds(0, math.inf),
+                   traits=MaskTraits(invariant=True, diagonal=True, causal=True))
 
 
 def sliding_window(window: int) -> MaskMod:
@@ -146,6 +189,8 @@ def sliding_window(window: int) -> MaskMod:
                    q2    1  1  1  0  0
                    q3    0  1  1  1  0
                    q4    0  0  1  1  1
+
+    Traits: a function of ``i − j``, allows the diagonal, causal.
     """
     window = _checks.positive_int(window, "window")
 
@@ -153,12 +198,13 @@ def sliding_window(window: int) -> MaskMod:
         d = q_idx - kv_idx
         return (d >= 0) & (d < window)
     return MaskMod(sliding_window_mask, name="sliding_window", params={"window": window},
-                   block_kinds=_window_kinds(0, window - 1))
+                   block_kinds=_window_kinds(0, window - 1),
+                   traits=MaskTraits(invariant=True, diagonal=True, causal=True))
 
 
 def prefix_lm(prefix_len: int) -> MaskMod:
     """Prefix LM: every query sees the first ``prefix_len`` keys (the prefix, bidirectional), and the
-    rest causally (key j ≤ i)."""
+    rest causally (key j ≤ i). Traits: allows the diagonal."""
     prefix_len = _checks.positive_int(prefix_len, "prefix_len", minimum=0)
 
     def prefix_lm_mask(b, h, q_idx, kv_idx):
@@ -170,12 +216,14 @@ def prefix_lm(prefix_len: int) -> MaskMod:
         c_any, c_all = causal_kinds(q0, q1, k0, k1)
         p_any, p_all = k0 < prefix_len, k1 - 1 < prefix_len
         return c_any | p_any, c_all | p_all
-    return MaskMod(prefix_lm_mask, name="prefix_lm", params={"prefix_len": prefix_len}, block_kinds=kinds)
+    return MaskMod(prefix_lm_mask, name="prefix_lm", params={"prefix_len": prefix_len}, block_kinds=kinds,
+                   traits=MaskTraits(diagonal=True))
 
 
 def sinks(n: int) -> MaskMod:
     """The first ``n`` keys are always visible (StreamingLLM's attention sinks); combine with a window:
-    ``or_masks(sinks(4), sliding_window(w))``."""
+    ``or_masks(sinks(4), sliding_window(w))``. Traits: none of the three (it depends on ``j`` alone; it allows
+    the diagonal only for the first ``n`` queries)."""
     n = _checks.positive_int(n, "n", minimum=0)
 
     def sinks_mask(b, h, q_idx, kv_idx):
@@ -184,7 +232,7 @@ def sinks(n: int) -> MaskMod:
     def kinds(q0, q1, k0, k1):
         grid = np.broadcast_shapes(q0.shape, k0.shape)                       # (nQ, nK)
         return np.broadcast_to(k0 < n, grid), np.broadcast_to(k1 - 1 < n, grid)
-    return MaskMod(sinks_mask, name="sinks", params={"n": n}, block_kinds=kinds)
+    return MaskMod(sinks_mask, name="sinks", params={"n": n}, block_kinds=kinds, traits=MaskTraits())
 
 
 def document(doc_ids) -> MaskMod:
@@ -192,7 +240,7 @@ def document(doc_ids) -> MaskMod:
 
     ``doc_ids``: (S,) ints, the document of each position (the same for queries and keys: self-attention
     over the packed sequence), or (B, S) for a different packing per batch row. Combine with
-    :func:`causal` for causal packing: ``and_masks(causal(), document(ids))``.
+    :func:`causal` for causal packing: ``and_masks(causal(), document(ids))``. Traits: allows the diagonal.
     """
     ids = _int_array(doc_ids, "doc_ids")
     if ids.ndim not in (1, 2) or ids.shape[-1] == 0:
@@ -225,7 +273,8 @@ def document(doc_ids) -> MaskMod:
             raise ValueError(f"doc_ids: expected shape ({1 if B is None else B}, {ids.shape[-1]}) ({need}; "
                              f"per-batch ids need create_block_mask(mask_mod, B={ids.shape[0]}, …)), "
                              f"got {ids.shape}")
-    return MaskMod(document_mask, name="document", params={"doc_ids": ids}, block_kinds=kinds, validate=validate)
+    return MaskMod(document_mask, name="document", params={"doc_ids": ids}, block_kinds=kinds, validate=validate,
+                   traits=MaskTraits(diagonal=True))
 
 
 def document_from_lengths(lengths) -> MaskMod:
@@ -263,17 +312,20 @@ def _range_reduce(ids: np.ndarray, starts: np.ndarray, ends: np.ndarray):
 
 
 def and_masks(*mods) -> MaskMod:
-    """Attention allowed where **every** mod allows it (block kinds: ``all`` exact, ``any`` conservative)."""
+    """Attention allowed where **every** mod allows it (block kinds: ``all`` exact, ``any`` conservative).
+    Traits: a function of ``i − j`` if every mod is, allows the diagonal if every mod does, causal if any is."""
     return _combine(mods, "and_masks", np.logical_and)
 
 
 def or_masks(*mods) -> MaskMod:
-    """Attention allowed where **any** mod allows it (block kinds: ``any`` exact, ``all`` conservative)."""
+    """Attention allowed where **any** mod allows it (block kinds: ``any`` exact, ``all`` conservative).
+    Traits: a function of ``i − j`` if every mod is, allows the diagonal if any mod does, causal if every is."""
     return _combine(mods, "or_masks", np.logical_or)
 
 
 def _combine(mods, name: str, op) -> MaskMod:
-    """One mask mod from several, joined elementwise by ``op``; their block kinds joined by the same ``op``."""
+    """One mask mod from several, joined elementwise by ``op``; their block kinds joined by the same ``op``, their
+    traits likewise (a child without traits: :data:`UNKNOWN`)."""
     if not mods:
         raise ValueError(f"{name}: expected at least one mask mod, got none")
     ms = [as_mask_mod(m, f"{name}[{i}]") for i, m in enumerate(mods)]
@@ -293,10 +345,35 @@ def _combine(mods, name: str, op) -> MaskMod:
         for a, al in got[1:]:
             any_, all_ = op(any_, a), op(all_, al)
         return any_, all_
-    return MaskMod(combined, name=name, block_kinds=kinds, children=tuple(ms))
+    traits = ms[0].traits or UNKNOWN
+    for m in ms[1:]:
+        traits = traits.combine(m.traits or UNKNOWN, both=op is np.logical_and)
+    return MaskMod(combined, name=name, block_kinds=kinds, children=tuple(ms), traits=traits)
 
 
 # ============================================================================================= score mods
+@dataclasses.dataclass(frozen=True, eq=False)
+class ScoreTraits:
+    """What an engine may assume of a score mod without calling it: exactly one of the three is set.
+
+    Attributes:
+        bias_slopes: (H,) float64 — the mod is ``score + bias_slopes[h]·(kv_idx − q_idx)`` (ALiBi): a column term
+            and a row term, ``m·(j − i) = m·(j − ρ) + m·(ρ − i)``, which a kernel may fold into its product.
+        cap: the mod is ``cap·tanh(score / cap)`` (softcap): elementwise in the score alone, bounded by ±cap.
+        chain: the mods applied in order (:func:`compose`), each judged by its own traits.
+    """
+    bias_slopes: np.ndarray | None = None
+    cap: float | None = None
+    chain: tuple = ()
+
+    @property
+    def elementwise(self) -> bool:
+        """Whether the mod is a function of the score alone (no index): softcap, or a chain of such mods."""
+        if self.chain:
+            return all(m.traits is not None and m.traits.elementwise for m in self.chain)
+        return self.cap is not None
+
+
 class ScoreMod:
     """A score mod: ``score_mod(score, b, h, q_idx, kv_idx) -> score``, applied to the scaled scores.
 
@@ -307,13 +384,15 @@ class ScoreMod:
         name, params: what it is, for the explainer and ``repr``.
         validate: ``(B, H, L, S) -> None``, or None: raises ValueError naming the parameter when the mod cannot
             serve these sizes (ALiBi with fewer slopes than heads).
+        traits: :class:`ScoreTraits` the mod promises (the built-ins declare theirs: a fused engine then applies
+            them without calling ``fn``), or None: the engine calls ``fn`` on each block.
 
     The built-in mods record their own trace steps (``biased``, ``capped``); a custom one is recorded as
     ``modified``.
     """
 
     def __init__(self, fn, grad=None, *, name: str | None = None, params: dict | None = None,
-                 records: bool = False, step_names: tuple = (), validate=None):
+                 records: bool = False, step_names: tuple = (), validate=None, traits: ScoreTraits | None = None):
         if not callable(fn):
             raise TypeError(f"score_mod: expected a callable (score, b, h, q_idx, kv_idx) -> score, got "
                             f"{type(fn).__name__}")
@@ -326,6 +405,9 @@ class ScoreMod:
         self.records = records
         self.step_names = tuple(step_names)
         self._validate = validate
+        if traits is not None and not isinstance(traits, ScoreTraits):
+            raise TypeError(f"traits: expected a qkv.mods.ScoreTraits or None, got {type(traits).__name__}")
+        self.traits = traits
 
     def __call__(self, score, b, h, q_idx, kv_idx):
         return self.fn(score, b, h, q_idx, kv_idx)
@@ -434,7 +516,8 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 def alibi(slopes) -> ScoreMod:
     """ALiBi: ``score + slopes[h] · (kv_idx − q_idx)`` (as attention-gym): a key j positions before the query
-    loses ``m_h·(i − j)``. ``slopes`` (H,), e.g. :func:`alibi_slopes`. Records the step ``biased``."""
+    loses ``m_h·(i − j)``. ``slopes`` (H,), e.g. :func:`alibi_slopes`. Records the step ``biased``. Traits: the
+    bias with these slopes (``bias_slopes``)."""
     s = np.asarray(slopes)
     if s.dtype == np.bool_ or s.dtype.kind not in "fiu":
         raise TypeError(f"slopes: expected numbers, got dtype {s.dtype}")
@@ -458,11 +541,12 @@ def alibi(slopes) -> ScoreMod:
         if H is not None and (H > s.size or (H > 1 and H != s.size)):
             raise ValueError(f"slopes: expected one slope per query head (H={H}), got {s.size}")
     return ScoreMod(alibi_mod, alibi_grad, name="alibi", params={"slopes": s}, records=True,
-                    step_names=(Names.BIASED,), validate=validate)
+                    step_names=(Names.BIASED,), validate=validate, traits=ScoreTraits(bias_slopes=s))
 
 
 def softcap(cap: float) -> ScoreMod:
-    """Logit soft-capping (Gemma 2): ``cap · tanh(score / cap)``. Records the step ``capped``."""
+    """Logit soft-capping (Gemma 2): ``cap · tanh(score / cap)``. Records the step ``capped``. Traits: the cap
+    (elementwise, bounded by ±cap)."""
     if isinstance(cap, (bool, np.bool_)) or not isinstance(cap, numbers.Real):
         raise TypeError(f"cap: expected a finite number > 0, got {type(cap).__name__} {cap!r}")
     if not math.isfinite(cap) or cap <= 0:
@@ -478,12 +562,12 @@ def softcap(cap: float) -> ScoreMod:
         t = np.tanh(score / np.asarray(cap, score.dtype))
         return 1 - t * t                                                    # d/ds c·tanh(s/c) = 1 − tanh²
     return ScoreMod(softcap_mod, softcap_grad, name="softcap", params={"cap": cap}, records=True,
-                    step_names=(Names.CAPPED,))
+                    step_names=(Names.CAPPED,), traits=ScoreTraits(cap=cap))
 
 
 def compose(*score_mods) -> ScoreMod:
     """Apply score mods in order: ``compose(alibi(m), softcap(50))`` is ``softcap(alibi(score))``. Its
-    derivative is the chain rule of theirs (available when each has one)."""
+    derivative is the chain rule of theirs (available when each has one). Traits: the chain of mods."""
     if not score_mods:
         raise ValueError("compose: expected at least one score mod, got none")
     ms = [as_score_mod(m, f"compose[{i}]") for i, m in enumerate(score_mods)]
@@ -508,4 +592,4 @@ def compose(*score_mods) -> ScoreMod:
     grad = composed_grad if all(m.has_grad for m in ms) else None
     steps = tuple(n for m in ms for n in (m.step_names if m.records else (Names.MODIFIED,)))
     return ScoreMod(composed, grad, name="compose", params={"mods": ms}, records=all(m.records for m in ms),
-                    step_names=steps, validate=validate)
+                    step_names=steps, validate=validate, traits=ScoreTraits(chain=tuple(ms)))

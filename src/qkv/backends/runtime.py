@@ -29,6 +29,7 @@ has one pool per size and one owner of the BLAS setting.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import os
 import threading
@@ -266,7 +267,9 @@ class Runtime:
 
         Inline (still BLAS single-threaded) when ``threads == 1``, there is one item, or the caller is a
         worker. Close the iterator (``contextlib.closing``) if you may stop before its end: the BLAS limit
-        lasts until then.
+        lasts until then. Each item runs in a copy of the caller's context (:mod:`contextvars`), so that what
+        the caller set there — the tiled engine's limits (:func:`qkv.backends.tiled.limits`) — holds in the
+        workers too.
         """
         items = list(items)
         with self.blas_single_threaded(), _gemm.single_threaded():
@@ -274,7 +277,8 @@ class Runtime:
                 for x in items:
                     yield fn(x)
                 return
-            futures = [self.pool(threads).submit(fn, x) for x in items]
+            pool = self.pool(threads)
+            futures = [pool.submit(contextvars.copy_context().run, fn, x) for x in items]
             try:
                 for f in futures:
                     yield f.result()

@@ -1,0 +1,168 @@
+"""The engine's limits — its block sizes and thresholds — as parameters of each call's plan.
+
+Each module constant below is the default of the :class:`Limits` field of the same name (lower case). The
+engine never reads the constants while it runs: a call takes the limits in force once, at its start
+(:func:`current_limits`, into the problem: ``P.limits``), and everything it plans and runs reads them from
+there — so its workers see the caller's limits, and calls from other threads (or other contexts) theirs.
+:func:`limits` moves them for the calls inside a ``with`` block (a context variable: thread-safe, nothing
+global rewritten), e.g. so a test can put every threshold inside a small problem::
+
+    with tiled.limits(block_q=64, kernel_min=0, split_k_min_part_keys=16):
+        tiled.forward(q, k, v, scale=0.125)
+
+``kernel_min`` is :data:`qkv.kernels.KERNEL_MIN` for the engine's calls (passed to
+:meth:`qkv.kernels.Kernels.for_block`); the models' own kernel calls keep the module's.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+
+from ...kernels import KERNEL_MIN as _KERNEL_MIN
+
+#: Default query block of the forward (rows per task) and key block (columns per matmul). Measured on the
+#: 2-core test machine (N = 4096, E = 64): large query blocks mean fewer Python steps holding the GIL, which
+#: two workers share; 1024 × 512 scores (2 MB) was the fastest of 128…1024 × 512…2048, causal or not.
+BLOCK_Q = 1024
+BLOCK_K = 512
+#: Tasks (one query block of one head) smaller than this many flops run on the calling thread alone: their
+#: time is mostly Python steps holding the GIL, and two workers passing it back and forth lose. Measured,
+#: 1 vs 2 workers: 2 Mflop tasks (B=32, H=12, N=128, E=32) 25 vs 41 ms; 8 Mflop even; 17 Mflop 3.6 vs 2.9 ms;
+#: 67 Mflop 6.0 vs 3.7 ms.
+SERIAL_BELOW_FLOPS = 1 << 23
+#: Causal diagonal squares are split in quadrants down to this many rows (see _Problem.key_blocks). Measured
+#: (2 threads, causal, E = 64, medians, 128 / 256 / 512 taking turns): H = 8, N = 4096: 281 / 267 ms, again
+#: 257 (256) / 273 (512); N = 2048: 88 / 82; N = 1024: 30.5 / 26.9 / 26.1; SmolLM2's prefill shapes (9 query
+#: heads on 3, L = S = 512): 20.9 / 15.8 / 16.0 — fewer, larger blocks, fewer Python steps under the GIL.
+DIAGONAL_MIN = 256
+#: …and in the compiled loop of plain blocks (_plain_plan), where a block costs no Python: measured as
+#: DIAGONAL_MIN's (Zen 4, one thread, paired turns), 128 against 256 0.95–0.96× the time of a causal
+#: forward (N = 4096 H = 2; N = 2048 H = 4), 64 against 128 0.96–0.98×; 32 against 64 1.02–1.04× then, and
+#: 0.98–1.00× once the loop's blocks were 256 keys wide, its tasks 2048 rows and base 2's rounding one
+#: instruction (causal forward N = 4096 one thread 0.998×, H = 8 two threads 0.998×, SmolLM2's prefill shapes
+#: 1.003× at 2048 and 0.979× at 512; backward 0.996× / 0.992×), the scores computed and thrown away halved
+#: (1.5 % → 0.75 % of the causal forward's at N = 4096); 16 against 32 1.012×.
+DIAGONAL_MIN_PLAIN = 32
+#: …whose key blocks are BLOCK_K_PLAIN wide (where no block_k is given and S > BLOCK_K): 1024 × 256 scores
+#: (1 MB, L2's size on Zen 4) against BLOCK_K's 2 MB, which the GEMM writes, the exponential rewrites and the
+#: P·V product packs from L3. Measured (Zen 4, paired turns, medians of 11–21): one thread, N = 4096 H = 2,
+#: 256 against 512 0.97–0.98× (full), 0.97–0.98× (causal); N = 2048 H = 4 0.97×; two threads H = 8 0.97× /
+#: 1.00×; 128 as 256. The backward's blocks showed no such gain (512 × 256 0.98×, 256 × 512 0.99–1.00×:
+#: noise), and stay. Where all the keys fit one BLOCK_K block they stay one: SmolLM2's prefill shapes (9 query
+#: heads on 3, causal, two threads) took 1.02–1.05× the time at S = 512 in two blocks, 1.00× at 1024, 0.92×
+#: at 2048.
+BLOCK_K_PLAIN = 256
+#: …and whose tasks take BLOCK_Q_PLAIN query rows (positions × grouped heads; where no block_q is given), each
+#: a compiled loop over blocks of that many rows: a task's own costs (its Python, the query rows' norms and
+#: scaling, the output's division) paid half as often, and each product's packed Kᵀ and V block used by twice
+#: as many rows.
+BLOCK_Q_PLAIN = 2048
+#: Forward (and backward): plain blocks (no mod, no mask but the causal diagonal, nothing else reading the
+#: scores) run as one compiled loop per task, its GEMMs by the provider's C sgemm (:func:`_plain_plan`),
+#: where numba and that function are there. False: the Python loop always (tests compare the two).
+PLAIN_LOOP = True
+#: Forward: grouped-query heads (without masks, mods or sinks) run a group per task, rows interleaved.
+GROUP_GQA = True
+#: Backward: key block (rows of dK/dV per step) and query block.
+BLOCK_K_BACKWARD = 512
+BLOCK_Q_BACKWARD = 512
+#: A query block whose scaled scores are all within ±SHIFT_FREE_BOUND runs without a running max:
+#: exp(30) ≈ 1e13 and exp(−30) ≈ 1e−13 are far from float32's overflow (3e38) and underflow (1e−38).
+SHIFT_FREE_BOUND = 30.0
+#: Lazy rescaling keeps the running max m_i while a block's row sums Σ exp(s − m_i) stay below exp(this).
+LAZY_BOUND = 40.0
+#: Block masks: the per-call overhead of one rectangle of cells (a matmul, exp, matmul and their Python
+#: steps), in BLOCK_SIZE² cells of work; the planner halves a row range while the halves cost less
+#: (see _Problem.grid_blocks).
+GRID_CALL_COST = 0.75
+#: …and in the backward, whose blocks take five matmuls and more passes each.
+GRID_CALL_COST_BACKWARD = 2.0
+#: A run of bands is batched up to this many scores at a time. Measured (window 512, N = 8192, H = 4, two
+#: threads, least of 9 against the causal forward): one band at a time 0.20×, two 0.19×, four 0.18×, up to
+#: 16 (this bound) 0.178× — the GIL is handed over less often.
+BAND_GROUP_SCORES = 2 * BLOCK_Q * BLOCK_K
+#: The engine's cells when a block mask's mod knows its block kinds (the built-ins): BLOCK_SIZE 128 is
+#: refined to 64. Measured (sliding window 512, N = 8192, H = 2, one thread, least CPU time of 11 against
+#: the full causal forward, others' jobs running): cells of 128 0.19×, 64 0.175×, 32 0.175–0.18× — a
+#: window's band has half-masked cells at both ends, half as wide with finer cells; 32 quadruples the grid
+#: for nothing more.
+GRID_CELL = 64
+
+
+#: Split-K (flash-decoding): with fewer (head, query block) tasks than workers, the key range is split among
+#: the workers, each part returning ``(out, lse)``, merged by :func:`qkv.merge.merge_partials`, when there
+#: are at least this many key blocks to share…
+SPLIT_K_MIN_BLOCKS = 2
+#: …and each part gets at least this many keys. Few query rows make the work memory-bound, and a split's fixed
+#: costs (the hand-off to the workers, the parts' buffers, the merge) must be paid back: measured on the
+#: 2-core test machine (L = 64, one head, 2 workers, others' jobs running), S = 65536 in two parts of 32768
+#: was 1.3× slower than unsplit, S = 262144 (parts of 131072) 0.7×.
+SPLIT_K_MIN_PART_KEYS = 1 << 16
+
+#: ``backend="auto"`` runs the tiled engine when the scores (…, Hq, L, S) would hold at least
+#: AUTO_TILED_MIN_SCORES numbers (2 MiB in float32) *and* each head's L·S at least AUTO_TILED_MIN_HEAD_SCORES
+#: (≈ 362²). Measured on the 2-core test machine (float32, E = 32…64): with large heads the two are even at
+#: about 2^18 scores, the tiled engine 1.4× faster at 2^19 (H=8, N=512) and 3× at 2^23 (H=12, N=1024); with
+#: many small heads the tiled engine's per-head work does not pay (B=32, H=12, N=128: 1.4× slower; N=64: 7×),
+#: so those, like everything small, take the reference, which is also the observable path.
+AUTO_TILED_MIN_SCORES = 1 << 19
+AUTO_TILED_MIN_HEAD_SCORES = 1 << 17
+#: …and at least this many keys (a key block narrower than this makes thin, inefficient matmuls).
+AUTO_MIN_KEYS = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The engine's thresholds and block sizes, each the module constant of the same name (upper case) by
+    default; ``kernel_min`` is :data:`qkv.kernels.KERNEL_MIN`'s default. :func:`limits` moves them for the
+    calls inside a block."""
+    block_q: int = BLOCK_Q
+    block_k: int = BLOCK_K
+    block_q_plain: int = BLOCK_Q_PLAIN
+    block_k_plain: int = BLOCK_K_PLAIN
+    block_q_backward: int = BLOCK_Q_BACKWARD
+    block_k_backward: int = BLOCK_K_BACKWARD
+    serial_below_flops: int = SERIAL_BELOW_FLOPS
+    diagonal_min: int = DIAGONAL_MIN
+    diagonal_min_plain: int = DIAGONAL_MIN_PLAIN
+    plain_loop: bool = PLAIN_LOOP
+    group_gqa: bool = GROUP_GQA
+    shift_free_bound: float = SHIFT_FREE_BOUND
+    lazy_bound: float = LAZY_BOUND
+    grid_call_cost: float = GRID_CALL_COST
+    grid_call_cost_backward: float = GRID_CALL_COST_BACKWARD
+    band_group_scores: int = BAND_GROUP_SCORES
+    grid_cell: int = GRID_CELL
+    split_k_min_blocks: int = SPLIT_K_MIN_BLOCKS
+    split_k_min_part_keys: int = SPLIT_K_MIN_PART_KEYS
+    kernel_min: int = _KERNEL_MIN
+    auto_tiled_min_scores: int = AUTO_TILED_MIN_SCORES
+    auto_tiled_min_head_scores: int = AUTO_TILED_MIN_HEAD_SCORES
+    auto_min_keys: int = AUTO_MIN_KEYS
+
+
+_LIMITS: contextvars.ContextVar[Limits] = contextvars.ContextVar("qkv_tiled_limits", default=Limits())
+_NAMES = frozenset(f.name for f in dataclasses.fields(Limits))
+
+
+def current_limits() -> Limits:
+    """The limits in force now (in this thread and context): what an engine call started here plans with."""
+    return _LIMITS.get()
+
+
+@contextlib.contextmanager
+def limits(**changes):
+    """Move the engine's thresholds for the calls inside the block (names: :class:`Limits`' fields), e.g.
+    ``with limits(block_q=64, kernel_min=0, split_k_min_part_keys=16): ...``; restored on leaving. Yields the
+    limits in force inside. Per thread and context (a :mod:`contextvars` variable): calls made meanwhile from
+    other threads keep theirs."""
+    bad = sorted(set(changes) - _NAMES)
+    if bad:
+        raise ValueError(f"limits: unknown {', '.join(bad)}; expected some of {', '.join(sorted(_NAMES))}")
+    new = dataclasses.replace(_LIMITS.get(), **changes)
+    token = _LIMITS.set(new)
+    try:
+        yield new
+    finally:
+        _LIMITS.reset(token)
