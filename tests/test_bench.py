@@ -101,8 +101,8 @@ def test_environment_line_names_cpu_blas_gemm_and_kernels(monkeypatch):
     assert line.endswith(", compiled loop") == (bench._kernels_in_use() != "numpy"
                                                 and kernels.plain_available(gemm.GEMM.active()))
     from qkv.backends import tiled
-    monkeypatch.setattr(tiled, "PLAIN_LOOP", False)
-    assert not bench.environment_line().endswith(", compiled loop")
+    with tiled.limits(plain_loop=False):
+        assert not bench.environment_line().endswith(", compiled loop")
     # QKV_KERNELS=numba without numba is an error of the engine's, not of a benchmark's first line
     monkeypatch.setattr(kernels.KERNELS, "choice", "numba")
     monkeypatch.setattr(kernels.KERNELS, "_jit", False)

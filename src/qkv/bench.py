@@ -547,11 +547,11 @@ def _kernels_in_use() -> str:
 
 
 def _plain_loop_in_use() -> bool:
-    """Whether the engine's plain blocks run as its compiled loop (:data:`qkv.backends.tiled.PLAIN_LOOP`: numba
+    """Whether the engine's plain blocks run as its compiled loop (``qkv.backends.tiled.current_limits().plain_loop``: numba
     and the GEMM provider's C sgemm there), as benchmark headers say (``…, compiled loop``)."""
     from . import gemm, kernels
     from .backends import tiled
-    if _kernels_in_use() == "numpy" or not tiled.PLAIN_LOOP:
+    if _kernels_in_use() == "numpy" or not tiled.current_limits().plain_loop:
         return False
     return kernels.plain_available(gemm.GEMM.active())
 
