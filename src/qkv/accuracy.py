@@ -676,15 +676,17 @@ def dropout_errors(p: Problem, got: dict, ref: dict) -> dict:
     * the same seed gives the same output and weights, bit for bit (error 0 or inf).
     """
     drop = p.spec.dropout
+    floor = float(np.finfo(p.spec.dtype).smallest_subnormal)     # as check(): results round to it at least
+    tiny = np.finfo(np.float64).tiny
     W = np.asarray(got["weights"], np.float64)
     v = _expand(p.v.astype(np.float64), p.lead, p.rep)
     wv = W @ v
-    errs = {"dropout out = W·V": _diff(got["out"], wv) / max(float((np.abs(W) @ np.abs(v)).max(initial=0)),
-                                                              np.finfo(np.float64).tiny)}
+    errs = {"dropout out = W·V": max(_diff(got["out"], wv) - floor, 0.0)
+            / max(float((np.abs(W) @ np.abs(v)).max(initial=0)), tiny)}
     want = ref["weights"] * (0.0 if drop >= 1 else 1.0 / (1.0 - drop))
     kept = W != 0
-    errs["dropout kept = P/(1-p)"] = (float(np.abs(W - want)[kept].max(initial=0.0))
-                                      / max(float(want.max(initial=0)), np.finfo(np.float64).tiny))
+    errs["dropout kept = P/(1-p)"] = (max(float(np.abs(W - want)[kept].max(initial=0.0)) - floor, 0.0)
+                                      / max(float(want.max(initial=0)), tiny))
     again = got["again"]
     same = (np.array_equal(again["out"], got["out"], equal_nan=True)
             and np.array_equal(again["weights"], got["weights"], equal_nan=True))
