@@ -55,7 +55,7 @@ from ..stages import PIPELINE_ORDER, Names
 from ._bound import bound
 
 __all__ = ["Worked", "WorkedExampleError", "builtin_names", "load_example", "load_file", "from_dict", "run",
-           "run_rows", "is_large", "CLAIM_NAMES", "KEY_SIDE", "Number", "half_unit", "text_of"]
+           "run_rows", "is_large", "CLAIM_NAMES", "KEY_SIDE", "Number", "half_unit", "text_of", "TITLE_KEYS", "titles"]
 
 #: The steps a worked example may claim numbers for, in pipeline order (:data:`qkv.stages.PIPELINE_ORDER`
 #: without ``modified`` — no custom score mod in a file — and ``masked``, whose −∞ is not a number to claim).
@@ -1044,6 +1044,26 @@ def load_example(name: str) -> Worked:
     ref = _examples_dir() / f"{name}.yaml"
     doc = _parse_yaml(ref.read_text(encoding="utf-8"), f"{name}.yaml")
     return from_dict(doc, name=name, where=f"{name}.yaml")
+
+
+#: Each built-in example's title in every language: its key in qkv/locales (en.json holds the YAML file's title).
+TITLE_KEYS = {"alibi": "explain.example_alibi", "causal": "explain.example_causal", "cross": "explain.example_cross",
+              "document": "explain.example_document", "padding": "explain.example_padding",
+              "rope": "explain.example_rope", "seed000": "explain.example_seed000",
+              "seed002": "explain.example_seed002", "seed003": "explain.example_seed003",
+              "sinks": "explain.example_sinks", "sliding_window": "explain.example_sliding_window",
+              "softcap": "explain.example_softcap", "two_head": "explain.example_two_head"}
+
+
+def titles(worked: Worked) -> dict[str, str] | None:
+    """A built-in example's title in each language (``{"en": …, "zh": …}``, :mod:`qkv.locales`) while its title
+    is the built-in's; None for any other title (a file's, or one set by the user), which stays as written."""
+    from qkv import locales
+
+    key = TITLE_KEYS.get(worked.name) if isinstance(worked.name, str) else None
+    if key is None or worked.title != locales.t(key, "en"):
+        return None
+    return {lang: locales.t(key, lang) for lang in locales.langs()}
 
 
 # ----------------------------------------------------------------------------------------------- running

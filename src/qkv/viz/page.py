@@ -24,6 +24,7 @@ from importlib import resources
 import numpy as np
 
 from .._files import atomic_write
+from .page_data import in_language, normalize, words
 
 #: Decimals shown in the playground's cells (the browser tests compare at this precision).
 DIGITS = 4
@@ -145,11 +146,11 @@ def playground_data(X=None, W_Q=None, W_K=None, W_V=None, *, Q=None, K=None, V=N
     variants = _variants(start, rope, alibi, softcap, sink_logits, heads, L, S,
                          width_q if start == "X" else (len(q[0]) if q else None))
     cross = Xkv is not None or kv_tokens is not None or (start != "X" and S != L)
-    return {"title": title or "Attention playground", "start": start, "tokens": _tokens(tokens, L, "tokens"),
+    return {"title": title or "Attention playground", "titles": None if title else words("page.playground_title"),
+            "start": start, "tokens": _tokens(tokens, L, "tokens"),
             "kv_tokens": _tokens(kv_tokens, S, "kv_tokens") if cross else None,
-            "X": Xl, "X_kv": Xkv, "W_Q": wq, "W_K": wk, "W_V": wv, "Q": q, "K": k, "V": v, "scores": sc,
-            "d_k": d_k, "W_O": wo, "mask": m, "heads": heads, "causal": bool(causal), "scaling": bool(scaling),
-            **variants}
+            "X": Xl, "X_kv": Xkv, "W_Q": wq, "W_K": wk, "W_V": wv, "Q": q, "K": k, "V": v, "scores": sc, "d_k": d_k,
+            "W_O": wo, "mask": m, "heads": heads, "causal": bool(causal), "scaling": bool(scaling), **variants}
 
 
 def _variants(start, rope, alibi, softcap, sink_logits, heads: int, L: int, S: int, width) -> dict:
@@ -210,13 +211,15 @@ def from_worked(worked, *, tokens=None) -> dict:
     if isinstance(mask, np.ndarray) and isinstance(worked.mask, str) and worked.mask == "causal":
         L, S = mask.shape
         causal = not np.any(mask & ~np.tri(L, S, dtype=bool))   # the page's causal toggle stays on when it fits
-    return playground_data(worked.X, worked.W_Q, worked.W_K, worked.W_V, Q=worked.Q, K=worked.K, V=worked.V,
-                           scores=worked.scores, d_k=worked.d_k,
-                           tokens=tokens if tokens is not None else worked.tokens,
-                           X_kv=worked.X_kv, kv_tokens=kv, W_O=worked.W_O if heads > 1 else None,
-                           mask=mask, causal=causal, heads=heads, title=worked.title, rope=rope,
-                           alibi="auto" if alibi is True else alibi, softcap=getattr(worked, "softcap", None),
-                           sink_logits=getattr(worked, "sink_logits", None))
+    from qkv.explain.examples import titles
+
+    pg = playground_data(worked.X, worked.W_Q, worked.W_K, worked.W_V, Q=worked.Q, K=worked.K, V=worked.V,
+                         scores=worked.scores, d_k=worked.d_k, tokens=tokens if tokens is not None else worked.tokens,
+                         X_kv=worked.X_kv, kv_tokens=kv, W_O=worked.W_O if heads > 1 else None,
+                         mask=mask, causal=causal, heads=heads, title=worked.title, rope=rope,
+                         alibi="auto" if alibi is True else alibi, softcap=getattr(worked, "softcap", None),
+                         sink_logits=getattr(worked, "sink_logits", None))
+    return dict(pg, titles=titles(worked) or pg["titles"])        # a built-in's title in every language
 
 
 # ---------------------------------------------------------------------------------------------- maps
@@ -668,7 +671,7 @@ def worked_data(worked, *, tokens=None) -> dict:
     w = w.reshape(-1, w.shape[-2], w.shape[-1])                    # (heads, L, S)
     data = _layers_data([w], 1, w.shape[0], L, False, what=f"{pg['title']}", cols=S)
     data.update({"kind": "example", "name": pg["title"], "text": None, "tokens": pg["tokens"],
-                 "kv_tokens": pg["kv_tokens"], "decoder": False,
+                 "kv_tokens": pg["kv_tokens"], "decoder": False, "titles": pg["titles"],
                  "notices": [_notice("page.playground_too_big", cells=cells, limit=PLAYGROUND_MAX_CELLS)]})
     return data
 
@@ -780,10 +783,9 @@ def render_page(data: dict, *, lang: str | None = None) -> str:
     import qkv
     from qkv import locales
 
-    from .page_data import normalize
-
     data, lang = normalize(data), lang if lang is not None else (data or {}).get("lang", locales.DEFAULT)
     lang = locales.check_lang(lang)
+    title = in_language(data, lang)                                # qkv's own titles in the page's language
     notices = data["notices"]
     playground = data.get("playground")
     if playground and _playground_cells(playground) > PLAYGROUND_MAX_CELLS:
@@ -804,8 +806,6 @@ def render_page(data: dict, *, lang: str | None = None) -> str:
     for name, text in (("page.css", css), ("page.js", js)):
         if re.search(r"</(script|style)", text, re.IGNORECASE):
             raise RuntimeError(f"{name} must not contain a closing </script> or </style> tag")
-    title = ((data.get("playground") or {}).get("title") or (data.get("example") or {}).get("name")
-             or "qkv attention")
     values = {"CSS": css, "JS": js, "DATA": _json_for_script(payload), "TITLE": html.escape(title),
               "VERSION": html.escape(qkv.__version__),
               "SCRIPT_HASH": "sha256-" + base64.b64encode(hashlib.sha256(js.encode("utf-8")).digest()).decode()}

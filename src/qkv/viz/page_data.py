@@ -129,3 +129,27 @@ def normalize(data) -> dict:
                          f"got {_got(data)}")
     out["notices"] = notices
     return out
+
+
+# ---------------------------------------------------------------------------------------------- titles
+# A title qkv itself gives (a built-in example's, :func:`qkv.explain.examples.titles`; the playground's default)
+# travels in every language under the view's "titles"; the page shows it in its own language. A title the user
+# gave has no "titles" and stays as written.
+def words(key: str) -> dict:
+    """One of qkv's own words (a :mod:`qkv.locales` key) in every language: a view's ``titles``."""
+    from qkv import locales
+
+    return {lang: locales.t(key, lang) for lang in locales.langs()}
+
+
+def in_language(out: dict, lang: str) -> str:
+    """The playground's title and the example view's name in ``lang`` where qkv gave them (their ``titles``), in
+    :func:`normalize`'s ``out``; returns the page's own title (the browser tab's)."""
+    from qkv import locales
+
+    for key, field in (("playground", "title"), ("example", "name")):
+        view = out.get(key)
+        if isinstance(view, dict) and isinstance(view.get("titles"), dict):
+            out[key] = dict(view, **{field: str(view["titles"].get(lang) or view[field])})
+    return ((out.get("playground") or {}).get("title") or (out.get("example") or {}).get("name")
+            or locales.t("page.doc_title", lang))
