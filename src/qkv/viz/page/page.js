@@ -572,12 +572,12 @@
     }
     var attn = el("div", { "class": "matrices" });
     if (state.start !== "scores") {
-      attn.appendChild(table("scores", "scores" + hs, "= Q·Kᵀ", toks, ktoks, function (i, j, td) {
+      attn.appendChild(table("scores", msg("page.cap_scores") + hs, "= Q·Kᵀ", toks, ktoks, function (i, j, td) {
         var pairs = hd.Q[i].map(function (q, t) { return [q, hd.K[j][t]]; });
         numberCell(td, hd.scores[i][j], function () { return hp + productLine("scores[" + toks[i] + ", " + ktoks[j] + "]", pairs, hd.scores[i][j]); });
       }));
     }
-    attn.appendChild(table("scaled", "scaled" + hs, state.scaling ? "= scores ÷ √d_k" : msg("page.scaling_off"), toks, ktoks, function (i, j, td) {
+    attn.appendChild(table("scaled", msg("page.cap_scaled") + hs, state.scaling ? "= scores ÷ √d_k" : msg("page.scaling_off"), toks, ktoks, function (i, j, td) {
       var s = hd.scores[i][j], v = hd.scaled[i][j];
       var text = function () { return hp + "scaled[" + toks[i] + ", " + ktoks[j] + "] = " + fit(function (ln) {
         var st = ln.n(s);
@@ -589,7 +589,7 @@
       numberCell(td, v, text);
     }));
     if (hd.biased) {
-      attn.appendChild(table("biased", "biased" + hs, "= scaled + m_h\u00b7(j " + MINUS + " i)", toks, ktoks, function (i, j, td) {
+      attn.appendChild(table("biased", msg("page.cap_biased") + hs, "= scaled + m_h\u00b7(j " + MINUS + " i)", toks, ktoks, function (i, j, td) {
         var d = j - i, dist = d < 0 ? "(" + MINUS + (-d) + ")" : String(d);
         numberCell(td, hd.biased[i][j], function () { return hp + "biased[" + toks[i] + ", " + ktoks[j] + "] = " + fit(function (ln) {
           var st = ln.n(hd.scaled[i][j]), mt = ln.f(hd.slope);
@@ -599,7 +599,7 @@
     }
     if (hd.capped) {
       var c = state.softcap, cc = num(c);
-      attn.appendChild(table("capped", "capped" + hs, msg("page.softcap_formula", { cap: cc }), toks, ktoks, function (i, j, td) {
+      attn.appendChild(table("capped", msg("page.cap_capped") + hs, msg("page.softcap_formula", { cap: cc }), toks, ktoks, function (i, j, td) {
         var s = (hd.biased || hd.scaled)[i][j], v = hd.capped[i][j];
         numberCell(td, v, function () { return hp + "capped[" + toks[i] + ", " + ktoks[j] + "] = " + fit(function (ln) {
           var ct = ln.n(c), st = ln.n(s), rt = ln.n(s / c), tt = ln.f(v / c);
@@ -610,14 +610,14 @@
         }); });
       }));
     }
-    attn.appendChild(table("mask", "mask", msg("page.may_attend"), toks, ktoks, function (i, j, td) {
+    attn.appendChild(table("mask", msg("page.cap_mask"), msg("page.may_attend"), toks, ktoks, function (i, j, td) {
       td.textContent = r.allowed[i][j] ? "1" : "0";
       td.tabIndex = 0;
       explainOn(td, "mask[" + toks[i] + ", " + ktoks[j] + "] = " + (r.allowed[i][j] ? msg("page.mask_yes") : msg("page.mask_no")));
     }));
     var masked = r.allowed.some(function (row) { return row.some(function (ok) { return !ok; }); });
     var last = masked ? "masked" : hd.capped ? "capped" : hd.biased ? "biased" : "scaled";   // as qkv explain names it
-    attn.appendChild(table("weights", "weights" + hs, "= softmax(" + last + ")", toks, ktoks, function (i, j, td) {
+    attn.appendChild(table("weights", msg("page.cap_weights") + hs, "= softmax(" + last + ")", toks, ktoks, function (i, j, td) {
       var w = hd.weights[i][j];
       numberCell(td, w, function () {
         var logits = hd.logits[i].map(function (x, k) { return r.allowed[i][k] ? x : -Infinity; });
@@ -629,8 +629,8 @@
 
     if (!r.output) return;                  // an example without V stops at the weights
     var outs = el("div", { "class": "matrices" });
-    var outCaption = H > 1 ? msg("page.output_concat") : "output";
-    outs.appendChild(table("output", outCaption, H > 1 ? "= [weights_h · V_h for each head h]" : "= weights · V", toks,
+    var outCaption = H > 1 ? msg("page.output_concat") : msg("page.cap_output");
+    outs.appendChild(table("output", outCaption, H > 1 ? msg("page.output_heads_formula") : "= weights · V", toks,
                            indexLabels(r.output[0].length), function (i, j, td) {
       var h = Math.floor(j / Ev), c = j % Ev, hh = r.heads[h];
       var pairs = hh.weights[i].map(function (w, t) { return [w, hh.V[t][c]]; });
@@ -1395,12 +1395,17 @@
   }
 
   // ------------------------------------------------------------------ start
-  // The template's own words (written in English in template.html) in the page's language.
+  // The template's own words (written in English in template.html: its text and its sections' aria-labels) in
+  // the page's language.
   function setText(selector, text) { var n = document.querySelector(selector); if (n) n.textContent = text; }
   if (DATA.lang) document.documentElement.setAttribute("lang", DATA.lang);
   setText("header .lead", msg("page.lead"));
   setText("#playground > h2", msg("page.playground"));
   setText("#arith", msg("page.hover"));
+  [["playground", "page.section_playground"], ["example", "page.section_example"],
+   ["generation", "page.section_generation"], ["model", "page.section_model"]].forEach(function (s) {
+    document.getElementById(s[0]).setAttribute("aria-label", msg(s[1]));
+  });
   var generator = document.querySelector('meta[name="generator"]');
   setText("footer", msg("page.footer", { version: generator ? generator.getAttribute("content").replace(/^qkv /, "") : "" }));
   renderNotices(DATA.notices);
