@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test sysdeps bench clean
+.PHONY: demo test sysdeps bench clean docs serve-docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,10 +37,18 @@ sysdeps:
 
 test: $(VENV)/.installed-dev sysdeps
 	$(BIN)/ruff check src tests benchmarks
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/qkv bench
 
+# The documentation site (mkdocs.yml, docs/): built into site/, or served at http://127.0.0.1:8000
+docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+serve-docs: $(VENV)/.installed-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis artifacts
+	rm -rf $(VENV) .pytest_cache .hypothesis artifacts site

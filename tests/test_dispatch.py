@@ -167,12 +167,12 @@ def test_mha_large_input_without_weights_takes_the_tiled_path(rng, monkeypatch):
 def test_readme_engine_section_examples_run():
     import pathlib
     import re
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "engine.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- BEGIN section:engine -->(.*?)<!-- END section:engine -->", text, re.S).group(1)
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert blocks
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/engine.md", "exec"), {})
 
 
 def test_engine_called_from_many_threads_and_from_its_own_workers(rng):

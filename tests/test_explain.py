@@ -476,13 +476,13 @@ def test_cli_examples_lists_every_example(capsys):
 
 def test_readme_explain_section_runs(capsys):
     """The Python block of the README's `explain` section runs as written."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "explain.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- BEGIN section:explain -->(.*?)<!-- END section:explain -->", readme, re.S).group(1)
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert blocks
     for code in blocks:
         ns = {}
-        exec(compile(code, "README.md", "exec"), ns)
+        exec(compile(code, "docs/explain.md", "exec"), ns)
     assert "(head 7)" in ns["text"]
     out = capsys.readouterr().out
     assert "步骤1" in out and "q · k_我 = 1.5×0.57 + 1.71×0.75 + 1.92×0.93 = 3.9231" in out

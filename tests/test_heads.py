@@ -226,10 +226,10 @@ def test_the_readme_heads_example_prints_its_numbers(minilm, capsys):
     import pathlib
     import re
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "viz.md").read_text(encoding="utf-8")
     viz_section = re.search(r"<!-- BEGIN section:viz -->(.*?)<!-- END section:viz -->", text, re.S).group(1)
     block = next(b for b in re.findall(r"```python\n(.*?)```", viz_section, re.S) if "head_kinds" in b)
-    exec(compile(block, "README.md", "exec"), {})
+    exec(compile(block, "docs/viz.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("[(0, 2, 0.99")
     assert out[1] == "0.152" and out[2] == "0.017 0.063"

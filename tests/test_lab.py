@@ -397,15 +397,15 @@ def test_the_installed_script():
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr
 
 
-def test_the_readme_section():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_docs_page():
+    text = (ROOT / "docs" / "lab.md").read_text(encoding="utf-8")
     m = re.search(r"<!-- BEGIN section:lab -->(.*?)<!-- END section:lab -->", text, re.S)
-    assert m and text.index("<!-- END section:explain -->") < m.start()
+    assert m and "](docs/lab/scale.png)" in (ROOT / "README.md").read_text(encoding="utf-8")
     section = m.group(1)
-    assert section.lstrip().startswith("## Why it works: `qkv lab`")
+    assert section.lstrip().startswith("# Why it works: `qkv lab`")
     for name in lab.NAMES:
         png = ROOT / "docs" / "lab" / f"{name}.png"
-        assert f"](docs/lab/{name}.png)" in section and png.read_bytes()[:4] == b"\x89PNG"
+        assert f"](lab/{name}.png)" in section and png.read_bytes()[:4] == b"\x89PNG"
         assert png.stat().st_size < 300_000
         assert f"qkv lab {name}" in section
     assert "`--lang zh`:" in section and "它 的 q 已经学会匹配 树 的 k" in section

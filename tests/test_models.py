@@ -377,12 +377,12 @@ def test_readme_model_section_runs(model, capsys):
     import pathlib
     import re
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- BEGIN section:model -->(.*?)<!-- END section:model -->", text, re.S).group(1)
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert blocks
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/models.md", "exec"), {})
     out = capsys.readouterr().out.splitlines()
     for code in blocks:                                      # every "# expected" comment is what was printed
         expected = [line.split("# ", 1)[1].strip() for line in code.splitlines()

@@ -109,13 +109,13 @@ def test_float_mask_of_zero_and_minus_inf_becomes_boolean():
 def test_readme_viz_section_example_runs(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     import pathlib
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "viz.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- BEGIN section:viz -->(.*?)<!-- END section:viz -->", readme, re.S).group(1)
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert blocks
     monkeypatch.chdir(tmp_path)
     for code in blocks:
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/viz.md", "exec"), {})
     assert (tmp_path / "seed003.png").read_bytes().startswith(b"\x89PNG")
     assert b"<svg" in (tmp_path / "heads.svg").read_bytes()[:1000]
     assert (tmp_path / "attention.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
