@@ -8,7 +8,7 @@ Same as ``qkv bench`` (the logic is :mod:`qkv.bench`, so an installed ``qkv benc
     python benchmarks/bench_engine.py --lengths 1024 --long 65536 --json engine.json --plot engine.png
 
 Targets (float32, B=1, H=8, E=64, 2 cores): forward N=4096 ≤ 1.0× torch (causal and not), backward N=2048
-≤ 1.5× torch autograd (forward + backward), N=65536 with 1 head under 2 GB peak RSS. Results: README, *Engine*.
+≤ 1.5× torch autograd (forward + backward), N=65536 with 1 head under 2 GB peak RSS. Results: benchmarks/RESULTS.md.
 """
 import sys
 
