@@ -48,7 +48,7 @@ import llvmlite.ir as ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-from .gemm import _NO_TRANS, _ROW_MAJOR, _TRANS                # CBLAS enums, as qkv.gemm passes them
+from ._cblas import NO_TRANS as _NO_TRANS, ROW_MAJOR as _ROW_MAJOR, TRANS as _TRANS   # as qkv.gemm passes them
 
 __all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "plain_backward_rows",
            "plain_lazy_rows", "plain_rows", "swiglu_rows"]

@@ -35,6 +35,7 @@ else (other dtypes, mixed dtypes, a vector on the left) is ``np.matmul``'s.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
@@ -43,6 +44,7 @@ import time
 import numpy as np
 
 from . import _checks
+from ._cblas import NO_TRANS as _NO_TRANS, ROW_MAJOR as _ROW_MAJOR, TRANS as _TRANS   # CBLAS enums
 
 __all__ = ["PROVIDERS", "Gemm", "GEMM", "exp", "get_gemm", "matmul", "set_gemm", "single_threaded"]
 
@@ -62,8 +64,6 @@ _CALIBRATION_REPEATS = 5
 AUTO_RESOLVE_FLOPS = 1 << 20
 _MKL_INSTALL = "pip install 'qkv[mkl]'"
 
-# CBLAS enums
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 # VML: high accuracy (VML_HA), errors ignored (VML_ERRMODE_IGNORE): inf on overflow, 0 on underflow, no callback
 _VML_MODE = 0x2 | 0x100
 #: VML's exp runs at full speed where every result is a normal float: x ≥ ln(smallest normal) (float32 −87.3,
@@ -625,17 +625,28 @@ def _flops(a, b) -> int:
     return np.size(a) * (np.shape(b)[-1] if np.ndim(b) else 1)
 
 
+#: The context :func:`_calibrate` holds NumPy's BLAS on one thread with. The runtime owns the BLAS limits and
+#: installs its counted limit here when it is created (:func:`use_blas_limit`); gemm sits below the engine and
+#: never imports it.
+_blas_single_threaded = contextlib.nullcontext
+
+
+def use_blas_limit(limit) -> None:
+    """Calibrate under ``limit()`` (a context holding NumPy's BLAS on one thread): the runtime's
+    ``blas_single_threaded``, installed by :mod:`qkv.backends.runtime`."""
+    global _blas_single_threaded
+    _blas_single_threaded = limit
+
+
 def _calibrate(numpy_p, mkl_p) -> dict:
     """Both providers on :data:`CALIBRATION_SHAPES` in float32, one thread each, alternating, best of
     :data:`_CALIBRATION_REPEATS` in CPU time (``time.thread_time``: what other processes take on a shared
     machine does not count); MKL is chosen when its total is below (1 − AUTO_MARGIN) × NumPy's. Likewise
     ``exp`` over a 1024 × 512 block, chosen apart."""
-    from .backends.runtime import RUNTIME                # NumPy's BLAS on one thread: the runtime owns that
-
     t0 = time.perf_counter()
     best = {"numpy": 0.0, "mkl": 0.0}
     rates = {"numpy": [], "mkl": []}
-    with RUNTIME.blas_single_threaded(), single_threaded():
+    with _blas_single_threaded(), single_threaded():   # NumPy's BLAS on one thread: the runtime's limit
         for m, k, n in CALIBRATION_SHAPES:
             a = np.full((m, k), 0.5, np.float32)            # the values do not change a GEMM's time
             b = np.full((k, n), 0.25, np.float32)

@@ -291,6 +291,7 @@ class Runtime:
 #: The process's one runtime: the tiled engine and :meth:`qkv.models.BertModel.encode` share it.
 RUNTIME = Runtime()
 _kernels.KERNELS.on_load.append(RUNTIME.rescan_blas)   # numba brings SciPy's OpenBLAS: limit it too
+_gemm.use_blas_limit(RUNTIME.blas_single_threaded)    # auto's calibration times NumPy's BLAS on one thread
 
 set_num_threads = RUNTIME.set_num_threads
 get_num_threads = RUNTIME.get_num_threads
