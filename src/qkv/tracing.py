@@ -22,6 +22,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from . import _display
+
 _ACTIVE: contextvars.ContextVar["Trace | None"] = contextvars.ContextVar("qkv_trace", default=None)
 
 
@@ -107,8 +109,7 @@ class Trace:
         """In a notebook: the offline page of the recorded weights (:func:`qkv.viz.show`)."""
         if "weights" not in self:
             return None
-        from qkv.viz.notebook import show
-        return show(self)._repr_html_()
+        return _display.html(self)
 
 
 def active() -> Trace | None:

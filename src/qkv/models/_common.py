@@ -7,6 +7,7 @@ from typing import Iterable
 
 import numpy as np
 
+from .. import _display
 from ..tracing import Trace
 
 
@@ -81,8 +82,7 @@ class NotebookView:
     (:func:`qkv.viz.show`)."""
 
     def _repr_html_(self) -> str:
-        from qkv.viz.notebook import show
-        return show(self)._repr_html_()
+        return _display.html(self)
 
     def _shapes(self) -> str:
         """The part of ``__repr__`` both outputs share: batch, padded length, the texts' lengths."""

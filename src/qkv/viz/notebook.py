@@ -19,6 +19,7 @@ import html as _html
 
 import numpy as np
 
+from .. import _display
 from . import page as _page
 
 __all__ = ["Shown", "show", "DEFAULT_HEIGHT"]
@@ -211,3 +212,6 @@ def _output_data(out, *, index: int, name) -> dict:
     data.update({"kind": "model", "name": name or ("decoder" if causal else "encoder") + f" ({type(out).__name__})",
                  "text": None, "tokens": tokens, "decoder": causal, "kv_heads": int(kv)})
     return data
+
+
+_display.register(show)   # qkv.Trace and the models' outputs show themselves in notebooks through it
