@@ -44,22 +44,22 @@ def test_every_writer_goes_through_it(tmp_path, monkeypatch):
     import importlib
 
     import qkv._files as files
-    heatmap, page, _common = (importlib.import_module(m) for m in ("qkv.viz.heatmap", "qkv.viz.page",
-                                                                      "qkv.lab._common"))
+    heatmap, page, lab_plots = (importlib.import_module(m) for m in ("qkv.viz.heatmap", "qkv.viz.page",
+                                                                        "qkv.viz.lab_plots"))
     calls = []
     real = files.atomic_write
 
     def counting(path, *a, **kw):
         calls.append(os.path.basename(path))
         return real(path, *a, **kw)
-    for mod in (heatmap, page, _common):
+    for mod in (heatmap, page, lab_plots):
         monkeypatch.setattr(mod, "atomic_write", counting)
     page.write_page(tmp_path / "p.html", {"notices": ["a page with a notice only"]})
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig = plt.figure()
-    _common.save_atomic(fig, tmp_path / "lab.png")
+    lab_plots.save_atomic(fig, tmp_path / "lab.png")
     heatmap.save(fig, tmp_path / "h.svg")
     plt.close(fig)
     assert calls == ["p.html", "lab.png", "h.svg"]

@@ -308,7 +308,8 @@ def test_every_lab_key_exists_in_both_locales():
     en = json.loads((ROOT / "src/qkv/locales/en.json").read_text(encoding="utf-8"))
     zh = json.loads((ROOT / "src/qkv/locales/zh.json").read_text(encoding="utf-8"))
     text = "\n".join(p.read_text(encoding="utf-8") for p in
-                     list((ROOT / "src/qkv/lab").glob("*.py")) + [ROOT / "src/qkv/cli/lab_cmd.py"])
+                     list((ROOT / "src/qkv/lab").glob("*.py")) + [ROOT / "src/qkv/cli/lab_cmd.py",
+                                                                  ROOT / "src/qkv/viz/lab_plots.py"])
     asked = set(re.findall(r"""["'](lab\.[A-Za-z_0-9]+)["']""", text))
     keys = {k for k in en if k.startswith("lab.")}
     assert len(asked) > 40 and asked == keys and keys == {k for k in zh if k.startswith("lab.")}
@@ -360,8 +361,18 @@ def test_a_failed_plot_leaves_no_file(tmp_path, mask_result, monkeypatch):
 
     monkeypatch.setattr(Figure, "savefig", boom)
     with pytest.raises(OSError):
-        lab.plot("mask", mask_result, tmp_path / "m.png")
+        qkv.viz.plot_lab("mask", mask_result, tmp_path / "m.png")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_lab_plot_is_the_viz_plot_under_its_old_name(tmp_path, mask_result):
+    # the lab returns data and qkv.viz draws it; qkv.lab.plot keeps working, with a DeprecationWarning
+    pytest.importorskip("matplotlib")
+    with pytest.warns(DeprecationWarning, match="qkv.viz.plot_lab"):
+        path = lab.plot("mask", mask_result, tmp_path / "m.svg")
+    assert path == str(tmp_path / "m.svg") and (tmp_path / "m.svg").read_text().startswith("<?xml")
+    with pytest.raises(ValueError, match="expected one of scale, mask, heads, train"):
+        qkv.viz.plot_lab("nope", mask_result, tmp_path / "x.png")
 
 
 def test_cli_bad_input(capsys, tmp_path, monkeypatch):

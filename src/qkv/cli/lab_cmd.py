@@ -77,8 +77,9 @@ def _show(name: str, result: dict, lang: str, as_json: bool, plot_path: str | No
     from qkv import lab
 
     if plot_path is not None:
+        from qkv.viz import plot_lab
         try:
-            lab.plot(name, result, plot_path, lang)
+            plot_lab(name, result, plot_path, lang)
         except OSError as exc:
             raise UserError(t("lab.cannot_write", lang, path=plot_path, why=exc.strerror or exc)) from None
     if as_json:

@@ -1,8 +1,8 @@
 """qkv lab: the seeds' claims, shown by experiment on qkv's own forward and backward.
 
 Each experiment is a short, seeded function returning plain data (dicts and lists, JSON-ready); ``qkv lab
-NAME`` prints it as a table, ``--json`` prints the same data, ``--plot FILE`` draws it (the ``viz`` extra),
-and a paragraph (``--lang en|zh``) says what the numbers show.
+NAME`` prints it as a table, ``--json`` prints the same data, ``--plot FILE`` draws it (:func:`qkv.viz.plot_lab`,
+the ``viz`` extra), and a paragraph (``--lang en|zh``) says what the numbers show.
 
     from qkv import lab
     r = lab.scale()        # ÷ √d_k: variance of q·k, softmax saturation, vanishing score gradients
@@ -21,6 +21,9 @@ The training loops are NumPy: the attention's gradients come from qkv's backward
 (embeddings, a linear readout, cross-entropy) by the chain rule in :mod:`qkv.lab._common`.
 """
 from __future__ import annotations
+
+import importlib
+import warnings
 
 from . import _heads, _mask, _scale, _train
 
@@ -52,10 +55,11 @@ def table(name: str, result: dict, lang: str = "en"):
 
 
 def plot(name: str, result: dict, path, lang: str = "en") -> str:
-    """Draw ``result`` to ``path`` (.png, .svg or .pdf; written atomically); needs matplotlib (``viz``)."""
-    from .._extras import need
-    need("matplotlib", "qkv.lab.plot")
-    return _module(name).plot(result, path, lang)
+    """Deprecated: :func:`qkv.viz.plot_lab` (the lab returns data; ``qkv.viz``, the layer above, draws it).
+    Draw ``result`` to ``path`` (.png, .svg or .pdf; written atomically); needs matplotlib (``viz``)."""
+    warnings.warn("qkv.lab.plot is deprecated: use qkv.viz.plot_lab (the lab returns data, qkv.viz draws it)",
+                  DeprecationWarning, stacklevel=2)
+    return importlib.import_module("qkv.viz.lab_plots").plot(name, result, path, lang)   # by name: lab is below viz
 
 
 def explain_train(result: dict, lang: str = "en", fmt: str = "text") -> str:

@@ -18,15 +18,12 @@ and checked against finite differences in ``tests/test_lab.py``.
 """
 from __future__ import annotations
 
-import functools
 import math
-import os
 
 import numpy as np
 
 import qkv
 from qkv import mods
-from qkv._files import atomic_write
 
 #: Plot formats, by the file name's suffix.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -232,65 +229,3 @@ def matplotlib_available() -> bool:
     return True
 
 
-def new_figure(width: float, height: float, *, layout: str | None = None):
-    """An Agg figure (no display needed). Fixed margins by default (a layout engine measures every tick
-    label and costs seconds); ``layout="constrained"`` for a figure that needs it."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout=layout)
-    if layout is None:
-        fig.subplots_adjust(left=0.06, right=0.98, bottom=0.16, top=0.9, wspace=0.3)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def with_fonts(fn):
-    """Draw with a font list that has Chinese too (DejaVu Sans first, then qkv.viz's CJK font, when one is
-    installed), so zh titles, axis labels and legends are drawn, not boxes."""
-    @functools.wraps(fn)
-    def wrapper(*args, **kw):
-        import matplotlib
-        from qkv.viz.heatmap import cjk_font
-
-        family = cjk_font()
-        if family is None:
-            return fn(*args, **kw)
-        with matplotlib.rc_context({"font.family": ["DejaVu Sans", family]}):
-            return fn(*args, **kw)
-    return wrapper
-
-
-def label(text) -> str:
-    """Text for a plot: as it is when a CJK font is installed (:func:`with_fonts` draws it) or it has no CJK
-    character; otherwise its CJK characters written as ``U+6211`` codes (as qkv.viz does), not boxes."""
-    from qkv.viz.heatmap import cjk_font, is_cjk
-
-    text = str(text)
-    if not any(is_cjk(ch) for ch in text) or cjk_font() is not None:
-        return text
-    return "".join(f"U+{ord(ch):04X}" if is_cjk(ch) else ch for ch in text)
-
-
-def save_atomic(fig, path) -> str:
-    """Write ``fig`` to ``path`` (PNG, SVG or PDF by the suffix) through a temporary file in the same folder,
-    renamed into place: a reader never sees a half-written picture, and a failure leaves no file behind."""
-    import warnings
-
-    path = os.fspath(path)
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in PLOT_SUFFIXES:
-        raise ValueError(f"plot: expected a file name ending in {', '.join(PLOT_SUFFIXES)}, got {path!r}")
-    with atomic_write(path, "wb") as fh, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Glyph .* missing from")
-        fig.savefig(fh, format=suffix[1:], dpi=120, metadata=_metadata(suffix))
-    return path
-
-
-def _metadata(suffix: str) -> dict:
-    """No creation dates or software versions in the file: the same experiment writes the same bytes."""
-    if suffix == ".png":
-        return {"Software": None}
-    if suffix == ".svg":
-        return {"Date": None, "Creator": None}
-    return {"CreationDate": None, "Creator": None, "Producer": None}

@@ -169,35 +169,4 @@ def table(result: dict, lang: str = "en"):
     return t("lab.heads_title", lang), heads, rows
 
 
-@C.with_fonts
-def plot(result: dict, path, lang: str = "en") -> str:
-    """Accuracy along the steps for both models; each head's attention on one held-out sequence."""
-    one, two = result["models"]
-    fig = C.new_figure(12, 3.4)
-    grid = fig.add_gridspec(1, 4, width_ratios=[1.3, 1, 1, 1])
-    ax = fig.add_subplot(grid[0])
-    for m in (one, two):
-        ax.plot([s["step"] for s in m["steps"]], [s["accuracy"] for s in m["steps"]],
-                label=C.label(t("lab.heads_label", lang, h=m["heads"], w=m["head_width"])))
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel(C.label(t("lab.col_step", lang)))
-    ax.set_title(C.label(t("lab.col_accuracy", lang)))
-    ax.legend(loc="lower right", fontsize=8)
-    toks = result["example"]["tokens"]
-    panels = [(one, 0)] + [(two, h) for h in range(two["heads"])]
-    for i, (m, h) in enumerate(panels):
-        a = fig.add_subplot(grid[i + 1])
-        w = m["example_weights"][h]
-        colors = ["tab:blue"] * len(toks)
-        colors[-2] = "tab:green"
-        colors[result["example"]["match"]] = "tab:orange"
-        a.bar(range(len(toks)), w, color=colors)
-        a.set_xticks(range(len(toks)), toks)
-        a.set_ylim(0, 1)
-        kind = _kind(m["attention"][h]["kind"], lang)
-        title = t("lab.heads_panel", lang, h=m["heads"], w=m["head_width"], head=h, kind=kind)
-        a.set_title(C.label(title), fontsize=9)
-    return C.save_atomic(fig, path)
-
-
-__all__ = ["run", "paragraph", "table", "plot", "sequence", "head_kind", "TOKENS"]
+__all__ = ["run", "paragraph", "table", "sequence", "head_kind", "TOKENS"]

@@ -157,21 +157,4 @@ def table(result: dict, lang: str = "en"):
     return t("lab.mask_title", lang), heads, rows
 
 
-@C.with_fonts
-def plot(result: dict, path, lang: str = "en") -> str:
-    """The weights of both sentences under each way of masking (rows: queries, columns: keys)."""
-    from qkv.viz import heatmap
-
-    methods = [r["method"] for r in result["methods"]]
-    toks = result["tokens"]
-    fig = C.new_figure(3.0 * len(methods), 5.6)
-    axes = fig.subplots(len(toks), len(methods), squeeze=False)
-    for j, m in enumerate(methods):
-        for b, tk in enumerate(toks):
-            w = np.array(result["weights"][m][b])
-            heatmap(w, tk, tk, ax=axes[b][j], title=_name(m, lang) if b == 0 else None, vmin=0.0, vmax=1.0,
-                    colorbar=False, xlabel=None, ylabel=None, annotate=True, fmt="{:.2f}")
-    return C.save_atomic(fig, path)
-
-
-__all__ = ["run", "paragraph", "table", "plot", "METHODS"]
+__all__ = ["run", "paragraph", "table", "METHODS"]

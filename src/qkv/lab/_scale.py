@@ -143,34 +143,4 @@ def table(result: dict, lang: str = "en"):
     return t("lab.scale_title", lang), heads, rows
 
 
-@C.with_fonts
-def plot(result: dict, path, lang: str = "en") -> str:
-    """Three panels against d_k (log scale): variance with the theory lines, max weight, gradient norm."""
-    r = result["rows"]
-    d = [x["d_k"] for x in r]
-    fig = C.new_figure(12, 3.6)
-    axes = fig.subplots(1, 3)
-    un, sc = C.label(t("lab.unscaled", lang)), C.label(t("lab.scaled", lang))
-    drawable = C.label
-    ax = axes[0]
-    ax.loglog(d, [x["score_var"] for x in r], "o-", label=un)
-    ax.loglog(d, [x["score_var_scaled"] for x in r], "s-", label=sc)
-    ax.loglog(d, d, "k:", lw=1, label=drawable(t("lab.theory", lang)))
-    ax.loglog(d, [1] * len(d), "k:", lw=1)
-    ax.set_title(drawable(t("lab.col_var", lang)))
-    ax = axes[1]
-    ax.semilogx(d, [x["max_weight"] for x in r], "o-", label=un)
-    ax.semilogx(d, [x["max_weight_scaled"] for x in r], "s-", label=sc)
-    ax.set_ylim(0, 1.02)
-    ax.set_title(drawable(t("lab.col_max_weight", lang)))
-    ax = axes[2]
-    ax.loglog(d, [x["grad_norm"] for x in r], "o-", label=un)
-    ax.loglog(d, [x["grad_norm_scaled"] for x in r], "s-", label=sc)
-    ax.set_title(drawable(t("lab.col_grad", lang)))
-    for ax in axes:
-        ax.set_xlabel("d_k")
-        ax.legend(fontsize=8)
-    return C.save_atomic(fig, path)
-
-
-__all__ = ["run", "paragraph", "table", "plot", "score_gradient", "D_KS"]
+__all__ = ["run", "paragraph", "table", "score_gradient", "D_KS"]

@@ -311,37 +311,7 @@ def _f(x, digits: int) -> str:
     return f"{x:.{digits}f}".replace("-", "−")
 
 
-@C.with_fonts
-def plot(result: dict, path, lang: str = "en") -> str:
-    """Loss; accuracy and attention to the antecedent along the steps; 它's scaled scores and weights on the
-    seeds' sentence after training."""
-    fig = C.new_figure(14, 3.6)
-    axes = fig.subplots(1, 4)
-    s = [r["step"] for r in result["steps"]]
-    axes[0].semilogy(s, [r["loss"] for r in result["steps"]], color="tab:red")
-    L = C.label
-    axes[0].set_title(L(t("lab.col_loss", lang)))
-    axes[0].set_xlabel(L(t("lab.col_step", lang)))
-    axes[1].plot(s, [r["accuracy"] for r in result["steps"]], label=L(t("lab.col_accuracy", lang)))
-    axes[1].plot(s, [r["attention"] for r in result["steps"]], label=L(t("lab.col_attention", lang)))
-    axes[1].axhline(result["chance_attention"], color="gray", ls=":", lw=1, label=L(t("lab.chance", lang)))
-    axes[1].set_ylim(0, 1.02)
-    axes[1].set_xlabel(L(t("lab.col_step", lang)))
-    axes[1].legend(loc="lower right", fontsize=8)
-    ex = result["explain"]
-    colors = ["tab:orange" if w == ex["antecedent"] else "tab:blue" for w in ex["tokens"]]
-    x = range(len(ex["tokens"]))
-    for ax, values, key in ((axes[2], ex["scaled_scores"], "lab.train_plot_scores"),
-                            (axes[3], ex["weights"], "lab.train_plot_explain")):
-        ax.bar(x, values, color=colors)
-        ax.set_xticks(x, [L(w) for w in ex["tokens"]])
-        ax.set_title(L(t(key, lang, query=ex["query"])))
-    axes[2].axhline(0, color="black", lw=0.5)
-    axes[3].set_ylim(0, 1)
-    return C.save_atomic(fig, path)
-
-
-__all__ = ["run", "paragraph", "table", "plot", "explain_text", "agrees", "antecedent", "sentence", "vocabulary",
+__all__ = ["run", "paragraph", "table", "explain_text", "agrees", "antecedent", "sentence", "vocabulary",
            "NOUNS", "PRONOUNS", "TEMPLATES", "SENTENCE"]
 
 

@@ -7,8 +7,10 @@ from .heatmap import cjk_font, heatmap, heads_grid, layout, save
 from .page import (MAX_PAGE_BYTES, PageTooLarge, decoder_attentions, from_worked, generation_data, model_data,
                    playground_data, render_page, why_data, worked_data, write_page)
 from .notebook import Shown, show
+from .lab_plots import plot as plot_lab   # qkv.lab's experiments drawn (the lab returns data)
 
 __all__ = ["HeadKinds", "attention_flow", "cjk_font", "from_worked", "head_kinds", "heads_grid", "heatmap", "layout",
            "model_data", "model_name", "playground_data", "render_page", "rollout", "save", "write_page"]
 __all__ += ["MAX_PAGE_BYTES", "PageTooLarge", "Shown", "decoder_attentions", "generation_data", "show",
             "why_data", "worked_data"]
+__all__ += ["plot_lab"]
