@@ -548,21 +548,23 @@ def _backend(spec: Spec):
 
 def _forward(p: Problem, rng=None) -> dict:
     """One forward call of the spec's API: ``{"out", "lse", "weights"}``."""
-    import qkv
+    from qkv import backends
+    from qkv.flex import flex_attention
+    from qkv.sdpa import scaled_dot_product_attention
     spec = p.spec
     if spec.api == "flex":
-        out, lse = qkv.flex_attention(p.q, p.k, p.v, p.score_mod, p.block_mask, spec.scale, p.enable_gqa,
-                                      return_lse=True, sink_logits=p.sink_logits, backend=_backend(spec),
-                                      threads=spec.threads)
+        out, lse = flex_attention(p.q, p.k, p.v, p.score_mod, p.block_mask, spec.scale, p.enable_gqa,
+                                  return_lse=True, sink_logits=p.sink_logits, backend=_backend(spec),
+                                  threads=spec.threads)
         return dict(out=out, lse=lse, weights=None)
     if spec.api == "sdpa":
-        res = qkv.scaled_dot_product_attention(p.q, p.k, p.v, p.attn_mask, spec.dropout, p.is_causal, spec.scale,
-                                               p.enable_gqa, return_weights=spec.weights, rng=rng,
-                                               backend=_backend(spec), return_lse=True, threads=spec.threads)
+        res = scaled_dot_product_attention(p.q, p.k, p.v, p.attn_mask, spec.dropout, p.is_causal, spec.scale,
+                                           p.enable_gqa, return_weights=spec.weights, rng=rng,
+                                           backend=_backend(spec), return_lse=True, threads=spec.threads)
         out, w, lse = res if spec.weights else (res[0], None, res[1])
         return dict(out=out, lse=lse, weights=w)
     extra = dict(block_q=spec.block_q, block_k=spec.block_k) if spec.route == "tiled" else {}
-    out, w, lse = qkv.backends.get(spec.route).forward(
+    out, w, lse = backends.get(spec.route).forward(
         p.q, p.k, p.v, attn_mask=p.attn_mask, dropout_p=spec.dropout, is_causal=p.is_causal, scale=p.scale,
         enable_gqa=p.enable_gqa, rng=rng, return_weights=spec.weights, return_lse=True, threads=spec.threads,
         score_mod=p.score_mod, block_mask=p.block_mask, sink_logits=p.sink_logits, **extra)
@@ -572,17 +574,19 @@ def _forward(p: Problem, rng=None) -> dict:
 def _backward(p: Problem) -> tuple:
     """The spec's backward: ``(dq, dk, dv[, dsink])``. The sdpa API's public backward has no backend
     argument: ``backend=None`` runs it, a named backend runs that backend's ``backward``."""
-    import qkv
+    from qkv import backends
+    from qkv.engine import scaled_dot_product_attention_backward
+    from qkv.flex import flex_attention_backward
     spec = p.spec
     if spec.api == "flex":
-        return qkv.flex_attention_backward(p.grad_out, p.q, p.k, p.v, p.score_mod, p.block_mask, spec.scale,
-                                           p.enable_gqa, sink_logits=p.sink_logits, backend=_backend(spec),
-                                           threads=spec.threads)
+        return flex_attention_backward(p.grad_out, p.q, p.k, p.v, p.score_mod, p.block_mask, spec.scale,
+                                       p.enable_gqa, sink_logits=p.sink_logits, backend=_backend(spec),
+                                       threads=spec.threads)
     if spec.api == "sdpa" and spec.route == "default":
-        return qkv.scaled_dot_product_attention_backward(p.grad_out, p.q, p.k, p.v, p.attn_mask, p.is_causal,
-                                                         spec.scale, p.enable_gqa)
+        return scaled_dot_product_attention_backward(p.grad_out, p.q, p.k, p.v, p.attn_mask, p.is_causal,
+                                                     spec.scale, p.enable_gqa)
     extra = dict(block_q=spec.block_q, block_k=spec.block_k) if spec.route == "tiled" and spec.api == "engine" else {}
-    return qkv.backends.get(spec.route).backward(
+    return backends.get(spec.route).backward(
         p.grad_out, p.q, p.k, p.v, attn_mask=p.attn_mask, is_causal=p.is_causal, scale=p.scale,
         enable_gqa=p.enable_gqa, threads=spec.threads, score_mod=p.score_mod, block_mask=p.block_mask,
         sink_logits=p.sink_logits, **extra)

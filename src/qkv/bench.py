@@ -200,10 +200,11 @@ def memory_in_fresh_process(impl: str, mode: str, n: int, *, heads: int, dim: in
 
 
 def _child_memory(impl, mode, n, heads, dim, batch, threads, gemm=None):
-    import qkv
-    qkv.set_num_threads(threads)
+    from qkv.engine import set_num_threads
+    from qkv.gemm import set_gemm
+    set_num_threads(threads)
     if gemm is not None:
-        qkv.set_gemm(gemm)
+        set_gemm(gemm)
     if impl == "torch":
         import torch
         torch.set_num_threads(threads)
@@ -216,14 +217,15 @@ def _child_memory(impl, mode, n, heads, dim, batch, threads, gemm=None):
 
 def _make_calls(impl, mode, q, k, v, go, threads):
     """A zero-argument callable running ``impl`` in ``mode``; None when the combination is not offered."""
-    import qkv
+    from qkv.engine import scaled_dot_product_attention_backward
+    from qkv.sdpa import scaled_dot_product_attention
     causal = mode == "causal"
     if impl in ("tiled", "reference"):
         if mode == "backward":
             if impl == "reference":
                 return None
-            return lambda: qkv.scaled_dot_product_attention_backward(go, q, k, v)
-        return lambda: qkv.scaled_dot_product_attention(q, k, v, is_causal=causal, backend=impl)
+            return lambda: scaled_dot_product_attention_backward(go, q, k, v)
+        return lambda: scaled_dot_product_attention(q, k, v, is_causal=causal, backend=impl)
     import torch
     F = torch.nn.functional
     tq, tk, tv, tgo = (torch.from_numpy(a) for a in (q, k, v, go))
@@ -245,7 +247,7 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
     ``gemms``: the GEMM providers to run the tiled engine with, side by side (``("numpy", "mkl")``); None:
     the one in use (:func:`qkv.get_gemm`). Each row has ``gemm``: its provider (None for reference/torch).
     """
-    import qkv
+    from qkv.engine import get_num_threads, set_num_threads
     from qkv import _checks, gemm
 
     lengths = [_checks.positive_int(n, "lengths") for n in lengths]
@@ -278,8 +280,8 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
             labels.append((impl, impl, None))
     saved_threads = RUNTIME.threads
     if threads is not None:
-        qkv.set_num_threads(threads)
-    threads = qkv.get_num_threads()
+        set_num_threads(threads)
+    threads = get_num_threads()
     old_torch_threads = torch.get_num_threads() if torch is not None else None
     if torch is not None:
         torch.set_num_threads(threads)
@@ -338,7 +340,7 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
         if bar is not None:
             bar.close()
     finally:
-        qkv.set_num_threads(saved_threads)
+        set_num_threads(saved_threads)
         gemm.set_gemm(saved_gemm)
         if torch is not None:
             torch.set_num_threads(old_torch_threads)
@@ -806,7 +808,7 @@ def variants(*, heads: int = 8, dim: int = 64, repeats: int = 5, threads: int | 
     ratios ("paired": the two calls of one turn run seconds apart, so slow swings of a shared machine's load
     cancel). ``cases``: which of window, documents, mods, backward to run. ``long``: one sliding-window
     forward of ``long_n`` tokens in a fresh process, its peak RSS (None: skipped)."""
-    import qkv
+    from qkv.engine import get_num_threads, set_num_threads
     from qkv import _checks
     from qkv.backends.runtime import RUNTIME
 
@@ -820,8 +822,8 @@ def variants(*, heads: int = 8, dim: int = 64, repeats: int = 5, threads: int | 
         torch = None
     saved_threads = RUNTIME.threads
     if threads is not None:
-        qkv.set_num_threads(threads)
-    threads = qkv.get_num_threads()
+        set_num_threads(threads)
+    threads = get_num_threads()
     old_torch_threads = torch.get_num_threads() if torch is not None else None
     if torch is not None:
         torch.set_num_threads(threads)
@@ -856,7 +858,7 @@ def variants(*, heads: int = 8, dim: int = 64, repeats: int = 5, threads: int | 
         if bar is not None:
             bar.close()
     finally:
-        qkv.set_num_threads(saved_threads)
+        set_num_threads(saved_threads)
         if torch is not None:
             torch.set_num_threads(old_torch_threads)
     med = {(r["case"], r["impl"]): r["median_s"] for r in rows}
