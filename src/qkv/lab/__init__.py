@@ -59,6 +59,8 @@ def plot(name: str, result: dict, path, lang: str = "en") -> str:
     Draw ``result`` to ``path`` (.png, .svg or .pdf; written atomically); needs matplotlib (``viz``)."""
     warnings.warn("qkv.lab.plot is deprecated: use qkv.viz.plot_lab (the lab returns data, qkv.viz draws it)",
                   DeprecationWarning, stacklevel=2)
+    from .._extras import need
+    need("matplotlib", "qkv.lab.plot")
     return importlib.import_module("qkv.viz.lab_plots").plot(name, result, path, lang)   # by name: lab is below viz
 
 
