@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test sysdeps bench clean docs serve-docs
+.PHONY: demo test check sysdeps bench clean docs serve-docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,7 +38,15 @@ sysdeps:
 test: $(VENV)/.installed-dev sysdeps
 	$(BIN)/ruff check src tests benchmarks
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# The inner loop (under 90 s on 2 cores): ruff, the import layers (pyproject.toml), the tests not marked slow
+# (tests/conftest.py marks the browser, model and GPU tests and the slowest files); make test runs them all.
+check: $(VENV)/.installed-dev
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/qkv bench
