@@ -72,7 +72,7 @@ def test_quiet_launch_keeps_the_ranks_stderr_out_and_names_a_dead_ranks_last_lin
         launch(_loud, 2, timeout=20.0, deadline=60.0, quiet=True)
     msg = str(e.value)
     assert "rank 0" not in msg, msg                                      # rank 0 finished
-    assert re.search(r"rank 1: the process exited with code 3 without a result \(its last line on stderr: "
+    assert re.search(r"rank 1 failed after [0-9.]+ s: the process exited with code 3 without a result \(its last line on stderr: "
                      r"\[E socket.cpp\] rank 1 says something on stderr\)", msg), msg
     assert "says something" not in capfd.readouterr().err
 

@@ -54,7 +54,7 @@ def test_every_writer_goes_through_it(tmp_path, monkeypatch):
         return real(path, *a, **kw)
     for mod in (heatmap, page, lab_plots):
         monkeypatch.setattr(mod, "atomic_write", counting)
-    page.write_page(tmp_path / "p.html", {"notices": ["a page with a notice only"]})
+    page.write_page(tmp_path / "p.html", {"notices": [{"key": "page.playground_too_big", "args": {"cells": 9, "limit": 4}}]})
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
