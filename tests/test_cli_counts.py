@@ -31,6 +31,12 @@ BOUNDED = [  # (command, option, a value above the bound, the bound as --help an
     (["ring", "-p", "2", "-n", "8"], "--dim", 10**6, "4096"),
     (["ring", "-p", "2", "-n", "8"], "--batch", 10**6, "4096"),
     (["ring", "-p", "2", "-n", "8"], "--heads", 10**6, "1024"),
+    (["bench"], "--repeats", 10**9, "100"),
+    (["bench"], "--heads", 10**6, "1024"),
+    (["bench"], "--dim", 10**6, "4096"),
+    (["bench"], "--batch", 10**6, "4096"),
+    (["bench"], "--threads", 10**6, "1024"),
+    (["bench"], "--long", 10**9, "16777216"),
 ]
 
 
@@ -126,3 +132,10 @@ def test_generate_top_k_beyond_the_vocabulary_names_it(tmp_path, capsys):
     rc, out, err = run_cli(capsys, "generate", "hi", "--top-k", 10**9, "--temperature", 1, "--gguf", path)
     assert rc == 2 and out == "" and err.count("\n") == 1
     assert re.search(r"--top-k: expected 1 … \d+ \(the vocabulary\), got 1000000000", err), err
+
+
+@pytest.mark.parametrize("lengths", ["1,2,3," * 11 + "4", "99999999999", "9" * 100_000])
+def test_bench_lengths_are_bounded_in_number_and_size_with_a_short_message(capsys, lengths):
+    rc, out, err = run_cli(capsys, "bench", "--lengths", lengths)
+    assert rc == 2 and not out and len(err.strip().splitlines()) == 1 and len(err) < 200, err
+    assert "--lengths: expected 1 to 32 integers from 1 to 16,777,216" in err

@@ -12,13 +12,23 @@ from .._checks import available_bytes as _available_bytes
 from .._files import atomic_write
 
 
+#: Bounds of the sweep's counts (stated in --help and the errors): a length N, and how many lengths.
+MAX_LENGTH = 1 << 24
+MAX_LENGTHS = 32
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
 def _ints(text: str, name: str) -> list[int]:
     try:
-        vals = [int(x) for x in text.replace(" ", "").split(",") if x]
+        vals = [int(x) for x in text.replace(" ", "").split(",") if x] if len(text) <= 10_000 else None
     except ValueError:
-        raise UserError(f"{name}: expected comma-separated integers like 512,1024, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise UserError(f"{name}: expected positive integers, got {text!r}")
+        vals = None
+    if not vals or min(vals) < 1 or max(vals) > MAX_LENGTH or len(vals) > MAX_LENGTHS:
+        raise UserError(f"{name}: expected 1 to {MAX_LENGTHS} integers from 1 to {MAX_LENGTH:,}, comma-separated "
+                        f"like 512,1024, got {_short(text)!r}")
     return vals
 
 
@@ -94,18 +104,20 @@ def _words(text: str, name: str, allowed) -> list[str]:
 
 @cli.command("bench")
 @click.option("--lengths", default="512,1024,2048,4096", show_default=True,
-              help="Sequence lengths N, comma-separated.")
+              help="Sequence lengths N, comma-separated (1 to 32 of them, each 1 … 16,777,216).")
 @click.option("--modes", default="forward,causal,backward", show_default=True,
               help="Any of forward, causal, backward (= gradients from grad_out, forward included).")
 @click.option("--impls", default="tiled,reference,torch", show_default=True,
               help="Any of tiled, reference, torch (torch is skipped when not installed).")
-@click.option("--heads", default=8, show_default=True, type=int, help="Heads H.")
-@click.option("--dim", default=64, show_default=True, type=int, help="Head width E.")
-@click.option("--batch", default=1, show_default=True, type=int, help="Batch B.")
-@click.option("--repeats", default=5, show_default=True, type=int, help="Timed calls of each (median).")
-@click.option("--threads", default=None, type=int, help="Threads for qkv and torch (default: the available cores).")
+@click.option("--heads", default=8, show_default=True, type=click.IntRange(1, 1024), help="Heads H.")
+@click.option("--dim", default=64, show_default=True, type=click.IntRange(1, 4096), help="Head width E.")
+@click.option("--batch", default=1, show_default=True, type=click.IntRange(1, 4096), help="Batch B.")
+@click.option("--repeats", default=5, show_default=True, type=click.IntRange(1, 100),
+              help="Timed calls of each (median).")
+@click.option("--threads", default=None, type=click.IntRange(1, 1024),
+              help="Threads for qkv and torch (default: the available cores).")
 @click.option("--memory/--no-memory", default=True, show_default=True, help="Measure peak memory per call.")
-@click.option("--long", "long_n", default=None, type=int,
+@click.option("--long", "long_n", default=None, type=click.IntRange(1, MAX_LENGTH),
               help="Also run one tiled forward of this length with 1 head in a fresh process and report its "
                    "peak RSS (e.g. 65536).")
 @click.option("--json", "json_out", default=None, is_flag=False, flag_value="-",
