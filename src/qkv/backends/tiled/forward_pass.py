@@ -293,6 +293,12 @@ def _shift_free_block(P, T, step) -> None:
         return
     if plan is None:
         _mm(s, T.ones[:w], out=lb)                           # (Bq, bk) x (bk,) -> (Bq,) row sums
+    _accumulate(T, s, rs, j0, j1, lb, fresh)
+
+
+def _accumulate(T, s, rs, j0, j1, lb, fresh: bool) -> None:
+    """A block's probabilities ``s`` (row sums ``lb``) into the task's state: ``l_i``, then dropout, then
+    ``acc``; written, not added, where no earlier block reached these rows (``fresh``)."""
     if fresh:
         T.l_i[rs] = lb                                       # l_i = Σ_j p: the rows' first block
     else:
@@ -379,18 +385,7 @@ def _max_pass_block(P, T, step) -> None:
         T.l_i[rs] *= alpha                                   # l_i = alpha·l_i
     T.m_i[rs] += shift                                       # m_i = m_new
     T.seen[rs] |= hit
-    if fresh:
-        T.l_i[rs] = lb                                       # l_i = Σ_j p: the rows' first block
-    else:
-        T.l_i[rs] += lb                                      # l_i += Σ_j p (the denominator ignores dropout)
-    if T.gen is not None:
-        _drop(T, s)
-    if fresh:
-        _mm(s, T.V[j0:j1], out=T.acc[rs])                    # (Bq, bk) x (bk, Ev) -> (Bq, Ev): acc = P·V_j
-    else:
-        t = T.tmp[rs]
-        _mm(s, T.V[j0:j1], out=t)                            # (Bq, bk) x (bk, Ev) -> (Bq, Ev)
-        T.acc[rs] += t                                       # acc += P·V_j
+    _accumulate(T, s, rs, j0, j1, lb, fresh)
 
 
 def _bands(P, T, step) -> None:
