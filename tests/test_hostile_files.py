@@ -13,6 +13,7 @@ pytest.importorskip("click")
 
 from qkv.cli import main  # noqa: E402
 from qkv.explain import check  # noqa: E402
+from qkv.explain import _run  # noqa: E402  (the runner reads LARGE_CELLS, BLOCK_CELLS)
 from qkv.explain import examples as ex  # noqa: E402
 from qkv.explain._bound import MAX_NODES, MAX_NUMBERS  # noqa: E402
 
@@ -100,8 +101,8 @@ def test_shared_rows_within_the_limit_still_load(tmp_path):
 def _claims_large(monkeypatch, worked):
     """check() on ``worked`` whole, then as a large example (streamed in blocks of 2 query rows)."""
     whole = check(worked)
-    monkeypatch.setattr(ex, "LARGE_CELLS", 0)
-    monkeypatch.setattr(ex, "BLOCK_CELLS", 2 * worked.n_keys)
+    monkeypatch.setattr(_run, "LARGE_CELLS", 0)
+    monkeypatch.setattr(_run, "BLOCK_CELLS", 2 * worked.n_keys)
     assert ex.is_large(worked)
     streamed = check(worked)
     monkeypatch.undo()
@@ -141,7 +142,7 @@ def test_check_streamed_by_query_rows_gives_the_same_report(monkeypatch, source)
 def test_check_streamed_reports_a_claimed_row_out_of_range(monkeypatch):
     w = ex.load_example("seed003")
     w = dataclasses.replace(w, claims={"weights": {5: [0.1, 0.2, 0.7]}})
-    monkeypatch.setattr(ex, "LARGE_CELLS", 0)
+    monkeypatch.setattr(_run, "LARGE_CELLS", 0)
     with pytest.raises(ValueError, match=r"worked.claims\['weights'\]\[5\]: expected a row index 0..2"):
         check(w)
 
