@@ -109,9 +109,11 @@ def test_bench_json_in_a_read_only_folder(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("args, pattern", [
-    (["--dim", "99999999999"], r"--lengths/--heads/--dim/--batch: N = 33, H = 1, E = 99999999999, B = 1 need about"),
-    (["--batch", "99999999999"], r"--lengths/--heads/--dim/--batch: N = 33, H = 1, E = 8, B = 99999999999 need"),
-    (["--long", "99999999999"], r"--long/--dim: N = 99999999999, E = 8 need about"),
+    (["--dim", "4096", "--lengths", "1000000"],
+     r"--lengths/--heads/--dim/--batch: N = 1000000, H = 1, E = 4096, B = 1 need about"),
+    (["--batch", "4096", "--lengths", "1000000"],
+     r"--lengths/--heads/--dim/--batch: N = 1000000, H = 1, E = 8, B = 4096 need"),
+    (["--long", "16000000", "--dim", "4096"], r"--long/--dim: N = 16000000, E = 4096 need about"),
 ])
 def test_bench_memory_check_names_the_options(capsys, args, pattern):
     one_line(*run(capsys, *BENCH, *args)[::2], pattern)
