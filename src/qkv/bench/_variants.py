@@ -1,0 +1,265 @@
+"""The attention variants side by side (``qkv bench --variants``, :func:`qkv.bench.variants`)."""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+import numpy as np
+
+from ._env import _machine, header
+from ._measure import _progress, matmul_rate
+from ._sweep import SETTLE_S, _fresh_forward
+
+
+#: The attention variants' targets (qkv bench --variants): (case, ratio name, numerator, denominator, bound);
+#: a bound of None: a ratio reported for what it says, no target.
+VARIANT_TARGETS = (
+    ("window", "window / qkv full causal", "qkv window", "qkv full causal", 0.2),
+    ("window", "window / torch dense mask", "qkv window", "torch dense mask", 1.0),
+    ("window", "full causal / full non-causal (0.5 + the diagonal's cost)", "qkv full causal",
+     "qkv full non-causal", None),
+    ("documents", "packed / separate", "qkv packed documents", "qkv separate calls", 1.2),
+    ("mods", "ALiBi / plain", "qkv ALiBi", "qkv plain causal", 1.15),
+    ("mods", "softcap / plain", "qkv softcap 50", "qkv plain causal", 1.15),
+    ("mods", "RoPE / plain", "qkv RoPE", "qkv plain causal", 1.15),
+    ("backward", "flex backward / torch", "qkv flex backward", "torch autograd dense mask", 1.5),
+)
+#: Peak RSS bound of the long sliding-window forward, MB.
+VARIANT_LONG_MB = 2048
+
+
+def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward_n, torch):
+    """The cases of :func:`variants`: ``(case, N, {impl: zero-argument callable}, note)``, built lazily so
+    that only one case's inputs live at a time."""
+    from .. import backends, mods, positions
+    from ..blockmask import create_block_mask
+    tiled = backends.get("tiled")
+    scale = 1 / math.sqrt(dim)
+
+    def inputs(n, k=3):
+        rng = np.random.default_rng(n)
+        return [rng.standard_normal((1, heads, n, dim), dtype=np.float32) for _ in range(k)]
+
+    def window_case():
+        n = window_n
+        q, k, v = inputs(n)
+        bm = create_block_mask(mods.sliding_window(window), None, None, n, n)
+        calls = {"qkv window": lambda: tiled.forward(q, k, v, scale=scale, block_mask=bm),
+                 "qkv full causal": lambda: tiled.forward(q, k, v, scale=scale, is_causal=True),
+                 "qkv full non-causal": lambda: tiled.forward(q, k, v, scale=scale)}
+        if torch is not None:
+            F = torch.nn.functional
+            tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+            dense = torch.from_numpy(np.array(np.broadcast_to(bm.dense((1, 1), n, n), (n, n))))
+            calls["torch dense mask"] = lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=dense)
+        return "window", n, calls, f"sliding window {window}, causal (BLOCK_SIZE 128); torch gets the same mask " \
+                                   "as a dense (N, N) bool tensor"
+
+    def documents_case():
+        n = docs * doc_len
+        q, k, v = inputs(n)
+        bm = create_block_mask(mods.document_from_lengths([doc_len] * docs), None, None, n, n)
+        parts = [tuple(np.ascontiguousarray(a[:, :, d * doc_len:(d + 1) * doc_len]) for a in (q, k, v))
+                 for d in range(docs)]
+
+        def separate():
+            for a, b, c in parts:
+                tiled.forward(a, b, c, scale=scale)
+        return "documents", n, {"qkv packed documents": lambda: tiled.forward(q, k, v, scale=scale, block_mask=bm),
+                                "qkv separate calls": separate}, \
+            f"{docs} documents of {doc_len}: one call with a document block mask vs {docs} calls of N = {doc_len}"
+
+    def mods_case():
+        n = mods_n
+        q, k, v = inputs(n)
+        alibi = mods.alibi(mods.alibi_slopes(heads))
+        cap = mods.softcap(50.0)
+        calls = {"qkv plain causal": lambda: tiled.forward(q, k, v, scale=scale, is_causal=True),
+                 "qkv ALiBi": lambda: tiled.forward(q, k, v, scale=scale, is_causal=True, score_mod=alibi),
+                 "qkv softcap 50": lambda: tiled.forward(q, k, v, scale=scale, is_causal=True, score_mod=cap)}
+        note = "causal; ALiBi with the paper's slopes, softcap 50 (Gemma 2)"
+        rope = getattr(positions, "rope", None)
+        if rope is not None:
+            calls["qkv RoPE"] = lambda: tiled.forward(rope(q), rope(k), v, scale=scale, is_causal=True)
+            note += ", RoPE = qkv.positions.rope on q and k (timed) then the plain forward"
+        else:
+            note += "; RoPE skipped: qkv.positions.rope is not there"
+        return "mods", n, calls, note
+
+    def backward_case():
+        n = backward_n
+        q, k, v, go = inputs(n, 4)
+        bm = create_block_mask(mods.causal(), None, None, n, n)
+        calls = {"qkv flex backward": lambda: tiled.backward(go, q, k, v, scale=scale, block_mask=bm)}
+        if torch is not None:
+            F = torch.nn.functional
+            tq, tk, tv = (torch.from_numpy(a).clone().requires_grad_() for a in (q, k, v))
+            tgo = torch.from_numpy(go)
+            dense = torch.from_numpy(np.array(np.broadcast_to(bm.dense((1, 1), n, n), (n, n))))
+
+            def torch_backward():
+                tq.grad = tk.grad = tv.grad = None
+                F.scaled_dot_product_attention(tq, tk, tv, attn_mask=dense).backward(tgo)
+            calls["torch autograd dense mask"] = torch_backward
+        return "backward", n, calls, "gradients (forward included) with the causal mask mod; torch: autograd " \
+                                     "through SDPA with the same mask as a dense bool tensor"
+
+    return [window_case, documents_case, mods_case, backward_case]
+
+
+def variants(*, heads: int = 8, dim: int = 64, repeats: int = 5, threads: int | None = None,
+             window_n: int = 8192, window: int = 512, docs: int = 8, doc_len: int = 1024, mods_n: int = 4096,
+             backward_n: int = 2048, long_n: int | None = 65536, progress: bool = True,
+             cases=("window", "documents", "mods", "backward")) -> dict:
+    """The attention variants side by side (``qkv bench --variants``), ratios of medians against their
+    targets (:data:`VARIANT_TARGETS`); returns a JSON-ready dict ``{"machine", "config", "rows", "ratios",
+    "long"}``. Same protocol as :func:`run`: implementations interleaved, each turn a pause, an untimed
+    call and a timed one; one thread count for qkv and torch. Each ratio also as the median of its per-turn
+    ratios ("paired": the two calls of one turn run seconds apart, so slow swings of a shared machine's load
+    cancel). ``cases``: which of window, documents, mods, backward to run. ``long``: one sliding-window
+    forward of ``long_n`` tokens in a fresh process, its peak RSS (None: skipped)."""
+    from qkv.engine import get_num_threads, set_num_threads
+    from qkv import _checks
+    from qkv.backends.runtime import RUNTIME
+
+    for name, val in (("heads", heads), ("dim", dim), ("repeats", repeats), ("window_n", window_n),
+                      ("window", window), ("docs", docs), ("doc_len", doc_len), ("mods_n", mods_n),
+                      ("backward_n", backward_n)):
+        _checks.positive_int(val, name)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    saved_threads = RUNTIME.threads
+    if threads is not None:
+        set_num_threads(threads)
+    threads = get_num_threads()
+    old_torch_threads = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(threads)
+    rows, notes = [], {}
+    try:
+        rate = matmul_rate(threads, 2048)
+        known = ("window", "documents", "mods", "backward")
+        for c in cases:
+            if c not in known:
+                raise ValueError(f"cases: expected some of {','.join(known)}, got {c!r}")
+        makers = _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward_n, torch)
+        makers = [m for name, m in zip(known, makers) if name in cases]
+        bar = _progress(len(makers), progress)
+        for make in makers:
+            case, n, calls, note = make()
+            notes[case] = note
+            times = _variant_times(calls, repeats)
+            for impl, ts in times.items():
+                rows.append(dict(case=case, n=n, impl=impl, median_s=statistics.median(ts), times_s=ts))
+            del calls
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+    finally:
+        set_num_threads(saved_threads)
+        if torch is not None:
+            torch.set_num_threads(old_torch_threads)
+    ratios = _variant_ratios(rows, cases)
+    result = {"machine": _machine(threads, rate, torch),
+              "config": dict(heads=heads, dim=dim, batch=1, dtype="float32", repeats=repeats, threads=threads,
+                             window_n=window_n, window=window, docs=docs, doc_len=doc_len, mods_n=mods_n,
+                             backward_n=backward_n, cases=list(cases)),
+              "notes": notes, "rows": rows, "ratios": ratios}
+    if long_n is not None:
+        lg = long_window(long_n, heads=heads, dim=dim, window=window, threads=threads)
+        lg["met"] = lg["peak_rss_mb"] < VARIANT_LONG_MB
+        result["long"] = lg
+    return result
+
+
+def _variant_times(calls: dict, repeats: int) -> dict:
+    """Each call run once (warm-up), then ``repeats`` turns of each, interleaved: noise hits all alike."""
+    for fn in calls.values():
+        fn()                                              # warm-up
+    times = {impl: [] for impl in calls}
+    for _ in range(repeats):
+        for impl, fn in calls.items():
+            time.sleep(SETTLE_S)
+            fn()                                          # untimed: back to a warm steady state
+            t = time.perf_counter()
+            fn()
+            times[impl].append(time.perf_counter() - t)
+    return times
+
+
+def _variant_ratios(rows, cases) -> list:
+    """The ratios of :data:`VARIANT_TARGETS` for the ``cases`` run: of medians, and the median per-turn one."""
+    med = {(r["case"], r["impl"]): r["median_s"] for r in rows}
+    turns = {(r["case"], r["impl"]): r["times_s"] for r in rows}
+    ratios = []
+    for case, what, num, den, bound in VARIANT_TARGETS:
+        if case not in cases:
+            continue
+        if (case, num) not in med or (case, den) not in med:
+            ratios.append(dict(case=case, what=what, ratio=None, paired=None, target=bound, met=None))
+            continue
+        ratio = med[(case, num)] / med[(case, den)]
+        paired = statistics.median(a / b for a, b in zip(turns[(case, num)], turns[(case, den)]))
+        ratios.append(dict(case=case, what=what, ratio=ratio, paired=paired, target=bound,
+                           met=None if bound is None else ratio < bound if bound == 1.0 else ratio <= bound))
+    return ratios
+
+
+def long_window(n: int = 65536, *, heads: int = 8, dim: int = 64, window: int = 512,
+                threads: int | None = None) -> dict:
+    """One sliding-window forward (the tiled engine, a block mask) of ``n`` tokens in a fresh process: its
+    time and peak RSS (VmHWM: the child's own address space since exec), the inputs included."""
+    return _fresh_forward(
+        f"n, h, e, w, th = {n}, {heads}, {dim}, {window}, {threads!r}\n",
+        "t = time.perf_counter()\n"
+        "bm = create_block_mask(mods.sliding_window(w), None, None, n, n)\n"
+        "out = backends.get('tiled').forward(q, k, v, scale=e ** -0.5, block_mask=bm)[0]\n"
+        "t = time.perf_counter() - t\n",
+        "dict(n=n, heads=h, dim=e, window=w, seconds=t, peak_rss_mb=rss / 2**20, "
+        "inputs_mb=4 * q.nbytes / 2**20, scores_would_take_mb=h * n * n * 4 / 2**20, "
+        "finite=bool(np.isfinite(out).all()))", "long sliding-window run")
+
+
+VARIANT_HEADERS = ["variant", "N", "impl", "median ms"]
+
+
+def variants_markdown(result: dict) -> str:
+    """The variants' result as Markdown: the times, then the ratios against their targets (for the README)."""
+    lines = [header(result), "",
+             "| variant | N | impl | median ms |", "|---|---:|---|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['case']} | {r['n']} | {r['impl']} | {r['median_s'] * 1e3:.1f} |")
+    lines += ["", "| ratio of medians | measured | per-turn (median) | target | met |", "|---|---:|---:|---:|---|"]
+    for r in result["ratios"]:
+        got = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        paired = "—" if r["paired"] is None else f"{r['paired']:.2f}×"
+        op = "<" if r["target"] == 1.0 else "≤"
+        target = "—" if r["target"] is None else f"{op} {r['target']:g}×"
+        met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
+        lines.append(f"| {r['what']} | {got} | {paired} | {target} | {met} |")
+    if "long" in result:
+        lg = result["long"]
+        lines.append(f"| N = {lg['n']} window {lg['window']} forward, peak RSS (H = {lg['heads']}, inputs "
+                     f"{lg['inputs_mb']:.0f} MB included) | {lg['peak_rss_mb']:.0f} MB | | < {VARIANT_LONG_MB} MB | "
+                     f"{'yes' if lg['met'] else '**no**'} |")
+    return "\n".join(lines)
+
+
+def variants_text(result: dict) -> list[str]:
+    """Plain-text lines of the variants' result (the CLI's table when rich is missing)."""
+    out = [f"{r['case']:<10} N={r['n']:<6} {r['impl']:<28} {r['median_s'] * 1e3:9.1f} ms" for r in result["rows"]]
+    for r in result["ratios"]:
+        got = "—" if r["ratio"] is None else f"{r['ratio']:.2f}x"
+        got += "" if r["paired"] is None else f" (per turn {r['paired']:.2f}x)"
+        target = "" if r["target"] is None else \
+            f"target {'<' if r['target'] == 1.0 else '<='} {r['target']:g}x  {'met' if r['met'] else 'MISSED'}"
+        out.append(f"{r['what']:<32} {got:>24}  {target}")
+    if "long" in result:
+        lg = result["long"]
+        out.append(f"N={lg['n']} window {lg['window']} forward: {lg['seconds']:.2f} s, peak RSS "
+                   f"{lg['peak_rss_mb']:.0f} MB (target < {VARIANT_LONG_MB} MB: {'met' if lg['met'] else 'MISSED'})")
+    return out
