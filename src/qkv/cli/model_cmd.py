@@ -80,6 +80,102 @@ def _fmt_tok(tokens: list[str], j: int) -> str:
     return f"{tokens[j]}#{j}" if tokens.count(tokens[j]) > 1 else tokens[j]
 
 
+def _check_args(m, text, top, head, all_heads) -> None:
+    """The checks that need no model: a text, valid UTF-8, --top in range, not --head with --all-heads."""
+    if not text.strip():
+        raise UserError(m("model.empty"))
+    from qkv.models._common import check_utf8
+    check_utf8(text, "TEXT")                       # a ValueError: one line, exit 2
+    if not 1 <= top <= MAX_TOP:
+        raise UserError(m("model.bad_top", got=top, most=MAX_TOP))
+    if head is not None and all_heads:
+        raise UserError(m("model.both"))
+
+
+def _explainer(m, explain):
+    """:func:`qkv.explain.explain_query` with --explain (a UserError when it cannot be imported), else None."""
+    if not explain:
+        return None
+    try:
+        from qkv.explain import explain_query
+    except ImportError as exc:
+        raise UserError(m("model.no_explain", err=exc)) from None
+    return explain_query
+
+
+def _check_range(m, c, layer, head) -> None:
+    if not 0 <= layer < c.num_layers:
+        raise UserError(m("model.bad_layer", last=c.num_layers - 1, n=c.num_layers, got=layer))
+    if head is not None and not 0 <= head < c.num_heads:
+        raise UserError(m("model.bad_head", last=c.num_heads - 1, n=c.num_heads, got=head))
+
+
+def _tokenize(m, model, text, decoder) -> list[str]:
+    """The text's tokens as the command shows them; the tokenizer's warnings (truncation) echoed to stderr."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokens = model.tokenize(text)
+    if decoder:
+        tokens = [_shown(s) for s in tokens]
+    for w in caught:
+        click.echo(f"qkv: {m('model.warning')}: {w.message}", err=True)
+    return tokens
+
+
+def _all_layers(m, model, decoder, text, tokens, token, shown, heads_summary, rollout, top, fusion) -> None:
+    """``--heads-summary`` and/or ``--rollout``: views over every layer from one run of the model."""
+    q = None if token is None else _find(m, model, decoder, tokens, token, shown)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                  # the truncation warning was shown above
+        out = model.run([text])
+    attentions = [np.asarray(a)[0, :, :len(tokens), :len(tokens)] for a in out.attentions]
+    del out
+    from qkv.viz import heads as viz_heads
+    name = viz_heads.model_name(model)
+    if heads_summary:
+        _heads_summary(m, viz_heads, attentions, tokens, name, decoder)
+    if rollout:
+        if heads_summary:
+            click.echo("")
+        _rollout(m, viz_heads, attentions, tokens, name, q, top, fusion)
+
+
+def _one_head(m, tokens, weights, scaled, i, k, layer, head) -> None:
+    """``--head``: the top-k keys of query i with their weights and scaled scores."""
+    click.echo(m("model.heading_head", layer=layer, head=head, tok=tokens[i], i=i))
+    row, srow = weights[head, i], scaled[head, i]
+    order = np.argsort(-row, kind="stable")[:k]
+    width = max(_cells(_fmt_tok(tokens, j)) for j in order)
+    click.echo(f"  {_rjust(m('model.rank'), 4)}  {_ljust(m('model.token'), width)}  "
+               f"{_rjust(m('model.weight'), 8)}  {_rjust(m('model.score'), 8)}")
+    for r, j in enumerate(order, 1):
+        click.echo(f"  {r:>4}  {_ljust(_fmt_tok(tokens, j), width)}  {row[j]:8.4f}  {srow[j]:8.3f}")
+
+
+def _every_head(m, tokens, weights, i, k, layer, num_heads) -> None:
+    """The default view: one line per head, the top-k keys of query i."""
+    click.echo(m("model.heading", layer=layer, tok=tokens[i], i=i))
+    for h in range(num_heads):
+        row = weights[h, i]
+        order = np.argsort(-row, kind="stable")[:k]
+        items = "  ".join(f"{_fmt_tok(tokens, j)} {row[j]:.3f}" for j in order)
+        click.echo(f"  {m('model.head')} {h:>2}: {items}")
+
+
+def _explain(m, c, explain_query, trace, i, head, decoder, lang, tokens) -> None:
+    """``--explain``: the hand calculation of query i in one head (head 0 unless --head), read from the trace."""
+    h = 0 if head is None else head
+    if head is None:
+        click.echo(m("model.explain_head0"))
+    if decoder:
+        kv, group = c.kv_head(h), c.group_size
+        click.echo(m("model.gqa_note", head=h, kv=kv, first=kv * group, last=(kv + 1) * group - 1,
+                     h=c.num_heads, hk=c.num_kv_heads, theta=f"{c.rope_theta:g}"))
+    click.echo("")
+    click.echo(explain_query(trace, i, head=h, batch=0, lang=lang, fmt="text", precision=4,
+                             tokens=tokens, kv_tokens=tokens))
+
+
 #: The most tokens --top lists (the longest text a model view takes: SmolLM2 up to 1,024 tokens).
 MAX_TOP = 1024
 
@@ -122,50 +218,16 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, hea
     def m(key: str, **kw) -> str:
         return t(key, lang, **kw)
     model_name = check_model(model_name, "qkv model", lang=lang)
-    if not text.strip():
-        raise UserError(m("model.empty"))
-    from qkv.models._common import check_utf8
-    check_utf8(text, "TEXT")                       # a ValueError: one line, exit 2
-    if not 1 <= top <= MAX_TOP:
-        raise UserError(m("model.bad_top", got=top, most=MAX_TOP))
-    if head is not None and all_heads:
-        raise UserError(m("model.both"))
-    explain_query = None
-    if explain:
-        try:
-            from qkv.explain import explain_query
-        except ImportError as exc:
-            raise UserError(m("model.no_explain", err=exc)) from None
+    _check_args(m, text, top, head, all_heads)
+    explain_query = _explainer(m, explain)
     decoder = model_name == "smollm2"
     model = _load_model(m, model_name, lang)
     c = model.config
-    if not 0 <= layer < c.num_layers:
-        raise UserError(m("model.bad_layer", last=c.num_layers - 1, n=c.num_layers, got=layer))
-    if head is not None and not 0 <= head < c.num_heads:
-        raise UserError(m("model.bad_head", last=c.num_heads - 1, n=c.num_heads, got=head))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        tokens = model.tokenize(text)
-    if decoder:
-        tokens = [_shown(s) for s in tokens]
-    for w in caught:
-        click.echo(f"qkv: {m('model.warning')}: {w.message}", err=True)
+    _check_range(m, c, layer, head)
+    tokens = _tokenize(m, model, text, decoder)
     shown = " ".join(f"{t}" for t in tokens)
     if heads_summary or rollout:
-        q = None if token is None else _find(m, model, decoder, tokens, token, shown)[0]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")                  # the truncation warning was shown above
-            out = model.run([text])
-        attentions = [np.asarray(a)[0, :, :len(tokens), :len(tokens)] for a in out.attentions]
-        del out
-        from qkv.viz import heads as viz_heads
-        name = viz_heads.model_name(model)
-        if heads_summary:
-            _heads_summary(m, viz_heads, attentions, tokens, name, decoder)
-        if rollout:
-            if heads_summary:
-                click.echo("")
-            _rollout(m, viz_heads, attentions, tokens, name, q, top, fusion)
+        _all_layers(m, model, decoder, text, tokens, token, shown, heads_summary, rollout, top, fusion)
         return 0
     if token is None:
         click.echo(m("model.tokens", n=len(tokens), tokens=shown))
@@ -181,38 +243,14 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, hea
     weights = trace["weights"].array[0]                      # (H, T, T), the softmax MultiHeadAttention ran
     scaled = trace["scaled"].array[0]                        # (H, T, T), q·k / √d_k
     k = min(top, len(tokens))
-    heads = range(c.num_heads) if head is None else [head]
-
     if all_heads:
         _table(m, tokens, weights, i, k, layer, decoder)
     elif head is not None:
-        click.echo(m("model.heading_head", layer=layer, head=head, tok=tokens[i], i=i))
-        row, srow = weights[head, i], scaled[head, i]
-        order = np.argsort(-row, kind="stable")[:k]
-        width = max(_cells(_fmt_tok(tokens, j)) for j in order)
-        click.echo(f"  {_rjust(m('model.rank'), 4)}  {_ljust(m('model.token'), width)}  "
-                   f"{_rjust(m('model.weight'), 8)}  {_rjust(m('model.score'), 8)}")
-        for r, j in enumerate(order, 1):
-            click.echo(f"  {r:>4}  {_ljust(_fmt_tok(tokens, j), width)}  {row[j]:8.4f}  {srow[j]:8.3f}")
+        _one_head(m, tokens, weights, scaled, i, k, layer, head)
     else:
-        click.echo(m("model.heading", layer=layer, tok=tokens[i], i=i))
-        for h in heads:
-            row = weights[h, i]
-            order = np.argsort(-row, kind="stable")[:k]
-            items = "  ".join(f"{_fmt_tok(tokens, j)} {row[j]:.3f}" for j in order)
-            click.echo(f"  {m('model.head')} {h:>2}: {items}")
-
+        _every_head(m, tokens, weights, i, k, layer, c.num_heads)
     if explain_query is not None:
-        h = 0 if head is None else head
-        if head is None:
-            click.echo(m("model.explain_head0"))
-        if decoder:
-            kv, group = c.kv_head(h), c.group_size
-            click.echo(m("model.gqa_note", head=h, kv=kv, first=kv * group, last=(kv + 1) * group - 1,
-                         h=c.num_heads, hk=c.num_kv_heads, theta=f"{c.rope_theta:g}"))
-        click.echo("")
-        click.echo(explain_query(trace, i, head=h, batch=0, lang=lang, fmt="text", precision=4,
-                                 tokens=tokens, kv_tokens=tokens))
+        _explain(m, c, explain_query, trace, i, head, decoder, lang, tokens)
     return 0
 
 

@@ -306,6 +306,72 @@ def _shape(rec: np.ndarray, which: int) -> tuple:
     return tuple(int(x) for x in rec[base + 1:base + 1 + nd])
 
 
+def _plan_at(a, s: int) -> list:
+    """The blocks this rank computes at step s (empty: nothing to compute)."""
+    return a.plans[s] if s < len(a.plans) else []
+
+
+def _ring_dtypes(a, recs) -> tuple:
+    """``(n_steps, cdt, xdt)`` from every rank's record: the steps any rank needs (not yet at least 1), the
+    compute dtype and the dtype that travels (float64 for both when any rank's input needs widening)."""
+    n_steps = int(recs[:, 1 + 3 * (1 + _NDIM) + 6].max()) + 1
+    wide = bool(recs[:, 1 + 3 * (1 + _NDIM) + 7].any())
+    in_dt = a.query.dtype
+    cdt = np.dtype(np.float64 if (in_dt == np.float64 or wide) else np.float32)
+    xdt = np.dtype(np.float64) if wide else in_dt                     # what travels
+    return n_steps, cdt, xdt
+
+
+def _kv_buffers(a, xdt) -> tuple:
+    """Two K/V message buffers (K then V, flat), the first holding this rank's block; and |K|."""
+    nk, nv = math.prod(a.key.shape), math.prod(a.value.shape)
+    bufs = [np.empty(nk + nv, xdt), np.empty(nk + nv, xdt)]
+    bufs[0][:nk] = a.key.reshape(-1)
+    bufs[0][nk:] = a.value.reshape(-1)
+    return bufs, nk
+
+
+def _split_kv(buf: np.ndarray, nk: int, a) -> tuple:
+    """The K and V views of a K/V message buffer (or of a dK/dV accumulator)."""
+    return buf[:nk].reshape(a.key.shape), buf[nk:].reshape(a.value.shape)
+
+
+def _post_kv(comm: _Comm, cur: np.ndarray, nxt: np.ndarray, s: int, n_steps: int) -> list:
+    """Post step s's K/V transfer (send the held block on, receive the next) unless it is the last step."""
+    if s + 1 < n_steps:                                   # the next block travels while this one computes
+        P, rank = comm.size, comm.rank
+        return [comm.isend(cur, (rank + 1) % P, TAG_KV), comm.irecv(nxt, (rank - 1) % P, TAG_KV)]
+    return []
+
+
+def _wait_all(comm: _Comm, ops) -> None:
+    for op in ops:
+        comm.wait(op)
+
+
+def _forward_step(a, q, cur, nk, plan, acc, acc_lse, threads) -> int:
+    """Compute this rank's queries against the held K/V block and merge into the running output by
+    log-sum-exp. Returns the number of blocks computed."""
+    k, v = _split_kv(cur, nk, a)
+    for blk in plan:
+        o, lse = _plan.forward_block(q, k, v, blk, scale=a.scale, enable_gqa=a.enable_gqa, threads=threads)
+        rows = slice(blk.q0, blk.q1)
+        a_out, a_lse = acc[..., rows, :], acc_lse[..., rows]
+        merge_partials(a_out, a_lse, o, lse, out=(a_out, a_lse))
+    return len(plan)
+
+
+def _fill_stats(stats, comm: _Comm, n_steps, compute_s, wait_s, skipped, blocks=None) -> None:
+    if stats is None:
+        return
+    stats.clear()
+    stats.update(steps=n_steps, messages=comm.messages, bytes=comm.bytes, staged=comm.staged,
+                 compute_s=compute_s, wait_s=wait_s, skipped=skipped)
+    if blocks is not None:
+        stats["blocks"] = blocks
+    stats.update(world_size=comm.size, rank=comm.rank)
+
+
 # ---------------------------------------------------------------------------------------------- forward
 def ring_attention(query, key, value, *, is_causal=False, scale=None, enable_gqa=False, layout="zigzag",
                    group=None, return_lse=False, mask_mod=None, timeout=None, threads=None, stats=None):
@@ -350,55 +416,84 @@ def ring_attention(query, key, value, *, is_causal=False, scale=None, enable_gqa
         a.last = _plan.last_step(a.plans)
         return a
     a, recs = _check(comm, fn, build)
-    n_steps = int(recs[:, 1 + 3 * (1 + _NDIM) + 6].max()) + 1
-    wide = bool(recs[:, 1 + 3 * (1 + _NDIM) + 7].any())
-    in_dt = a.query.dtype
-    cdt = np.dtype(np.float64 if (in_dt == np.float64 or wide) else np.float32)
-    xdt = np.dtype(np.float64) if wide else in_dt                     # what travels
+    n_steps, cdt, xdt = _ring_dtypes(a, recs)
     q = a.query.astype(cdt, copy=False)
-    k_shape, v_shape = a.key.shape, a.value.shape
-    nk, nv = math.prod(k_shape), math.prod(v_shape)
-    bufs = [np.empty(nk + nv, xdt), np.empty(nk + nv, xdt)]
-    bufs[0][:nk] = a.key.reshape(-1)
-    bufs[0][nk:] = a.value.reshape(-1)
-    Ev = v_shape[-1]
-    acc = np.zeros(a.lead + (a.n, Ev), cdt)
+    bufs, nk = _kv_buffers(a, xdt)
+    acc = np.zeros(a.lead + (a.n, a.value.shape[-1]), cdt)
     acc_lse = np.full(a.lead + (a.n,), -np.inf, cdt)
     compute_s, wait_s, skipped = [], [], []
     n_blocks = 0
     for s in range(max(n_steps, 1)):
         cur, nxt = bufs[s % 2], bufs[(s + 1) % 2]
-        ops = []
-        if s + 1 < n_steps:                                   # the next block travels while this one computes
-            ops = [comm.isend(cur, (rank + 1) % P, TAG_KV), comm.irecv(nxt, (rank - 1) % P, TAG_KV)]
+        ops = _post_kv(comm, cur, nxt, s, n_steps)
         t0 = time.perf_counter()
-        plan = a.plans[s] if s < len(a.plans) else []
+        plan = _plan_at(a, s)
         if plan:
-            k = cur[:nk].reshape(k_shape)
-            v = cur[nk:].reshape(v_shape)
-            for blk in plan:
-                o, lse = _plan.forward_block(q, k, v, blk, scale=a.scale, enable_gqa=a.enable_gqa, threads=threads)
-                rows = slice(blk.q0, blk.q1)
-                a_out, a_lse = acc[..., rows, :], acc_lse[..., rows]
-                merge_partials(a_out, a_lse, o, lse, out=(a_out, a_lse))
-                n_blocks += 1
+            n_blocks += _forward_step(a, q, cur, nk, plan, acc, acc_lse, threads)
         else:
             skipped.append(s)
         compute_s.append(time.perf_counter() - t0)
         w0 = comm.wait_s
-        for op in ops:
-            comm.wait(op)
+        _wait_all(comm, ops)
         wait_s.append(comm.wait_s - w0)
-    if stats is not None:
-        stats.clear()
-        stats.update(steps=n_steps, messages=comm.messages, bytes=comm.bytes, staged=comm.staged,
-                     compute_s=compute_s, wait_s=wait_s,
-                     skipped=skipped, blocks=n_blocks, world_size=P, rank=rank)
-    out = acc.astype(in_dt, copy=False)
+    _fill_stats(stats, comm, n_steps, compute_s, wait_s, skipped, blocks=n_blocks)
+    out = acc.astype(a.query.dtype, copy=False)
     return (out, acc_lse) if return_lse else out
 
 
 # ---------------------------------------------------------------------------------------------- backward
+def _backward_args(fn, grad_out, query, key, value, out, lse, is_causal, scale, enable_gqa, layout, mask_mod,
+                   rank, P, threads):
+    """The local checks of :func:`ring_attention_backward` (no communication): an _Args with its plans."""
+    a = _validate(fn, query, key, value, is_causal, scale, enable_gqa, layout, mask_mod, P, threads=threads)
+    expected = shapes.output_shape(a.query.shape, a.key.shape, a.value.shape, a.enable_gqa)
+    a.grad_out = _checks.float_array(grad_out, "grad_out", min_ndim=2)
+    a.out = _checks.float_array(out, "out", min_ndim=2)
+    a.lse = _checks.float_array(lse, "lse", min_ndim=1, finite=False)
+    for name, x, want in (("grad_out", a.grad_out, expected), ("out", a.out, expected),
+                          ("lse", a.lse, expected[:-1])):
+        if x.shape != want:
+            raise ValueError(f"{name}: expected shape {want} (this rank's output rows), got {x.shape}")
+    if a.grad_out.dtype != a.query.dtype:
+        raise TypeError(f"grad_out: expected dtype {a.query.dtype} (as query), got {a.grad_out.dtype}")
+    if np.isnan(a.lse).any() or np.isposinf(a.lse).any():
+        raise ValueError("lse: expected finite values or −inf (a row that sees no key), as ring_attention "
+                         "returns them")
+    a.wide = a.wide or _checks.range_check(a.query, a.key, a.value, a.scale, grad_out=a.grad_out)
+    a.plans = _plan.plans(rank, P, a.n, a.layout, a.is_causal, a.mod, a.lead)
+    a.last = _plan.last_step(a.plans)
+    return a
+
+
+def _backward_step(a, ins, cur, nk, plan, threads) -> list:
+    """This rank's share of the gradients for the held K/V block: ``[(blk, (dq, dk, dv)), …]``."""
+    do, q, o, lse_ = ins
+    k, v = _split_kv(cur, nk, a)
+    return [(blk, _plan.backward_block(do, q, k, v, o, lse_, blk, scale=a.scale, enable_gqa=a.enable_gqa,
+                                       threads=threads)) for blk in plan]
+
+
+def _accumulate(a, grads, dq, acc, nk) -> None:
+    """Add the step's gradients: dQ to this rank's, dK/dV to the accumulator travelling with the block."""
+    dk_acc, dv_acc = _split_kv(acc, nk, a)
+    for blk, (g_q, g_k, g_v) in grads:
+        dq[..., blk.q0:blk.q1, :] += g_q
+        dk_acc[..., blk.k0:blk.k1, :] += g_k
+        dv_acc[..., blk.k0:blk.k1, :] += g_v
+
+
+def _post_dkv(comm: _Comm, acc, other, s: int, n_steps: int) -> tuple:
+    """Post the dK/dV accumulator's transfer after step s: on along the ring with its block, or home after
+    the last step. Returns ``(send, receive)`` (None, None when there is no ring)."""
+    P, rank = comm.size, comm.rank
+    if s + 1 < n_steps:                                           # pass it on with the block
+        return comm.isend(acc, (rank + 1) % P, TAG_DKV), comm.irecv(other, (rank - 1) % P, TAG_DKV)
+    if n_steps > 1:                                               # last step: the accumulator goes home
+        owner, giver = (rank - s) % P, (rank + s) % P
+        return comm.isend(acc, owner, TAG_HOME), comm.irecv(other, giver, TAG_HOME)
+    return None, None
+
+
 def ring_attention_backward(grad_out, query, key, value, out, lse, *, is_causal=False, scale=None,
                             enable_gqa=False, layout="zigzag", group=None, mask_mod=None, timeout=None,
                             threads=None, stats=None):
@@ -419,94 +514,42 @@ def ring_attention_backward(grad_out, query, key, value, out, lse, *, is_causal=
     """
     fn = "ring_attention_backward"
     comm = _Comm(group, timeout, fn)
-    P, rank = comm.size, comm.rank
 
     def build():
-        a = _validate(fn, query, key, value, is_causal, scale, enable_gqa, layout, mask_mod, P, threads=threads)
-        expected = shapes.output_shape(a.query.shape, a.key.shape, a.value.shape, a.enable_gqa)
-        a.grad_out = _checks.float_array(grad_out, "grad_out", min_ndim=2)
-        a.out = _checks.float_array(out, "out", min_ndim=2)
-        a.lse = _checks.float_array(lse, "lse", min_ndim=1, finite=False)
-        for name, x, want in (("grad_out", a.grad_out, expected), ("out", a.out, expected),
-                              ("lse", a.lse, expected[:-1])):
-            if x.shape != want:
-                raise ValueError(f"{name}: expected shape {want} (this rank's output rows), got {x.shape}")
-        if a.grad_out.dtype != a.query.dtype:
-            raise TypeError(f"grad_out: expected dtype {a.query.dtype} (as query), got {a.grad_out.dtype}")
-        if np.isnan(a.lse).any() or np.isposinf(a.lse).any():
-            raise ValueError("lse: expected finite values or −inf (a row that sees no key), as ring_attention "
-                             "returns them")
-        a.wide = a.wide or _checks.range_check(a.query, a.key, a.value, a.scale, grad_out=a.grad_out)
-        a.plans = _plan.plans(rank, P, a.n, a.layout, a.is_causal, a.mod, a.lead)
-        a.last = _plan.last_step(a.plans)
-        return a
+        return _backward_args(fn, grad_out, query, key, value, out, lse, is_causal, scale, enable_gqa, layout,
+                              mask_mod, comm.rank, comm.size, threads)
     a, recs = _check(comm, fn, build, extra_shapes=lambda a: (a.grad_out.shape, a.out.shape, a.lse.shape))
-    n_steps = max(int(recs[:, 1 + 3 * (1 + _NDIM) + 6].max()) + 1, 1)
-    wide = bool(recs[:, 1 + 3 * (1 + _NDIM) + 7].any())
+    n_steps, cdt, xdt = _ring_dtypes(a, recs)
+    n_steps = max(n_steps, 1)
     in_dt = a.query.dtype
-    cdt = np.dtype(np.float64 if (in_dt == np.float64 or wide) else np.float32)
-    xdt = np.dtype(np.float64) if wide else in_dt
-    q = a.query.astype(cdt, copy=False)
-    do = a.grad_out.astype(cdt, copy=False)
-    o = a.out.astype(cdt, copy=False)
-    lse_ = a.lse.astype(cdt, copy=False)
-    k_shape, v_shape = a.key.shape, a.value.shape
-    nk, nv = math.prod(k_shape), math.prod(v_shape)
-    kv = [np.empty(nk + nv, xdt), np.empty(nk + nv, xdt)]
-    kv[0][:nk] = a.key.reshape(-1)
-    kv[0][nk:] = a.value.reshape(-1)
-    dkv = [np.zeros(nk + nv, cdt), np.zeros(nk + nv, cdt)]        # the accumulator travelling with the block
+    ins = tuple(x.astype(cdt, copy=False) for x in (a.grad_out, a.query, a.out, a.lse))   # do, q, o, lse
+    kv, nk = _kv_buffers(a, xdt)
+    dkv = [np.zeros(kv[0].size, cdt), np.zeros(kv[0].size, cdt)]  # the accumulator travelling with the block
     dq = np.zeros(a.query.shape, cdt)
     compute_s, wait_s, skipped = [], [], []
     pending_send = pending_recv = None                            # dK/dV of the previous step
     for s in range(n_steps):
         cur, nxt = kv[s % 2], kv[(s + 1) % 2]
-        ops = []
-        if s + 1 < n_steps:
-            ops = [comm.isend(cur, (rank + 1) % P, TAG_KV), comm.irecv(nxt, (rank - 1) % P, TAG_KV)]
+        ops = _post_kv(comm, cur, nxt, s, n_steps)
         t0 = time.perf_counter()
-        plan = a.plans[s] if s < len(a.plans) else []
-        grads = []
-        if plan:
-            k = cur[:nk].reshape(k_shape)
-            v = cur[nk:].reshape(v_shape)
-            for blk in plan:
-                grads.append((blk, _plan.backward_block(do, q, k, v, o, lse_, blk, scale=a.scale,
-                                                        enable_gqa=a.enable_gqa, threads=threads)))
-        else:
+        plan = _plan_at(a, s)
+        grads = _backward_step(a, ins, cur, nk, plan, threads) if plan else []
+        if not plan:
             skipped.append(s)
         compute_s.append(time.perf_counter() - t0)
         w0 = comm.wait_s
         acc = dkv[s % 2]                                          # the accumulator of the held block
         comm.wait(pending_recv)                                   # it arrived from rank r − 1 (s ≥ 1)
         comm.wait(pending_send)                                   # the other buffer is free again
-        dk_acc = acc[:nk].reshape(k_shape)
-        dv_acc = acc[nk:].reshape(v_shape)
-        for blk, (g_q, g_k, g_v) in grads:
-            dq[..., blk.q0:blk.q1, :] += g_q
-            dk_acc[..., blk.k0:blk.k1, :] += g_k
-            dv_acc[..., blk.k0:blk.k1, :] += g_v
-        other = dkv[(s + 1) % 2]
-        if s + 1 < n_steps:                                       # pass it on with the block
-            pending_send = comm.isend(acc, (rank + 1) % P, TAG_DKV)
-            pending_recv = comm.irecv(other, (rank - 1) % P, TAG_DKV)
-        elif n_steps > 1:                                         # last step: the accumulator goes home
-            owner, giver = (rank - s) % P, (rank + s) % P
-            pending_send = comm.isend(acc, owner, TAG_HOME)
-            pending_recv = comm.irecv(other, giver, TAG_HOME)
-        for op in ops:
-            comm.wait(op)
+        _accumulate(a, grads, dq, acc, nk)
+        pending_send, pending_recv = _post_dkv(comm, acc, dkv[(s + 1) % 2], s, n_steps)
+        _wait_all(comm, ops)
         wait_s.append(comm.wait_s - w0)
     mine = dkv[0]
     if n_steps > 1:
         comm.wait(pending_recv)
         comm.wait(pending_send)
         mine = dkv[n_steps % 2]
-    if stats is not None:
-        stats.clear()
-        stats.update(steps=n_steps, messages=comm.messages, bytes=comm.bytes, staged=comm.staged,
-                     compute_s=compute_s, wait_s=wait_s,
-                     skipped=skipped, world_size=P, rank=rank)
-    dk = mine[:nk].reshape(k_shape)
-    dv = mine[nk:].reshape(v_shape)
+    _fill_stats(stats, comm, n_steps, compute_s, wait_s, skipped)
+    dk, dv = _split_kv(mine, nk, a)
     return (dq.astype(in_dt, copy=False), dk.astype(in_dt, copy=False), dv.astype(in_dt, copy=False))

@@ -132,6 +132,80 @@ def _runs(pos) -> str:
     return ", ".join(out)
 
 
+def _intro(doc, tr: RingTrace, lang: str, lead: tuple) -> None:
+    """The doc's introduction: the sequence, the layout, the mask, the slice shown."""
+    P, n = tr.world_size, tr.n
+    k = _layout.units(P, tr.layout)
+    doc.intro.append(t("ring.intro", lang, N=tr.N, P=P))
+    doc.intro.append(t("ring.layout_zigzag", lang, k=k, c=tr.N // k) if tr.layout == "zigzag"
+                     else t("ring.layout_contiguous", lang, n=n))
+    if tr.mask_name is not None:
+        doc.intro.append(t("ring.mask_mod", lang, mod=tr.mask_name))
+    elif tr.is_causal:
+        doc.intro.append(t("ring.mask_causal", lang))
+    else:
+        doc.intro.append(t("ring.mask_none", lang))
+    if lead and int(np.prod(lead)) > 1:
+        doc.intro.append(t("ring.slice_note", lang, count=int(np.prod(lead))))
+
+
+def _merge_lines(tr: RingTrace, rs: RankStep, idx: tuple, label, vec, fmt, precision: int) -> tuple:
+    """One rank's merge at one step, row by row: ``(rows, vals, lines)`` for its table and calculation."""
+    rows, vals, lines = [], [], []
+    for blk, (o, lse) in zip(rs.blocks, rs.partial):
+        for i in range(blk.q1 - blk.q0):
+            loc = blk.q0 + i
+            pos = int(tr.positions[rs.rank][loc])
+            a_l, b_l = float(rs.before[1][idx + (loc,)]), float(lse[idx + (i,)])
+            a_o, b_o = rs.before[0][idx + (loc,)], o[idx + (i,)]
+            m_l, m_o = float(rs.after[1][idx + (loc,)]), rs.after[0][idx + (loc,)]
+            rows.append(label(pos))
+            vals.append([b_l] + [float(x) for x in b_o] + [m_l] + [float(x) for x in m_o])
+            if np.isneginf(m_l):
+                wa = wb = 0.0
+            else:
+                wa, wb = float(np.exp(a_l - m_l)), float(np.exp(b_l - m_l))
+            lines.append(f"{label(pos)}: lse = log(e^{fmt(a_l, precision)} + e^{fmt(b_l, precision)}) = "
+                         f"{fmt(m_l, precision)};  out = {fmt(wa, precision)}·{vec(a_o)} + "
+                         f"{fmt(wb, precision)}·{vec(b_o)} = {vec(m_o)}")
+    return rows, vals, lines
+
+
+def _rank_step(sec, tr: RingTrace, s: int, rs: RankStep, lang: str, idx: tuple, label, vec, precision: int):
+    """What one rank did at step s: the block it held, the blocks it computed, its merge table and lines."""
+    from ..explain._doc import Table, fmt
+    keys = _runs(tr.positions[rs.src])
+    sec.text(t("ring.holds", lang, r=rs.rank, src=rs.src, keys=keys))
+    if not rs.blocks:
+        sec.text(t("ring.skipped", lang, r=rs.rank))
+        return
+    for blk in rs.blocks:
+        qpos = _runs(tr.positions[rs.rank][blk.q0:blk.q1])
+        kpos = _runs(tr.positions[rs.src][blk.k0:blk.k1])
+        kind = {"full": t("ring.kind_full", lang), "causal": t("ring.kind_causal", lang)}.get(
+            blk.kind, t("ring.kind_mask", lang, mod=tr.mask_name or ""))
+        sec.text(t("ring.block", lang, r=rs.rank, q=qpos, k=kpos, kind=kind))
+    rows, vals, lines = _merge_lines(tr, rs, idx, label, vec, fmt, precision)
+    Ev = tr.output.shape[-1]
+    cols = ([t("ring.col_block_lse", lang)] + [t("ring.col_block_out", lang, j=j) for j in range(Ev)]
+            + [t("ring.col_lse", lang)] + [t("ring.col_out", lang, j=j) for j in range(Ev)])
+    sec.table(Table(t("ring.table", lang, r=rs.rank, s=s), rows, cols, vals))
+    sec.calc(lines)
+
+
+def _result_section(sec, tr: RingTrace, lang: str, idx: tuple, label) -> None:
+    """The unsharded ring output next to the single-process attention, and their largest difference."""
+    from ..explain._doc import Table, fmt
+    Ev = tr.output.shape[-1]
+    out_rows, out_vals = [], []
+    for pos in range(tr.N):
+        out_rows.append(label(pos))
+        out_vals.append([float(x) for x in tr.output[idx + (pos,)]] + [float(x) for x in tr.reference[idx + (pos,)]])
+    cols = [t("ring.col_ring", lang, j=j) for j in range(Ev)] + [t("ring.col_single", lang, j=j) for j in range(Ev)]
+    sec.table(Table(t("ring.t_result_table", lang), out_rows, cols, out_vals))
+    sec.text(t("ring.n_result", lang, err=fmt(tr.max_error, 2) if tr.max_error else "0"))
+
+
 def build_doc(tr: RingTrace, lang: str = "en", precision: int = 4, tokens=None):
     """The ring trace as a :class:`qkv.explain._doc.Doc` (see the module doc)."""
     from ..explain._doc import Doc, Section, Table, fmt
@@ -146,18 +220,7 @@ def build_doc(tr: RingTrace, lang: str = "en", precision: int = 4, tokens=None):
     lead = tr.output.shape[:-2]
     idx = (0,) * len(lead)                                  # the slice shown
     doc = Doc(title=t("ring.title", lang, P=P), lang=lang)
-    k = _layout.units(P, tr.layout)
-    doc.intro.append(t("ring.intro", lang, N=tr.N, P=P))
-    doc.intro.append(t("ring.layout_zigzag", lang, k=k, c=tr.N // k) if tr.layout == "zigzag"
-                     else t("ring.layout_contiguous", lang, n=n))
-    if tr.mask_name is not None:
-        doc.intro.append(t("ring.mask_mod", lang, mod=tr.mask_name))
-    elif tr.is_causal:
-        doc.intro.append(t("ring.mask_causal", lang))
-    else:
-        doc.intro.append(t("ring.mask_none", lang))
-    if lead and int(np.prod(lead)) > 1:
-        doc.intro.append(t("ring.slice_note", lang, count=int(np.prod(lead))))
+    _intro(doc, tr, lang, lead)
     n_sec = [0]
 
     def section(step: str, title: str) -> Section:
@@ -170,7 +233,6 @@ def build_doc(tr: RingTrace, lang: str = "en", precision: int = 4, tokens=None):
                     [[label(int(p)) for p in tr.positions[r]] for r in range(P)], note=t("ring.shards_note", lang)))
     doc.sections.append(sec)
 
-    Ev = tr.output.shape[-1]
     for s, row in enumerate(tr.steps):
         sec = section(f"ring_step_{s}", t("ring.t_step", lang, s=s))
         last = s + 1 == tr.n_steps
@@ -178,50 +240,13 @@ def build_doc(tr: RingTrace, lang: str = "en", precision: int = 4, tokens=None):
         if any(rs.blocks for rs in row):
             sec.text(t("ring.n_merge", lang))
         for rs in row:
-            keys = _runs(tr.positions[rs.src])
-            sec.text(t("ring.holds", lang, r=rs.rank, src=rs.src, keys=keys))
-            if not rs.blocks:
-                sec.text(t("ring.skipped", lang, r=rs.rank))
-                continue
-            for blk in rs.blocks:
-                qpos = _runs(tr.positions[rs.rank][blk.q0:blk.q1])
-                kpos = _runs(tr.positions[rs.src][blk.k0:blk.k1])
-                kind = {"full": t("ring.kind_full", lang), "causal": t("ring.kind_causal", lang)}.get(
-                    blk.kind, t("ring.kind_mask", lang, mod=tr.mask_name or ""))
-                sec.text(t("ring.block", lang, r=rs.rank, q=qpos, k=kpos, kind=kind))
-            rows, vals, lines = [], [], []
-            for blk, (o, lse) in zip(rs.blocks, rs.partial):
-                for i in range(blk.q1 - blk.q0):
-                    loc = blk.q0 + i
-                    pos = int(tr.positions[rs.rank][loc])
-                    a_l, b_l = float(rs.before[1][idx + (loc,)]), float(lse[idx + (i,)])
-                    a_o, b_o = rs.before[0][idx + (loc,)], o[idx + (i,)]
-                    m_l, m_o = float(rs.after[1][idx + (loc,)]), rs.after[0][idx + (loc,)]
-                    rows.append(label(pos))
-                    vals.append([b_l] + [float(x) for x in b_o] + [m_l] + [float(x) for x in m_o])
-                    if np.isneginf(m_l):
-                        wa = wb = 0.0
-                    else:
-                        wa, wb = float(np.exp(a_l - m_l)), float(np.exp(b_l - m_l))
-                    lines.append(f"{label(pos)}: lse = log(e^{fmt(a_l, precision)} + e^{fmt(b_l, precision)}) = "
-                                 f"{fmt(m_l, precision)};  out = {fmt(wa, precision)}·{vec(a_o)} + "
-                                 f"{fmt(wb, precision)}·{vec(b_o)} = {vec(m_o)}")
-            cols = ([t("ring.col_block_lse", lang)] + [t("ring.col_block_out", lang, j=j) for j in range(Ev)]
-                    + [t("ring.col_lse", lang)] + [t("ring.col_out", lang, j=j) for j in range(Ev)])
-            sec.table(Table(t("ring.table", lang, r=rs.rank, s=s), rows, cols, vals))
-            sec.calc(lines)
+            _rank_step(sec, tr, s, rs, lang, idx, label, vec, precision)
         doc.sections.append(sec)
     if tr.n_steps < P:
         doc.sections[-1].text(t("ring.stop_early", lang, n=tr.n_steps, first=tr.n_steps, last=P - 1))
 
     sec = section("ring_result", t("ring.t_result", lang))
-    out_rows, out_vals = [], []
-    for pos in range(tr.N):
-        out_rows.append(label(pos))
-        out_vals.append([float(x) for x in tr.output[idx + (pos,)]] + [float(x) for x in tr.reference[idx + (pos,)]])
-    cols = [t("ring.col_ring", lang, j=j) for j in range(Ev)] + [t("ring.col_single", lang, j=j) for j in range(Ev)]
-    sec.table(Table(t("ring.t_result_table", lang), out_rows, cols, out_vals))
-    sec.text(t("ring.n_result", lang, err=fmt(tr.max_error, 2) if tr.max_error else "0"))
+    _result_section(sec, tr, lang, idx, label)
     doc.sections.append(sec)
 
     sec = section("ring_comm", t("ring.t_comm", lang))
