@@ -252,36 +252,16 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
     L, S = w.shape
     rows = _labels(row_labels, L, "row_labels", "q")
     cols = _labels(col_labels, S, "col_labels", "k")
-    span = _finite_range(w)
-    hi = vmax if vmax is not None else (span[1] if span else 1.0)
-    lo = vmin if vmin is not None else (span[0] if span else 0.0)
-    if hi <= lo:
-        hi = lo + 1.0
+    lo, hi = _color_range(w, vmin, vmax)
     sample = max((fmt.format(v) for v in (lo, hi, -abs(hi))), key=len)
-    lay = _layout
-    if lay is None:
-        cell = None
-        if ax is not None:                                            # the Axes' own size decides
-            fw, fh = ax.figure.get_size_inches()
-            box = ax.get_position()
-            cell = max(min(box.width * fw / S, box.height * fh / L), 1e-3)
-        lay = layout(L, S, cell=cell, row_labels=rows, col_labels=cols, sample=sample)
+    lay = _layout if _layout is not None else _layout_for(ax, L, S, rows, cols, sample)
     rstep, cstep = lay["row_step"], lay["col_step"]
     rticks = _ticks(L, rstep) if _tick_rows else []                 # a grid labels its outer panels only
     cticks = _ticks(S, cstep) if _tick_cols else []
     shown = [rows[i] for i in rticks] + [cols[j] for j in cticks]
     style, drawable = _text_style(shown + [title or ""])
     if ax is None:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        c = lay["cell"]
-        label_in = max((_text_width_em(_short(r)) for r in (rows[i] for i in rticks)), default=1.0) \
-            * lay["tick_pt"] / 72.0
-        fig = Figure(figsize=(0.9 + label_in + c * S + (1.0 if colorbar else 0.0),
-                              1.0 + (0.6 if lay["rotate"] else 0.3) + c * L), layout="constrained")
-        FigureCanvasAgg(fig)
-        ax = fig.add_subplot()
+        ax = _new_axes(lay, rows, rticks, L, S, colorbar)
     size = lay["annotate_pt"]
     if annotate is None:
         annotate = size > 0
@@ -289,6 +269,60 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
         warnings.warn(f"annotate: {L}×{S} = {L * S} cells are too many to write a number in each (at most "
                       f"{MAX_ANNOTATIONS}); drawing the colours only", UserWarning, stacklevel=2)
         annotate = False
+    im = _draw_image(ax, w, lay, annotate, lo, hi, cmap)
+    _draw_labels(ax, lay, rows, cols, rticks, cticks, style, drawable)
+    if xlabel:
+        ax.set_xlabel(xlabel + (f" (1 label in {cstep})" if cstep > 1 else ""))
+    if ylabel:
+        ax.set_ylabel(ylabel + (f" (1 label in {rstep})" if rstep > 1 else ""))
+    if title:
+        ax.set_title(drawable(title), **style)
+    if annotate:
+        _write_numbers(ax, w, fmt, size or max(2.0, min(MAX_ANNOTATION_PT, lay["cell"] * 72.0 / 1.4)), lo, hi)
+    if colorbar:
+        cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        if lay.get("sqrt") and lo >= 0:
+            cb.set_label("√ scale")
+    return ax
+
+
+def _color_range(w: np.ndarray, vmin: float | None, vmax: float | None) -> tuple[float, float]:
+    """The colour range (lo, hi): vmin / vmax where given, else the finite values' (0 … 1 when none); hi > lo."""
+    span = _finite_range(w)
+    hi = vmax if vmax is not None else (span[1] if span else 1.0)
+    lo = vmin if vmin is not None else (span[0] if span else 0.0)
+    if hi <= lo:
+        hi = lo + 1.0
+    return lo, hi
+
+
+def _layout_for(ax, L: int, S: int, rows: list[str], cols: list[str], sample: str) -> dict:
+    """:func:`layout` for a new figure, or for ``ax`` (the Axes' own size decides)."""
+    cell = None
+    if ax is not None:                                            # the Axes' own size decides
+        fw, fh = ax.figure.get_size_inches()
+        box = ax.get_position()
+        cell = max(min(box.width * fw / S, box.height * fh / L), 1e-3)
+    return layout(L, S, cell=cell, row_labels=rows, col_labels=cols, sample=sample)
+
+
+def _new_axes(lay: dict, rows: list[str], rticks: list[int], L: int, S: int, colorbar: bool):
+    """A new Agg figure sized for the matrix, its labels and colour bar; its one Axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    c = lay["cell"]
+    label_in = max((_text_width_em(_short(r)) for r in (rows[i] for i in rticks)), default=1.0) \
+        * lay["tick_pt"] / 72.0
+    fig = Figure(figsize=(0.9 + label_in + c * S + (1.0 if colorbar else 0.0),
+                          1.0 + (0.6 if lay["rotate"] else 0.3) + c * L), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig.add_subplot()
+
+
+def _draw_image(ax, w: np.ndarray, lay: dict, annotate: bool, lo: float, hi: float, cmap: str):
+    """The colours of ``w`` on ``ax`` (pooled when cells are smaller than a pixel and not annotated); the image."""
+    L, S = w.shape
     img, k = (w, 1) if annotate else _pooled(w, lay["cell"] * DPI)
     norm = {"vmin": lo, "vmax": hi}
     if lay.get("sqrt") and lo >= 0:
@@ -301,6 +335,12 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
     if k > 1:                                                          # partial last blocks: cut at the matrix
         ax.set_xlim(-0.5, S - 0.5)
         ax.set_ylim(L - 0.5, -0.5)
+    return im
+
+
+def _draw_labels(ax, lay: dict, rows: list[str], cols: list[str], rticks: list[int], cticks: list[int],
+                 style: dict, drawable) -> None:
+    """The tick labels (shortened, drawable in the chosen font), rotated as the layout says."""
     tick_style = dict(style, fontsize=lay["tick_pt"])
     ax.set_xticks(cticks, [drawable(_short(cols[j])) for j in cticks], **tick_style)
     ax.set_yticks(rticks, [drawable(_short(rows[i])) for i in rticks], **tick_style)
@@ -309,25 +349,17 @@ def heatmap(weights, row_labels=None, col_labels=None, *, ax=None, title=None, a
         for lab in ax.get_xticklabels():
             lab.set_horizontalalignment("right")
             lab.set_rotation_mode("anchor")
-    if xlabel:
-        ax.set_xlabel(xlabel + (f" (1 label in {cstep})" if cstep > 1 else ""))
-    if ylabel:
-        ax.set_ylabel(ylabel + (f" (1 label in {rstep})" if rstep > 1 else ""))
-    if title:
-        ax.set_title(drawable(title), **style)
-    if annotate:
-        size = size or max(2.0, min(MAX_ANNOTATION_PT, lay["cell"] * 72.0 / 1.4))
-        mid = lo + (hi - lo) / 2
-        for i in range(L):
-            for j in range(S):
-                v = w[i, j]
-                ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=size,
-                        color="white" if v > mid else "black")
-    if colorbar:
-        cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-        if lay.get("sqrt") and lo >= 0:
-            cb.set_label("√ scale")
-    return ax
+
+
+def _write_numbers(ax, w: np.ndarray, fmt: str, size: float, lo: float, hi: float) -> None:
+    """Each value of ``w`` written in its cell, white on the darker half of the colour range."""
+    L, S = w.shape
+    mid = lo + (hi - lo) / 2
+    for i in range(L):
+        for j in range(S):
+            v = w[i, j]
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=size,
+                    color="white" if v > mid else "black")
 
 
 def heads_grid(weights, row_labels=None, col_labels=None, *, titles=None, ncols: int | None = None,
