@@ -60,15 +60,8 @@ def _forward(worked: Worked, h: int, m, trace) -> None:
     d_k = _plain_d_k(worked.d_k)
     start = worked.start
     if h > 1:
-        if start != "X":
-            raise ValueError(f"heads: several heads need an example that starts from X (this one starts from "
-                             f"{'Q and K' if start == 'QK' else 'scores'})")
-        problem = _heads_problem(worked.W_Q, worked.W_K, worked.W_V, worked.W_O, h)
-        if problem:
-            raise ValueError(problem)
-        D, F = worked.X.shape[1], worked.W_Q.shape[1]
-        if d_k is not None and float(d_k) != F // h:
-            raise ValueError(f"heads: d_k = {text_of(worked.d_k)} but {h} heads have width {F // h}")
+        _check_heads(worked, h, d_k)
+        D = worked.X.shape[1]
         x_kv = worked.X_kv
         plain = set(opts) <= {"mask", "mask_source"}
         square = (worked.W_Q.shape == (D, D) and worked.W_K.shape[1] == D and worked.W_V.shape[1] == D
@@ -202,15 +195,7 @@ def _rows_inputs(worked: Worked, h: int, d_k) -> tuple:
                  else q_pos if not worked.is_cross else np.arange(S, dtype=np.int64))
     scores = None
     if h > 1:
-        if start != "X":
-            raise ValueError(f"heads: several heads need an example that starts from X (this one starts from "
-                             f"{'Q and K' if start == 'QK' else 'scores'})")
-        problem = _heads_problem(worked.W_Q, worked.W_K, worked.W_V, worked.W_O, h)
-        if problem:
-            raise ValueError(problem)
-        F = worked.W_Q.shape[1]
-        if d_k is not None and float(d_k) != F // h:
-            raise ValueError(f"heads: d_k = {text_of(worked.d_k)} but {h} heads have width {F // h}")
+        _check_heads(worked, h, d_k)
         x = stages.observe_input("X", worked.X[None])                              # (1, L, D)
         kv = x if worked.X_kv is None else stages.observe_input("X_kv", worked.X_kv[None])
         kv_name = "X" if worked.X_kv is None else "X_kv"
@@ -379,3 +364,18 @@ def _check_finite(trace, worked: Worked) -> None:
         raise WorkedExampleError(
             f"{where}: {step.name} overflowed: {step.name}{list(idx)} = {value} (float64 holds numbers up to "
             f"about 1.8e308); expected finite {step.name} — scale the inputs down")
+
+
+def _check_heads(worked, h: int, d_k) -> None:
+    """Several heads (``h`` > 1) need an example that starts from X, weights that split into ``h`` heads, and a
+    ``d_k`` (when given) equal to each head's width."""
+    start = worked.start
+    if start != "X":
+        raise ValueError(f"heads: several heads need an example that starts from X (this one starts from "
+                         f"{'Q and K' if start == 'QK' else 'scores'})")
+    problem = _heads_problem(worked.W_Q, worked.W_K, worked.W_V, worked.W_O, h)
+    if problem:
+        raise ValueError(problem)
+    F = worked.W_Q.shape[1]
+    if d_k is not None and float(d_k) != F // h:
+        raise ValueError(f"heads: d_k = {text_of(worked.d_k)} but {h} heads have width {F // h}")
