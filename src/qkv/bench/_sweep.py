@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from ._env import _machine
-from ._measure import (_blas_threads, _check_gemms, _make_calls, _progress, flops, gemm_info, matmul_rate,
-                       memory_in_fresh_process)
+from ._measure import (_blas_threads, _check_gemms, _make_calls, _progress, _thread_counts, flops, gemm_info,
+                       matmul_rate, memory_in_fresh_process)
 
 
 MODES = ("forward", "causal", "backward")
@@ -36,7 +36,6 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
     ``gemms``: the GEMM providers to run the tiled engine with, side by side (``("numpy", "mkl")``); None:
     the one in use (:func:`qkv.get_gemm`). Each row has ``gemm``: its provider (None for reference/torch).
     """
-    from qkv.engine import get_num_threads, set_num_threads
     from qkv import _checks, gemm
 
     lengths = [_checks.positive_int(n, "lengths") for n in lengths]
@@ -57,44 +56,34 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
             import torch
         except ImportError:
             impls.remove("torch")
-    from qkv.backends.runtime import RUNTIME
     saved_gemm = gemm.GEMM.choice
     gemms = _check_gemms(gemms)
     labels = _labels(impls, gemms)
-    saved_threads = RUNTIME.threads
-    if threads is not None:
-        set_num_threads(threads)
-    threads = get_num_threads()
-    old_torch_threads = torch.get_num_threads() if torch is not None else None
-    if torch is not None:
-        torch.set_num_threads(threads)
-    try:
-        size = 2048 if max(lengths) >= 1024 else 512                  # small sweeps: a quick estimate
-        rate = matmul_rate(threads, size)
-        providers = gemm_info(threads, gemms, size)
-        rows = []
-        cells = [(m, n) for m in modes for n in lengths]
-        bar = _progress(len(cells) * len(labels), progress)
-        for mode, n in cells:
-            rng = np.random.default_rng(n)
-            q, k, v, go = (rng.standard_normal((batch, heads, n, dim), dtype=np.float32) for _ in range(4))
-            calls = _cell_calls(labels, mode, q, k, v, go, threads, batch * heads * n * n, reference_max_bytes)
-            times = _interleaved(calls, repeats, threads)
-            mem = {}
-            if memory:
-                for label, impl, g in labels:
-                    if label in calls:
-                        mem[label] = memory_in_fresh_process(impl, mode, n, heads=heads, dim=dim, batch=batch,
-                                                             threads=threads, gemm=g)
-            work = flops(mode, batch, heads, n, dim)
-            rows += _cell_rows(labels, calls, times, mem, mode, n, work, rate, providers, bar)
-        if bar is not None:
-            bar.close()
-    finally:
-        set_num_threads(saved_threads)
-        gemm.set_gemm(saved_gemm)
-        if torch is not None:
-            torch.set_num_threads(old_torch_threads)
+    with _thread_counts(threads, torch) as threads:
+        try:
+            size = 2048 if max(lengths) >= 1024 else 512                  # small sweeps: a quick estimate
+            rate = matmul_rate(threads, size)
+            providers = gemm_info(threads, gemms, size)
+            rows = []
+            cells = [(m, n) for m in modes for n in lengths]
+            bar = _progress(len(cells) * len(labels), progress)
+            for mode, n in cells:
+                rng = np.random.default_rng(n)
+                q, k, v, go = (rng.standard_normal((batch, heads, n, dim), dtype=np.float32) for _ in range(4))
+                calls = _cell_calls(labels, mode, q, k, v, go, threads, batch * heads * n * n, reference_max_bytes)
+                times = _interleaved(calls, repeats, threads)
+                mem = {}
+                if memory:
+                    for label, impl, g in labels:
+                        if label in calls:
+                            mem[label] = memory_in_fresh_process(impl, mode, n, heads=heads, dim=dim, batch=batch,
+                                                                 threads=threads, gemm=g)
+                work = flops(mode, batch, heads, n, dim)
+                rows += _cell_rows(labels, calls, times, mem, mode, n, work, rate, providers, bar)
+            if bar is not None:
+                bar.close()
+        finally:
+            gemm.set_gemm(saved_gemm)
     return {
         "machine": _machine(threads, rate, torch, providers),
         "config": dict(batch=batch, heads=heads, dim=dim, dtype="float32", repeats=repeats, lengths=lengths,

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from ._env import _machine, header
-from ._measure import _progress, matmul_rate
+from ._measure import _progress, _thread_counts, matmul_rate
 from ._sweep import SETTLE_S, _fresh_forward
 
 
@@ -119,9 +119,7 @@ def variants(*, heads: int = 8, dim: int = 64, repeats: int = 5, threads: int | 
     ratios ("paired": the two calls of one turn run seconds apart, so slow swings of a shared machine's load
     cancel). ``cases``: which of window, documents, mods, backward to run. ``long``: one sliding-window
     forward of ``long_n`` tokens in a fresh process, its peak RSS (None: skipped)."""
-    from qkv.engine import get_num_threads, set_num_threads
     from qkv import _checks
-    from qkv.backends.runtime import RUNTIME
 
     for name, val in (("heads", heads), ("dim", dim), ("repeats", repeats), ("window_n", window_n),
                       ("window", window), ("docs", docs), ("doc_len", doc_len), ("mods_n", mods_n),
@@ -131,15 +129,8 @@ def variants(*, heads: int = 8, dim: int = 64, repeats: int = 5, threads: int | 
         import torch
     except ImportError:
         torch = None
-    saved_threads = RUNTIME.threads
-    if threads is not None:
-        set_num_threads(threads)
-    threads = get_num_threads()
-    old_torch_threads = torch.get_num_threads() if torch is not None else None
-    if torch is not None:
-        torch.set_num_threads(threads)
     rows, notes = [], {}
-    try:
+    with _thread_counts(threads, torch) as threads:
         rate = matmul_rate(threads, 2048)
         known = ("window", "documents", "mods", "backward")
         for c in cases:
@@ -159,10 +150,6 @@ def variants(*, heads: int = 8, dim: int = 64, repeats: int = 5, threads: int | 
                 bar.update(1)
         if bar is not None:
             bar.close()
-    finally:
-        set_num_threads(saved_threads)
-        if torch is not None:
-            torch.set_num_threads(old_torch_threads)
     ratios = _variant_ratios(rows, cases)
     result = {"machine": _machine(threads, rate, torch),
               "config": dict(heads=heads, dim=dim, batch=1, dtype="float32", repeats=repeats, threads=threads,
