@@ -10,8 +10,8 @@ shape (L, S) or the scores' whole shape; every built-in mask mod (causal, slidin
 StreamingLLM, document, document_from_lengths, per-batch documents, and_masks, or_masks) and custom ones (a
 plain callable, one with empty rows, one that depends on the head) through ``create_block_mask`` with
 BLOCK_SIZE 4…128; every built-in score mod (alibi with a negative slope too, softcap, compose(alibi, softcap))
-and custom ones (a plain callable — whose backward must be refused —, ``ScoreMod(fn, grad=…)``, one that
-returns −inf); sink logits; dropout; returned weights; and the engine's thresholds moved
+and custom ones (a plain callable — whose backward must be refused —, ``ScoreMod(fn, grad=…)``,
+``ScoreMod(fn, vjp=…)``, one that returns −inf); sink logits; dropout; returned weights; and the engine's thresholds moved
 (``qkv.backends.tiled.limits``: block sizes, ``kernel_min=0``, ``serial_below_flops=0``, the diagonal's
 squares, the compiled loops on/off, shift-free and lazy bounds, the grid's cells and call costs, split-K's
 keys, and ``backend=None``'s size rule) so that small problems straddle each of them.
@@ -102,6 +102,7 @@ EXPLICIT = [
     _spec(api="flex", score_mod="softcap", cap=20.0, kernels="numpy"),         # …by NumPy's passes
     _spec(api="flex", score_mod="softcap", cap=1.0, sinks=True),               # tanh; sinks
     _spec(api="flex", score_mod="custom_grad", mask_mod="document", mod_arg=4, block_size=8, amp=3.0),
+    _spec(api="flex", score_mod="custom_vjp", mask_mod="causal", block_size=8, kv_heads=1),    # the mod's vjp
     _spec(api="sdpa", mask="bool", dropout=0.25, weights=True),                # dropout
     _spec(api="sdpa", mask="float", weights=True, kernels="numpy", dtype="float64"),
     _spec(api="sdpa", mask="causal", kernels="numpy", dtype="float64", limits=_limits(diagonal_min=4)),
@@ -139,6 +140,7 @@ REFERENCE_CHECKS = [
     _spec(api="flex", dtype="float64", mask_mod="document", mod_arg=3, score_mod="alibi_softcap", cap=2.0,
           lead=(2, 2), L=12, S=12),
     _spec(api="flex", dtype="float64", mask_mod="sliding_window", mod_arg=3, score_mod="custom_grad", L=9, S=9),
+    _spec(api="flex", dtype="float64", mask_mod="sliding_window", mod_arg=3, score_mod="custom_vjp", L=9, S=9),
     _spec(api="flex", dtype="float64", mask_mod="custom_rows", score_mod="custom_inf", sinks=True, L=11, S=11),
     _spec(api="flex", dtype="float64", mask_mod="custom_head", lead=(3,), kv_heads=1, sinks=True, L=6, S=8),
     _spec(api="flex", dtype="float64", mask_mod="document_batch", mod_arg=3, lead=(2, 2), score_mod="custom",
@@ -190,7 +192,7 @@ def _torch_mod(torch, p, s, h, i, j):
         return s if spec.score_mod == "alibi" else cap * torch.tanh(s / cap)
     if spec.score_mod == "softcap":
         return cap * torch.tanh(s / cap)
-    if spec.score_mod == "custom_grad":
+    if spec.score_mod in ("custom_grad", "custom_vjp"):
         return torch.where(j > i, s * 0.5, s + 0.1 * h)
     if spec.score_mod == "custom_inf":
         return torch.where((i - j) % 4 == 3, torch.full_like(s, float("-inf")), s * 1.25)

@@ -41,7 +41,7 @@ APIS = ("flex", "sdpa", "engine")                    # the public functions, or 
 MASKS = ("none", "causal", "causal_bottom_right", "bool", "float")
 MASK_MODS = ("none", "causal", "sliding_window", "prefix_lm", "sinks", "streaming", "document",
              "document_lengths", "document_batch", "and", "or", "custom", "custom_rows", "custom_head")
-SCORE_MODS = ("none", "alibi", "softcap", "alibi_softcap", "custom_grad", "custom", "custom_inf")
+SCORE_MODS = ("none", "alibi", "softcap", "alibi_softcap", "custom_grad", "custom", "custom_inf", "custom_vjp")
 #: The feature axes: in a variant's spec (:data:`VARIANTS`) those it does not name take their first option.
 FEATURES = ("api", "masked", "mask", "mask_modded", "mask_mod", "score_modded", "score_mod", "sinks", "dropped",
             "dropout", "weights", "gqa")
@@ -90,6 +90,11 @@ def where_score(score, b, h, q_idx, kv_idx):
 
 def where_grad(score, b, h, q_idx, kv_idx):
     return np.where(kv_idx > q_idx, 0.5, 1.0)
+
+
+def where_vjp(score, b, h, q_idx, kv_idx, grad_score):
+    """``where_score``'s vector-Jacobian product (the backward's ``vjp`` path)."""
+    return grad_score * np.where(kv_idx > q_idx, 0.5, 1.0)
 
 
 def inf_score(score, b, h, q_idx, kv_idx):
@@ -403,6 +408,7 @@ def _build_score_mod(p: Problem) -> None:
         "custom": (lambda: custom_score, custom_score, None),
         "custom_grad": (lambda: mods.ScoreMod(where_score, grad=where_grad), where_score, where_grad),
         "custom_inf": (lambda: mods.ScoreMod(inf_score, grad=inf_grad), inf_score, inf_grad),
+        "custom_vjp": (lambda: mods.ScoreMod(where_score, vjp=where_vjp), where_score, where_grad),
     }
     make, fn, grad = table[name]
     p.score_mod, p.ref_mod = make(), (fn, grad)

@@ -25,7 +25,8 @@ its derivative (:meth:`ScoreMod.grad`) for :func:`qkv.flex_attention_backward`; 
 :class:`ScoreTraits` (a bias ``m_h·(j − i)`` with ALiBi's slopes, a cap for softcap, the chain of
 :func:`compose`). The tiled engine reads these, never a mod's name or module: ALiBi's bias rides in the
 product, softcap's ``1/cap`` in the query scale, an ``i − j`` mask's partial blocks are cached patterns. A mod
-without traits — any callable, or ``ScoreMod(fn, grad=...)`` — is called on every block (the generic path).
+without traits — any callable, or ``ScoreMod(fn, grad=...)`` / ``ScoreMod(fn, vjp=...)`` — is called on every
+block (the generic path).
 :func:`and_masks` / :func:`or_masks` derive their traits from their children's (a child without traits
 counts as knowing nothing).
 """
@@ -380,7 +381,13 @@ class ScoreMod:
     Args:
         fn: the function (operators and ufuncs on NumPy arrays).
         grad: ``grad(score, b, h, q_idx, kv_idx) -> ∂fn/∂score`` elementwise (same broadcasting), needed by
-            :func:`qkv.flex_attention_backward`; None: the backward refuses this mod.
+            :func:`qkv.flex_attention_backward`; None (and no ``vjp``): the backward refuses this mod.
+        vjp: ``vjp(score, b, h, q_idx, kv_idx, grad_score) -> grad_score · ∂fn/∂score``, the vector-Jacobian
+            product on a block (``grad_score`` the gradient of the loss with respect to the mod's output, the
+            block's shape; the result its gradient with respect to ``score``, the same shape). The backward
+            uses it instead of ``grad`` when given: for a mod whose derivative is cheaper as a product, or that
+            must see the block's gradient (:mod:`qkv.torch` accumulates the gradients of the tensors a torch
+            mod captures this way). Called from the engine's worker threads, one block at a time.
         name, params: what it is, for the explainer and ``repr``.
         validate: ``(B, H, L, S) -> None``, or None: raises ValueError naming the parameter when the mod cannot
             serve these sizes (ALiBi with fewer slopes than heads).
@@ -391,7 +398,7 @@ class ScoreMod:
     ``modified``.
     """
 
-    def __init__(self, fn, grad=None, *, name: str | None = None, params: dict | None = None,
+    def __init__(self, fn, grad=None, *, vjp=None, name: str | None = None, params: dict | None = None,
                  records: bool = False, step_names: tuple = (), validate=None, traits: ScoreTraits | None = None):
         if not callable(fn):
             raise TypeError(f"score_mod: expected a callable (score, b, h, q_idx, kv_idx) -> score, got "
@@ -399,7 +406,10 @@ class ScoreMod:
         if grad is not None and not callable(grad):
             raise TypeError(f"grad: expected a callable (score, b, h, q_idx, kv_idx) -> d/dscore or None, got "
                             f"{type(grad).__name__}")
-        self.fn, self._grad = fn, grad
+        if vjp is not None and not callable(vjp):
+            raise TypeError(f"vjp: expected a callable (score, b, h, q_idx, kv_idx, grad_score) -> grad_score or "
+                            f"None, got {type(vjp).__name__}")
+        self.fn, self._grad, self._vjp = fn, grad, vjp
         self.name = name or getattr(fn, "__name__", "score_mod")
         self.params = dict(params or {})
         self.records = records
@@ -414,7 +424,13 @@ class ScoreMod:
 
     @property
     def has_grad(self) -> bool:
-        return self._grad is not None
+        """Whether the backward can go through this mod (it has ``grad`` or ``vjp``)."""
+        return self._grad is not None or self._vjp is not None
+
+    @property
+    def has_vjp(self) -> bool:
+        """Whether the backward uses :meth:`vjp` (given) rather than ``grad_score · grad``."""
+        return self._vjp is not None
 
     def validate(self, B, H, L: int, S: int) -> None:
         """ValueError (naming the parameter) when this mod cannot serve B × H × L × S."""
@@ -427,6 +443,12 @@ class ScoreMod:
             raise ValueError(f"score_mod: {self.name} has no derivative, so its backward cannot be computed; "
                              "give one: qkv.mods.ScoreMod(fn, grad=lambda score, b, h, q_idx, kv_idx: ...)")
         return self._grad(score, b, h, q_idx, kv_idx)
+
+    def vjp(self, score, b, h, q_idx, kv_idx, grad_score):
+        """``grad_score · ∂ score_mod(score) / ∂ score``: the given ``vjp``, else the product with :meth:`grad`."""
+        if self._vjp is not None:
+            return self._vjp(score, b, h, q_idx, kv_idx, grad_score)
+        return grad_score * self.grad(score, b, h, q_idx, kv_idx)
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={_short(v)}" for k, v in self.params.items())
@@ -473,7 +495,7 @@ def call_score_mod(score_mod, s, b, h, q_idx, kv_idx, *, name: str = "score_mod"
 
 def score_mod_grad(score_mod, s, b, h, q_idx, kv_idx, *, name: str = "score_mod") -> np.ndarray:
     """``∂ score_mod / ∂ score`` as an array broadcastable to ``s``; ValueError if the mod has none."""
-    if not isinstance(score_mod, ScoreMod) or not score_mod.has_grad:
+    if not isinstance(score_mod, ScoreMod) or score_mod._grad is None:
         label = score_mod.name if isinstance(score_mod, ScoreMod) else getattr(score_mod, "__name__", "it")
         raise ValueError(f"{name}: {label} has no derivative, so the backward cannot be computed; wrap it "
                          "with qkv.mods.ScoreMod(fn, grad=lambda score, b, h, q_idx, kv_idx: ...)")
@@ -497,6 +519,28 @@ def score_mod_grad(score_mod, s, b, h, q_idx, kv_idx, *, name: str = "score_mod"
         raise ValueError(f"{name}: its grad returned {np.broadcast_to(g, s.shape)[at]} at index {at} for the "
                          f"finite score {np.broadcast_to(s, bad.shape)[at]}; expected finite derivatives")
     return g
+
+
+def score_mod_vjp(score_mod, s, b, h, q_idx, kv_idx, ds, *, name: str = "score_mod") -> np.ndarray:
+    """``ds · ∂ score_mod / ∂ score`` through the mod's ``vjp`` (``ds``: the gradient with respect to the mod's
+    output, broadcastable with ``s``), checked: a float array of their broadcast shape, finite where ``ds`` is,
+    in ``s``'s dtype."""
+    shape = np.broadcast_shapes(np.shape(s), np.shape(ds))
+    s, ds = np.broadcast_to(s, shape), np.broadcast_to(ds, shape)
+    g = score_mod.vjp(s, b, h, q_idx, kv_idx, ds)
+    if isinstance(g, (bool, np.bool_)) or not isinstance(g, (np.ndarray, numbers.Real)):
+        raise TypeError(f"{name}: its vjp returned {type(g).__name__}, expected a numpy float array")
+    g = np.asarray(g)
+    if g.dtype.kind != "f":
+        raise TypeError(f"{name}: its vjp returned dtype {g.dtype}, expected a float array")
+    if g.shape != shape:
+        raise ValueError(f"{name}: its vjp returned shape {g.shape}, expected the block's shape {shape}")
+    bad = ~np.isfinite(g) & np.isfinite(ds)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name}: its vjp returned {g[at]} at index {at} for the finite gradient {ds[at]}; "
+                         "expected finite gradients")
+    return g.astype(s.dtype, copy=False)
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -567,7 +611,8 @@ def softcap(cap: float) -> ScoreMod:
 
 def compose(*score_mods) -> ScoreMod:
     """Apply score mods in order: ``compose(alibi(m), softcap(50))`` is ``softcap(alibi(score))``. Its
-    derivative is the chain rule of theirs (available when each has one). Traits: the chain of mods."""
+    derivative is the chain rule of theirs (available when each has one; a product of vector-Jacobian products
+    when one of them has a ``vjp`` alone). Traits: the chain of mods."""
     if not score_mods:
         raise ValueError("compose: expected at least one score mod, got none")
     ms = [as_score_mod(m, f"compose[{i}]") for i, m in enumerate(score_mods)]
@@ -589,7 +634,19 @@ def compose(*score_mods) -> ScoreMod:
                 g = g * score_mod_grad(m, score, b, h, q_idx, kv_idx, name=f"compose[{i}]")
                 score = call_score_mod(m, score, b, h, q_idx, kv_idx, name=f"compose[{i}]")
         return g
-    grad = composed_grad if all(m.has_grad for m in ms) else None
+    def composed_vjp(score, b, h, q_idx, kv_idx, grad_score):
+        from .tracing import trace as _no_trace                            # grads record nothing
+        inputs = []
+        with _no_trace():
+            for i, m in enumerate(ms):
+                inputs.append(score)
+                score = call_score_mod(m, score, b, h, q_idx, kv_idx, name=f"compose[{i}]")
+            for i in reversed(range(len(ms))):                             # the chain rule, last mod first
+                grad_score = score_mod_vjp(ms[i], inputs[i], b, h, q_idx, kv_idx, grad_score,
+                                           name=f"compose[{i}]")
+        return grad_score
+    grad = composed_grad if all(m._grad is not None for m in ms) else None
+    vjp = composed_vjp if grad is None and all(m.has_grad for m in ms) else None   # a child with a vjp alone
     steps = tuple(n for m in ms for n in (m.step_names if m.records else (Names.MODIFIED,)))
-    return ScoreMod(composed, grad, name="compose", params={"mods": ms}, records=all(m.records for m in ms),
+    return ScoreMod(composed, grad, vjp=vjp, name="compose", params={"mods": ms}, records=all(m.records for m in ms),
                     step_names=steps, validate=validate, traits=ScoreTraits(chain=tuple(ms)))

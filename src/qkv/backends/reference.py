@@ -60,7 +60,8 @@ class ReferenceBackend(Backend):
         """The gradients on whole arrays (float64 for float64 inputs, float32 otherwise)::
 
             s = Q·Kᵀ·scale → s' = score_mod(s) → mask → P = softmax(s' [, sinks]) → O = P·V
-            dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ∘ O),  dS' = P ∘ (dP − D),  dS = dS' · ∂s'/∂s,
+            dV = Pᵀ·dO,  dP = dO·Vᵀ,  D = rowsum(dO ∘ O),  dS' = P ∘ (dP − D),  dS = dS' · ∂s'/∂s (or the
+            mod's vjp of dS'),
             dQ = dS·K·scale,  dK = dSᵀ·Q·scale,  d sink_h = −Σ_i P_sink,i · D_i
         """
         cdt = _checks.compute_dtype(query.dtype)
@@ -77,9 +78,10 @@ class ReferenceBackend(Backend):
             b, h, q_idx, kv_idx = pipeline.indices(lead, L, S)
             from .. import mods
             s_mod = mods.call_score_mod(score_mod, s, b, h, q_idx, kv_idx)
-            ds_mod_ds = mods.score_mod_grad(score_mod, s, b, h, q_idx, kv_idx)
+            vjp = isinstance(score_mod, mods.ScoreMod) and score_mod.has_vjp
+            ds_mod_ds = None if vjp else mods.score_mod_grad(score_mod, s, b, h, q_idx, kv_idx)
         else:
-            s_mod, ds_mod_ds = s, None
+            s_mod, ds_mod_ds, vjp = s, None, False
         s_mod = stages.apply_mask(s_mod, mask) if mask is not None else s_mod
         sinks = None if sink_logits is None else np.asarray(sink_logits, cdt).reshape(-1, 1, 1)
         p, _ = stages.softmax(s_mod, return_lse=True, sinks=sinks)           # (..., H, L, S)
@@ -88,7 +90,9 @@ class ReferenceBackend(Backend):
         dp = do @ np.swapaxes(v, -1, -2)                                     # (..., H, L, S)
         D = np.sum(do * o, axis=-1, keepdims=True)                           # (..., H, L, 1)
         ds = p * (dp - D)
-        if ds_mod_ds is not None:
+        if vjp:                                                              # dS = dS'·∂s'/∂s by the mod
+            ds = mods.score_mod_vjp(score_mod, s, b, h, q_idx, kv_idx, ds)
+        elif ds_mod_ds is not None:
             ds = ds * ds_mod_ds
         dq = (ds @ k) * cdt.type(scale)                                      # (..., H, L, E)
         dk = (np.swapaxes(ds, -1, -2) @ q) * cdt.type(scale)                 # (..., H, S, E)

@@ -16,7 +16,8 @@ kernels and the provider's C sgemm are there, each head's blocks in one compiled
 block across the diagonal split down to squares of ``diagonal_min_plain``) — ``backward.plain_loop``; else the
 Python loop of blocks (``backward.blocks``), a block's mod, causal mask, shift and exp in one fused pass where
 the mod needs no derivative (``backward.fused_exp``), through the mod's derivative otherwise
-(``backward.mod_grad``).
+(``backward.mod_grad``), or through its vector-Jacobian product where it has one (``backward.mod_vjp``:
+``dS = vjp(S, dS')``, e.g. a torch mod of :mod:`qkv.torch` whose captured tensors take gradients).
 
 Shape legend: B batch, H query heads, Hk key/value heads, L queries, S keys, E query/key width, Ev value width;
 Bq a block's query rows, bk its keys.
@@ -37,6 +38,7 @@ B_PLAIN = _R("backward.plain_loop", "a head's plain blocks of a key block in one
 B_BLOCKS = _R("backward.blocks", "the Python loop of backward blocks (P recomputed, five products)")
 B_FUSED = _R("backward.fused_exp", "a backward block's mod, mask, shift and exp left to one fused pass")
 B_MOD_GRAD = _R("backward.mod_grad", "a backward block through a score mod's derivative")
+B_MOD_VJP = _R("backward.mod_vjp", "a backward block through a score mod's vector-Jacobian product")
 B_SINKS = _R("backward.sinks", "the sinks' gradient")
 del _R
 
@@ -161,7 +163,10 @@ def _block(buf, kv, sc, head, i0, i1, c0, c1, kind, dk_c, dv_c, dq_i) -> None:
     else:
         np.subtract(dp, D[i0:i1, None], out=dp)
         np.multiply(dp, p, out=dp)                           # dS' = P ∘ (dP − D)
-    if g is not None:
+    if callable(g):                                          # dS = vjp(dS'): the mod's own product
+        _paths.hit(B_MOD_VJP)
+        np.copyto(dp, g(dp))
+    elif g is not None:
         _paths.hit(B_MOD_GRAD)
         np.multiply(dp, g, out=dp)                           # dS = dS' ∘ ∂score_mod/∂s
     _mm(dp.T, qs[i0:i1], out=buf.dk_t[:n])                   # (bk, Bq) x (Bq, E) -> (bk, E)  (scale in qs)

@@ -32,7 +32,7 @@ from ... import paths as _paths
 from ...gemm import matmul as _mm  # matmuls by the runtime's provider (qkv.gemm)
 from ...kernels import NO_MASK as _NO_MASK
 from ...mods import UNKNOWN as _UNKNOWN_MASK, ScoreTraits as _ScoreTraits
-from ...mods import call_mask_mod, call_score_mod, score_mod_grad
+from ...mods import call_mask_mod, call_score_mod, score_mod_grad, score_mod_vjp
 
 # Every way of applying a mod or a mask, counted where it runs (qkv.paths).
 _R = _paths.register
@@ -249,7 +249,8 @@ class _Scorer:
         diagonal's mask, the shift ``−m`` — undone, and return the plan for :func:`qkv.kernels.run`.
 
         ``grad`` (a buffer like ``s``): also compute ∂score_mod/∂s there, returning it (or an array that
-        broadcasts to it, or None when it is 1); ``raw`` a second buffer the generic mod's grad needs.
+        broadcasts to it, or None when it is 1; for a generic mod with a ``vjp``, the function ``dS' -> dS``);
+        ``raw`` a second buffer the generic mod's grad needs.
         ``fold_col`` (the shift-free forward): ALiBi's column term of a block left of its rows is not added
         but left in ``self.col_exp`` as ``exp(col_term)`` (≤ 1), for the caller to fold into V and the row
         sums: ``exp(s + r + c_j) = exp(s + r)·e^{c_j}``, a (bk, Ev) pass instead of a (Bq, bk) one.
@@ -321,7 +322,8 @@ class _Scorer:
 
     def _generic(self, s, a0, a1, j0, j1, grad, raw):
         """A mod the engine knows nothing of, called on the block's scaled scores in place; with ``grad`` its
-        derivative there too (``raw`` keeps the scores it is taken at). Returns the derivative or None."""
+        derivative there too (``raw`` keeps the scores it is taken at). Returns the derivative, or for a mod with
+        a ``vjp`` the function ``dS' -> dS`` on this block, or None."""
         P = self.P
         q_idx = np.arange(a0, a1, dtype=np.int64)[:, None]
         kv_idx = np.arange(j0, j1, dtype=np.int64)[None, :]
@@ -330,6 +332,9 @@ class _Scorer:
         got = call_score_mod(P.mod.mod, s, self.sb, self.sh, q_idx, kv_idx)
         if got is not s:
             np.copyto(s, got)
+        if grad is not None and getattr(P.mod.mod, "has_vjp", False):  # dS = vjp(dS'), on the raw scores
+            mod, b, h = P.mod.mod, self.sb, self.sh
+            return lambda ds: score_mod_vjp(mod, raw, b, h, q_idx, kv_idx, ds)
         if grad is not None:
             return score_mod_grad(P.mod.mod, raw, self.sb, self.sh, q_idx, kv_idx)
         return None
