@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _checks, masks, stages
+from . import _checks, masks, pipeline
 from .positions import RoPE
 from .sdpa import scaled_dot_product_attention
 from .tracing import Trace, maybe
@@ -228,29 +228,17 @@ class MultiHeadAttention:
         mask = self._mask(key_mask, attn_mask, is_causal, B, L, S, unbatched,
                           align="top-left" if cache is None else "bottom-right")
 
-        with maybe(trace):
-            stages.observe_input("X", q_in)
-            kv_name = "X"
-            if key is not None:
-                stages.observe_input("X_kv", k_in)
-                kv_name = "X_kv"
-            q = stages.project(q_in, self.W_Q, self.b_Q, name="Q", weight_name="W_Q", input_name="X")  # (B, L, H·E)
-            k = stages.project(k_in, self.W_K, self.b_K, name="K", weight_name="W_K", input_name=kv_name)  # (B, S, Hk·E)
-            v = stages.project(v_in, self.W_V, self.b_V, name="V", weight_name="W_V", input_name=kv_name)  # (B, S, Hk·E)
-            q = stages.split_heads(q, H, name="Q")                     # (B, H, L, E)
-            k = stages.split_heads(k, Hk, name="K")                    # (B, Hk, S, E)
-            v = stages.split_heads(v, Hk, name="V")                    # (B, Hk, S, E)
-            if self.rope is not None:                                  # rotate before caching: keys stored rotated
-                q = self.rope(q, positions, name=stages.Names.Q_ROT)   # (B, H, L, E)
-                k = self.rope(k, positions, name=stages.Names.K_ROT)   # (B, Hk, L, E)
-            if cache is not None:
-                k, v = cache.append(k, v)                              # (B, Hk, cached + S, E)
+        def attend(q, k, v, rows):                                     # the dispatching SDPA, every backend
             res = scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=Hk != H,
                                                return_weights=need_weights)
-            out, w = res if need_weights else (res, None)              # (B, H, L, E), (B, H, L, S) | None
-            out = stages.merge_heads(out)                              # (B, L, H·E)
-            out = stages.project(out, self.W_O, self.b_O, name="final_output", weight_name="W_O",
-                                 input_name="concat")                  # (B, L, D)
+            return res if need_weights else (res, None)                # (B, H, L, E), (B, H, L, S) | None
+
+        with maybe(trace):
+            out, w = pipeline.layer(q_in, self.W_Q, self.W_K, self.W_V, self.W_O,
+                                    x_kv=None if key is None else k_in,
+                                    x_v=None if v_in is k_in else v_in, b_q=self.b_Q, b_k=self.b_K,
+                                    b_v=self.b_V, b_o=self.b_O, heads=H, kv_heads=Hk, rope=self.rope,
+                                    positions=positions, cache=cache, attend=attend)        # (B, L, D)
         if need_weights:
             w = w.mean(axis=1) if average_attn_weights else w          # (B, L, S) or (B, H, L, S)
         else:

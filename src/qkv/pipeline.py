@@ -102,3 +102,85 @@ def apply_score_mod(score_mod, s, b, h, q_idx, kv_idx):
         out = record(Names.MODIFIED, "score_mod", f"{Names.MODIFIED} = score_mod(scaled, b, h, i, j)", out,
                      operands={"scaled": s}, params={"fn": getattr(score_mod, "__name__", repr(score_mod))})
     return out
+
+
+def layer(x, w_q, w_k, w_v, w_o=None, *, x_kv=None, x_v=None, b_q=None, b_k=None, b_v=None, b_o=None,
+          heads: int | None = None, kv_heads: int | None = None, rope=None, positions=None, kv_positions=None,
+          cache=None, attend=None, row_block: int | None = None):
+    """The attention layer, the one orchestration of its steps, each recorded into the active trace:
+    X → Q, K, V → [split heads] → [RoPE] → [KV cache] → attend → [concat heads] → [· W_O].
+
+    :class:`qkv.MultiHeadAttention`, :func:`qkv.attention` and the worked-example runner all run this; they
+    differ only in the ``attend`` they give (the dispatching :func:`qkv.scaled_dot_product_attention`, the
+    reference, or :func:`attend` with an example's mask and mods).
+
+    Args:
+        x: (..., L, D) the query-side token vectors; ``x_kv`` (..., S, D_kv) the key/value side (None: ``x``);
+            ``x_v`` the value side when it differs from the keys' (None: ``x_kv``).
+        w_q, w_k, w_v: (D, H·E), (D_kv, Hk·E), (D_kv, Hk·Ev) projections in the seeds' layout (``Q = X · W_Q``);
+            ``b_q``, ``b_k``, ``b_v`` their biases or None.
+        w_o, b_o: the output projection (H·Ev, D_out) and its bias, or None (the layer ends at the attention
+            output, or at the concat of the heads).
+        heads: None — one head without a head axis (the seeds' (L, E) arrays); H — Q splits into H heads
+            (x must be (B, L, D)), K and V into ``kv_heads`` (default H).
+        rope, positions, kv_positions: a :class:`qkv.RoPE` rotating Q at ``positions`` and K at
+            ``kv_positions`` (default ``positions``) after the split, before the cache.
+        cache: a :class:`qkv.KVCache`: the new keys and values are appended and the queries attend to all.
+        attend: ``attend(q, k, v, rows) -> (output, aux)``, the attention of the queries q (…, Lr, E) — the
+            rows ``rows = (r0, r1)`` of L — over k, v; default :func:`attend` with scale 1/√E.
+        row_block: query rows per ``attend`` call (None: all L at once); every query row needs only its own
+            q and all of K and V, so the blocks' outputs are stacked.
+
+    Returns:
+        ``(output, aux)``: output (..., L, D_out) (or (..., L, H·Ev) / (..., L, Ev) without ``w_o``); aux is
+        what ``attend`` returned beside the output (a list of them, one per block, with ``row_block``).
+    """
+    stages.observe_input("X", x)
+    kv_in = x if x_kv is None else stages.observe_input("X_kv", x_kv)
+    kv_name = "X" if x_kv is None else "X_kv"
+    q = stages.project(x, w_q, b_q, name="Q", weight_name="W_Q", input_name="X")                # (..., L, H·E)
+    k = stages.project(kv_in, w_k, b_k, name="K", weight_name="W_K", input_name=kv_name)       # (..., S, Hk·E)
+    v_in = kv_in if x_v is None else x_v
+    v = stages.project(v_in, w_v, b_v, name="V", weight_name="W_V", input_name=kv_name)       # (..., S, Hk·Ev)
+    if heads is not None:
+        hk = heads if kv_heads is None else kv_heads
+        q = stages.split_heads(q, heads, name="Q")                                             # (B, H, L, E)
+        k = stages.split_heads(k, hk, name="K")                                                # (B, Hk, S, E)
+        v = stages.split_heads(v, hk, name="V")                                                # (B, Hk, S, Ev)
+    if rope is not None:
+        q = rope(q, positions, name=Names.Q_ROT)
+        k = rope(k, positions if kv_positions is None else kv_positions, name=Names.K_ROT)
+    if cache is not None:
+        k, v = cache.append(k, v)                                                              # (B, Hk, S', E)
+    if attend is None:
+        attend = _plain(1.0 / math.sqrt(q.shape[-1]))
+    out, aux = attend_rows(attend, q, k, v, row_block)                                        # (..., L, Ev)
+    if heads is not None:
+        out = stages.merge_heads(out)                                                          # (B, L, H·Ev)
+    if w_o is not None:
+        out = stages.project(out, w_o, b_o, name="final_output", weight_name="W_O",
+                             input_name="concat" if heads is not None else "output")          # (..., L, D_out)
+    return out, aux
+
+
+def _plain(scale: float):
+    """:func:`attend` without mask or mods as a layer's ``attend``: returns (output, weights)."""
+    def plain(q, k, v, rows):
+        out, w, _ = attend(q, k, v, scale=scale)
+        return out, w
+    return plain
+
+
+def attend_rows(attend, q, k, v, row_block):
+    """``attend`` over all query rows at once, or over blocks of ``row_block`` rows, their outputs stacked."""
+    L = q.shape[-2]
+    if row_block is None or row_block >= L:
+        return attend(q, k, v, (0, L))
+    outs, auxes = [], []
+    for r0 in range(0, L, row_block):
+        r1 = min(L, r0 + row_block)
+        o, a = attend(q[..., r0:r1, :], k, v, (r0, r1))
+        outs.append(o)
+        auxes.append(a)
+    out = None if outs[0] is None else np.concatenate(outs, axis=-2)                          # (..., L, Ev)
+    return out, auxes

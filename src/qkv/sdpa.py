@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from . import _checks, backends, shapes, stages
+from . import _checks, backends, pipeline, shapes, stages
 from .tracing import Trace, maybe
 
 
@@ -264,23 +264,19 @@ def attention(x, w_q, w_k, w_v, *, x_kv=None, attn_mask=None, is_causal=False, s
         raise ValueError(f"w_k: expected {w_q.shape[1]} columns (as w_q: queries and keys share a width), "
                          f"got shape {w_k.shape}")
     dtype = np.result_type(x, x_kv_arr, w_q, w_k, w_v)
-    with maybe(trace):
-        stages.observe_input("X", x)
-        if x_kv is not None:
-            stages.observe_input("X_kv", x_kv_arr)
-        kv_in = "X" if x_kv is None else "X_kv"
-        with np.errstate(over="ignore", invalid="ignore"):                          # an overflow is named below
-            q = stages.project(x.astype(dtype, copy=False), w_q.astype(dtype, copy=False), name="Q",
-                               weight_name="W_Q", input_name="X")                   # (..., L, E)
-            k = stages.project(x_kv_arr.astype(dtype, copy=False), w_k.astype(dtype, copy=False), name="K",
-                               weight_name="W_K", input_name=kv_in)                 # (..., S, E)
-            v = stages.project(x_kv_arr.astype(dtype, copy=False), w_v.astype(dtype, copy=False), name="V",
-                               weight_name="W_V", input_name=kv_in)                 # (..., S, Ev)
-        src = "x" if x_kv is None else "x_kv"
+    src = "x" if x_kv is None else "x_kv"
+
+    def attend(q, k, v, rows):
         for a, what in ((q, "x, w_q: Q = x · w_q"), (k, f"{src}, w_k: K = {src} · w_k"),
                         (v, f"{src}, w_v: V = {src} · w_v")):
             if not np.all(np.isfinite(a)):                     # finite inputs whose product is not: name them
                 raise ValueError(f"{what} overflowed {np.dtype(dtype)} (got {a[~np.isfinite(a)].flat[0]}); "
                                  "expected inputs whose products stay finite — scale them down")
-        return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
-                                            return_weights=True, backend="reference")
+        with np.errstate(over="warn", invalid="warn"):        # numpy's defaults again past the projections
+            return scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                                                return_weights=True, backend="reference")
+
+    with maybe(trace), np.errstate(over="ignore", invalid="ignore"):               # an overflow is named above
+        return pipeline.layer(x.astype(dtype, copy=False), w_q.astype(dtype, copy=False),
+                              w_k.astype(dtype, copy=False), w_v.astype(dtype, copy=False),
+                              x_kv=None if x_kv is None else x_kv_arr.astype(dtype, copy=False), attend=attend)

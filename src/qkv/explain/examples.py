@@ -52,7 +52,7 @@ from ._options import _options, _plain_d_k, _shifted  # noqa: F401
 from ._reading import (_FLOW_LINE, _INNER_SEQ, _MAX_BYTES, _YAML_FLOAT, _YAML_INT, _fast_rows,  # noqa: F401
                        _map, _one_line, _parse_json, _parse_yaml, _put_rows, _read, _yaml_loader)  # noqa: F401
 from ._run import (_MAY_HOLD_MINUS_INF, BLOCK_CELLS, LARGE_CELLS, _at_row, _check_finite,  # noqa: F401
-                   _forward, is_large, run, run_rows)  # noqa: F401
+                   is_large, run, run_rows)  # noqa: F401
 from ._schema import (_KNOWN_KEYS, _ROPE_KEYS, _ROPE_STYLES, VARIANT_KEYS, _heads_problem,  # noqa: F401
                       _variants, from_dict)  # noqa: F401
 from ._worked import CLAIM_NAMES, KEY_SIDE, Worked, _mask_mod, _resolve_mask  # noqa: F401

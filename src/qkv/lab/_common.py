@@ -23,7 +23,7 @@ import math
 import numpy as np
 
 import qkv
-from qkv import mods
+from qkv import mods, pipeline
 
 #: Plot formats, by the file name's suffix.
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -118,29 +118,28 @@ class TinyAttention:
         p = self.params
         return p["Emb"][ids] + p["Pos"][: ids.shape[1]]
 
-    def qkv_heads(self, ids, qpos):
-        """q (B, H, 1, E), k (B, H, T, E), v (B, H, T, Ev) and x (B, T, D)."""
-        p, H, E, Ev = self.params, self.heads, self.d_head, self.d_value
+    def layer(self, ids, qpos, lengths):
+        """The attention layer (:func:`qkv.pipeline.layer`): each sentence's query token at ``qpos`` over all its
+        tokens, padding keys masked. Returns ``(concat (B, H·Ev), weights (B, H, 1, T), (q, k, v, x))`` with
+        q (B, H, 1, E), k (B, H, T, E), v (B, H, T, Ev) and x (B, T, D) for the backward."""
+        p, H = self.params, self.heads
         B, T = ids.shape
         x = self.embed(ids)                                                    # (B, T, D)
-        xq = x[np.arange(B), qpos]                                             # (B, D)
-        q = (xq @ p["W_Q"]).reshape(B, H, 1, E)
-        k = (x @ p["W_K"]).reshape(B, T, H, E).transpose(0, 2, 1, 3)           # (B, H, T, E)
-        v = (x @ p["W_V"]).reshape(B, T, H, Ev).transpose(0, 2, 1, 3)          # (B, H, T, Ev)
-        return q, k, v, x
-
-    def attend(self, ids, qpos, lengths):
-        """The attention of each sentence's query: output (B, H, 1, Ev) and weights (B, H, 1, T)."""
-        q, k, v, _ = self.qkv_heads(ids, qpos)
-        T = ids.shape[1]
+        xq = x[np.arange(B), qpos][:, None]                                    # (B, 1, D)
         mask = (np.arange(T)[None, :] < np.asarray(lengths)[:, None])[:, None, None, :]   # (B, 1, 1, T)
-        return qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_weights=True)
+        seen = {}
+
+        def attend(q, k, v, rows):
+            seen.update(q=q, k=k, v=v)
+            return qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_weights=True)
+
+        oc, w = pipeline.layer(xq, p["W_Q"], p["W_K"], p["W_V"], x_kv=x, heads=H, attend=attend)  # (B, 1, H·Ev)
+        return oc[:, 0], w, (seen["q"], seen["k"], seen["v"], x)
 
     def forward(self, ids, qpos, lengths):
         """``(logits (B, C), weights (B, H, 1, T))``."""
-        o, w = self.attend(ids, qpos, lengths)
-        B = ids.shape[0]
-        logits = o.reshape(B, -1) @ self.params["W_out"] + self.params["b"]
+        oc, w, _ = self.layer(ids, qpos, lengths)
+        logits = oc @ self.params["W_out"] + self.params["b"]
         return logits, w
 
     def loss(self, ids, qpos, lengths, y) -> float:
@@ -162,10 +161,7 @@ class TinyAttention:
         """
         p, H, E, Ev = self.params, self.heads, self.d_head, self.d_value
         B, T = ids.shape
-        q, k, v, x = self.qkv_heads(ids, qpos)
-        mask = (np.arange(T)[None, :] < np.asarray(lengths)[:, None])[:, None, None, :]
-        o, w = qkv.scaled_dot_product_attention(q, k, v, attn_mask=mask, return_weights=True)
-        oc = o.reshape(B, H * Ev)                                              # concat of the heads
+        oc, w, (q, k, v, x) = self.layer(ids, qpos, lengths)                  # oc: the concat (B, H·Ev)
         logits = oc @ p["W_out"] + p["b"]
         loss, probs = cross_entropy(logits, y)
         dlogits = probs.copy()
