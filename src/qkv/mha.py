@@ -199,21 +199,7 @@ class MultiHeadAttention:
         _checks.boolean(average_attn_weights, "average_attn_weights")
         _checks.boolean(is_causal, "is_causal")
         unbatched = getattr(query, "ndim", None) == 2
-        q_in = self._input(query, "query", self.embed_dim)
-        k_in = q_in if key is None else self._input(key, "key", self.kdim)
-        v_in = k_in if value is None else self._input(value, "value", self.vdim)
-        if value is None and key is not None and self.vdim != self.kdim:
-            raise ValueError(f"value: expected an input of width vdim={self.vdim} (key has kdim={self.kdim})")
-        for name, x in (("key", k_in), ("value", v_in)):
-            if x.ndim != q_in.ndim:
-                raise ValueError(f"{name}: expected {'unbatched (S, width)' if unbatched else 'batched'} input "
-                                 f"like query {q_in.shape}, got {x.shape}")
-        if unbatched:
-            q_in, k_in, v_in = q_in[None], k_in[None], v_in[None]      # (1, T, D)
-        if k_in.shape[:2] != v_in.shape[:2]:
-            raise ValueError(f"value: expected batch and length {k_in.shape[:2]} (as key), got {v_in.shape[:2]}")
-        if k_in.shape[0] != q_in.shape[0]:
-            raise ValueError(f"key: expected batch size {q_in.shape[0]} (as query), got {k_in.shape[0]}")
+        q_in, k_in, v_in = self._inputs(query, key, value, unbatched)   # (B, L, D), (B, S, kdim), (B, S, vdim)
         B, L, _ = q_in.shape
         S = k_in.shape[1]
         H, Hk = self.num_heads, self.num_kv_heads
@@ -251,6 +237,26 @@ class MultiHeadAttention:
         return out, w
 
     __call__ = forward
+
+    def _inputs(self, query, key, value, unbatched: bool):
+        """query, key, value as (B, T, width) arrays of the module's dtype (key defaults to query, value to
+        key), checked against each other."""
+        q_in = self._input(query, "query", self.embed_dim)
+        k_in = q_in if key is None else self._input(key, "key", self.kdim)
+        v_in = k_in if value is None else self._input(value, "value", self.vdim)
+        if value is None and key is not None and self.vdim != self.kdim:
+            raise ValueError(f"value: expected an input of width vdim={self.vdim} (key has kdim={self.kdim})")
+        for name, x in (("key", k_in), ("value", v_in)):
+            if x.ndim != q_in.ndim:
+                raise ValueError(f"{name}: expected {'unbatched (S, width)' if unbatched else 'batched'} input "
+                                 f"like query {q_in.shape}, got {x.shape}")
+        if unbatched:
+            q_in, k_in, v_in = q_in[None], k_in[None], v_in[None]      # (1, T, D)
+        if k_in.shape[:2] != v_in.shape[:2]:
+            raise ValueError(f"value: expected batch and length {k_in.shape[:2]} (as key), got {v_in.shape[:2]}")
+        if k_in.shape[0] != q_in.shape[0]:
+            raise ValueError(f"key: expected batch size {q_in.shape[0]} (as query), got {k_in.shape[0]}")
+        return q_in, k_in, v_in
 
     def _positions(self, positions, key, B, L, offset, unbatched):
         """The query tokens' positions for RoPE: (L,) or (B, L) int64, or None without rope."""
