@@ -270,3 +270,45 @@ def test_extreme_finite_inputs_give_no_nan(case, backend):
     want = _attention64(q, k, v, scale)
     np.testing.assert_allclose(out.astype(np.float64), want, rtol=1e-2 if dtype == np.float16 else 1e-5,
                                atol=1e-6 * np.abs(want).max())
+
+
+def test_the_runtime_owns_the_engine_state_kernels_gemm_and_caches():
+    """The kernel choice, the GEMM provider and the caches are the runtime's: the tiled engine asks it."""
+    from qkv import gemm, kernels
+    from qkv.backends import runtime
+    from qkv.backends.tiled import plan
+
+    R = runtime.RUNTIME
+    assert R.kernels is kernels.KERNELS and R.gemm is gemm.GEMM
+    saved = R.kernels.choice
+    try:
+        R.set_kernels("numpy")
+        assert R.get_kernels() == "numpy" == kernels.get_kernels()
+    finally:
+        R.kernels.choice = saved
+    bm = qkv.create_block_mask(qkv.mods.sliding_window(16), None, None, 256, 256, BLOCK_SIZE=32)
+    q = np.random.default_rng(0).standard_normal((1, 2, 256, 32)).astype(np.float32)
+    before = len(R.plans(bm))
+    qkv.flex_attention(q, q, q, block_mask=bm, backend="tiled")
+    assert len(R.plans(bm)) > before                      # the plans of this block mask, kept by the runtime
+    assert plan.RUNTIME is R
+
+
+def test_bounded_cache_is_thread_safe_and_keeps_its_budget():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from qkv.backends.runtime import BoundedCache
+
+    cache = BoundedCache(budget=10 * 800)                 # ten arrays of 100 float64
+    built = []
+
+    def build(i):
+        built.append(i)
+        return (np.full(100, float(i)),)
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda i: cache.get(i % 25, lambda: build(i % 25))[0][0], range(400)))
+    assert got == [float(i % 25) for i in range(400)]     # every key gives its own value
+    assert len(cache) <= 10 and cache._bytes <= cache.budget
+    cache.drop(next(iter(cache._items)))
+    assert cache._bytes == sum(v[0].nbytes for v in cache._items.values())

@@ -19,6 +19,12 @@ What it holds, and why each part is shaped as it is:
   (NumPy's BLAS or Intel MKL, ``set_gemm``/``get_gemm``). MKL has a per-thread setting, so each worker holds
   it to one thread for good and a caller running tasks inline holds it for the call
   (:class:`qkv.gemm.single_threaded`); NumPy's BLAS has only the process-wide limit above.
+* **The kernel choice** (:mod:`qkv.kernels`): :attr:`Runtime.kernels`, numba's compiled block passes or
+  NumPy's (``set_kernels``/``get_kernels``); the engine asks it for each call and block.
+* **Caches, thread-safe and bounded.** :attr:`Runtime.patterns` keeps the block patterns that recur call after
+  call (the causal triangle per offset, ALiBi's bias per slope, a mask mod's partial cells), within a byte
+  budget; :meth:`Runtime.plans` keeps what the engine derived from a block mask (its cell grids and block
+  plans) for as long as the block mask lives. Worker threads fill both: each has a lock.
 * **Nested calls.** A call from inside a worker runs inline: a worker waiting on its own pool could wait
   forever.
 
@@ -38,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from .. import _checks, gemm as _gemm, kernels as _kernels
 
-__all__ = ["RUNTIME", "Runtime", "default_num_threads", "get_gemm", "get_num_threads", "set_gemm", "set_num_threads"]
+__all__ = ["RUNTIME", "BoundedCache", "PlanCache", "Runtime", "default_num_threads", "get_gemm", "get_kernels", "get_num_threads", "set_gemm", "set_kernels", "set_num_threads"]
 
 
 def default_num_threads() -> int:
@@ -71,6 +77,50 @@ def _from_any_thread(set_blas):
         release(force=True)
 
 
+class BoundedCache:
+    """Values (tuples holding arrays) built once per key, kept while their arrays fit ``budget`` bytes (past
+    it the cache starts again empty). Thread-safe: a value is built outside the lock (two threads may build
+    the same one; the first stored wins)."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self._lock = threading.Lock()
+        self._items: dict = {}
+        self._bytes = 0
+
+    def get(self, key, build):
+        """The value under ``key``, made by ``build()`` the first time."""
+        got = self._items.get(key)
+        if got is not None:
+            return got
+        value = build()
+        size = sum(x.nbytes for x in value if hasattr(x, "nbytes"))
+        with self._lock:
+            got = self._items.get(key)
+            if got is not None:
+                return got
+            if self._bytes + size > self.budget:
+                self._items.clear()
+                self._bytes = 0
+            self._items[key] = value
+            self._bytes += size
+        return value
+
+    def drop(self, key) -> None:
+        with self._lock:
+            value = self._items.pop(key, None)
+            if value is not None:
+                self._bytes -= sum(x.nbytes for x in value if hasattr(x, "nbytes"))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class Runtime:
     """Worker pools, the thread-count setting and the counted BLAS limit of the tiled engine.
 
@@ -84,12 +134,20 @@ class Runtime:
     PIN_WORKERS = True
     #: Names of the worker threads start with this.
     WORKER_PREFIX = "qkv-tiled"
+    #: The byte budget of :attr:`patterns`.
+    PATTERN_BYTES = 64 << 20
 
     def __init__(self):
         #: The worker count set by :meth:`set_num_threads`; None: :func:`default_num_threads`.
         self.threads: int | None = None
         #: The GEMM provider (one per process, :data:`qkv.gemm.GEMM`): every matmul of the engine asks it.
         self.gemm = _gemm.GEMM
+        #: The block kernels (one per process, :data:`qkv.kernels.KERNELS`): numba's or NumPy's passes.
+        self.kernels = _kernels.KERNELS
+        #: Block patterns that recur call after call (64 MiB at most).
+        self.patterns = BoundedCache(self.PATTERN_BYTES)
+        self._plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+        self._plans_lock = threading.Lock()
         self._reset()
         if hasattr(os, "register_at_fork"):
             ref = weakref.ref(self)                     # the hooks must not keep a Runtime alive
@@ -146,6 +204,25 @@ class Runtime:
     def get_gemm(self) -> str:
         """The GEMM provider in use, ``"numpy"`` or ``"mkl"`` (``auto`` resolved)."""
         return self.gemm.get()
+
+    # ------------------------------------------------------------------------------------------ kernels
+    def set_kernels(self, name: str = "auto") -> None:
+        """Choose the engine's block kernels: ``"auto"``, ``"numpy"`` or ``"numba"`` (see :mod:`qkv.kernels`)."""
+        self.kernels.set(name)
+
+    def get_kernels(self) -> str:
+        """The block kernels in use, ``"numba"`` or ``"numpy"``."""
+        return self.kernels.get()
+
+    # ------------------------------------------------------------------------------------------ caches
+    def plans(self, block_mask) -> "PlanCache":
+        """The cache of what the engine derived from ``block_mask`` (cell grids, block plans), kept as long as
+        the block mask lives (a block mask is built once and reused call after call; so are its plans)."""
+        with self._plans_lock:
+            got = self._plans.get(block_mask)
+            if got is None:
+                got = self._plans[block_mask] = PlanCache()
+            return got
 
     # ------------------------------------------------------------------------------------------ pools
     def pool(self, n: int) -> ThreadPoolExecutor:
@@ -288,6 +365,18 @@ class Runtime:
                 wait(futures)
 
 
+class PlanCache(dict):
+    """One block mask's plans: a dict whose stores are serialized (worker threads plan blocks at once)."""
+
+    def __init__(self):
+        super().__init__()
+        self._lock = threading.Lock()
+
+    def __setitem__(self, key, value) -> None:
+        with self._lock:
+            super().__setitem__(key, value)
+
+
 #: The process's one runtime: the tiled engine and :meth:`qkv.models.BertModel.encode` share it.
 RUNTIME = Runtime()
 _kernels.KERNELS.on_load.append(RUNTIME.rescan_blas)   # numba brings SciPy's OpenBLAS: limit it too
@@ -297,3 +386,5 @@ set_num_threads = RUNTIME.set_num_threads
 get_num_threads = RUNTIME.get_num_threads
 set_gemm = RUNTIME.set_gemm
 get_gemm = RUNTIME.get_gemm
+set_kernels = RUNTIME.set_kernels
+get_kernels = RUNTIME.get_kernels

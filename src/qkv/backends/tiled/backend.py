@@ -18,7 +18,6 @@ import math
 import numpy as np
 
 from ... import _checks, shapes
-from ...kernels import KERNELS as _KERNELS
 from ..base import Backend
 from ..runtime import RUNTIME
 from . import backward_pass as _bp, forward_pass as _fp, split as _split
@@ -99,7 +98,7 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
         bq = _rows_per_task(P, bq, n_heads, threads) if block_q is None else min(bq, P.L)
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     # …and load the fused kernels, if blocks use them
-    jit = _KERNELS.for_call(P.cdt, bq * P.group * min(bk, P.S), lim.kernel_min)
+    jit = RUNTIME.kernels.for_call(P.cdt, bq * P.group * min(bk, P.S), lim.kernel_min)
     _plain_loops(P, jit, gemm)
     if P.plain_gemm is not None and P.plain_scores and not reads_scores:   # the compiled loops
         if block_k is None and P.S > bk:                     # (keys of one block_k block stay one block)
@@ -175,7 +174,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     if 2 * min(bk, P.S) * P.L * (2 * P.E + 3 * P.Ev) * P.n_rep < lim.serial_below_flops:
         threads = 1
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
-    jit = _KERNELS.for_call(P.cdt, min(bq, P.L) * min(bk, P.S), lim.kernel_min)   # …and the fused kernels
+    jit = RUNTIME.kernels.for_call(P.cdt, min(bq, P.L) * min(bk, P.S), lim.kernel_min)   # …and the fused kernels
     _plain_loops(P, jit, gemm)
     RUNTIME.run(tasks, _bp._backward_task, threads)
     dq = np.zeros(P.lead + (P.L, P.E), P.cdt)

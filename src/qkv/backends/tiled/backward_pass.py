@@ -29,7 +29,8 @@ import numpy as np
 from ... import kernels as _kernels
 from ... import paths as _paths
 from ...gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
-from ...kernels import KERNELS as _KERNELS, NO_MASK as _NO_MASK
+from ...kernels import NO_MASK as _NO_MASK
+from ..runtime import RUNTIME
 from .plan import _plain_backward_plan
 from .scoring import _Scorer, _cached, _scratch
 
@@ -80,7 +81,7 @@ class _Buffers:
         needs_grad = P.mod.kind in ("softcap", "alibi_softcap", "generic")
         self.grad = _scratch(1, bq * bk, dt, "grad").reshape(-1) if needs_grad else None
         self.raw = _scratch(1, bq * bk, dt, "raw").reshape(-1) if P.mod.kind == "generic" else None
-        self.jit = _KERNELS.for_block(dt, bq * bk, P.limits.kernel_min)   # exp(S' − lse) in one pass (qkv.kernels)
+        self.jit = RUNTIME.kernels.for_block(dt, bq * bk, P.limits.kernel_min)   # exp(S' − lse) in one pass (qkv.kernels)
         self.sums = np.empty(bq, dt) if self.jit is not None else None
         self.dv_t, self.dk_t, self.dq_t = np.empty((bk, P.Ev), dt), np.empty((bk, P.E), dt), np.empty((bq, P.E), dt)
         # No mod, no mask but the causal one: each head's blocks of a key block in one compiled loop

@@ -53,7 +53,8 @@ import numpy as np
 from ... import kernels as _kernels
 from ... import paths as _paths
 from ...gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the runtime's provider (qkv.gemm)
-from ...kernels import KERNELS as _KERNELS, NO_MASK as _NO_MASK
+from ...kernels import NO_MASK as _NO_MASK
+from ..runtime import RUNTIME
 from ...merge import merge_partials
 from .plan import _LOG_HEADROOM, _band_groups, _first_rows, _plain_plan, _task_blocks
 from .scoring import _Scorer, _apply_poly, _cached, _scratch
@@ -103,7 +104,7 @@ class _Task:
             got = _task_blocks(P, idx, i0, i1, mask2d, block_k, g, keys)
         self.blocks, self.widest, self.tallest = got
         # the fused block kernels (qkv.kernels: mask, softcap, shift, exp and row sums in one pass), where in use
-        self.jit = _KERNELS.for_block(P.cdt, self.tallest * self.widest, P.limits.kernel_min)
+        self.jit = RUNTIME.kernels.for_block(P.cdt, self.tallest * self.widest, P.limits.kernel_min)
         self.sc = _Scorer(P, idx, qs, i0, self.K_T, mask2d, row_col=True)
         self._bounds(P, k_norm, v_max, weights is None and dropout_p == 0)
         self.gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
@@ -400,7 +401,7 @@ def _bands(P, T, step) -> None:
     Vb = ast(V[j0:], shape=(nb, w, Ev), strides=(h * V.strides[0], V.strides[0], it), writeable=False)
     s = _scratch(1, nb * h * w, P.cdt).reshape(nb, h, w)
     _mm(Qb, Kb, out=s)                                                      # (nb, h, E) x (nb, E, w)
-    jit = _KERNELS.for_block(P.cdt, s.size, P.limits.kernel_min)
+    jit = RUNTIME.kernels.for_block(P.cdt, s.size, P.limits.kernel_min)
     pat = mask
     if jit is not None and mask is None and bias is not None and sc.cap is None:
         pat, bias = bias, None                                              # ALiBi's bias and mask, in the kernel

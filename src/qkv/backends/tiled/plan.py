@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import threading
-import weakref
 
 import numpy as np
 
@@ -37,7 +36,7 @@ from ...kernels import NO_MASK as _NO_MASK
 from ... import kernels as _kernels
 from ..runtime import RUNTIME
 from .thresholds import current_limits
-from .scoring import _ModPlan, _cache, _cached, _causal_additive, _mask_traits, _mod_additive
+from .scoring import _ModPlan, _cached, _causal_additive, _mask_traits, _mod_additive
 
 #: exp of anything below this is 0 in float32 and float64 alike; a fully masked row keeps lse = −inf.
 _LOG_HEADROOM = 80.0
@@ -93,7 +92,7 @@ class _Problem:
         self._kv: dict = {}
         self._kv_lock = threading.Lock()
         self._kv_locks: dict = {}
-        self._bm_cache = _block_mask_cache(block_mask) if block_mask is not None else None
+        self._bm_cache = RUNTIME.plans(block_mask) if block_mask is not None else None
         self.fwd_budget = None                               # forward: scores per block (see grid_blocks)
         self.group = 1                                       # forward: query heads per task (see forward)
         self.plain_gemm = None                               # the provider of the compiled plain loops (_plain_loops)
@@ -486,20 +485,6 @@ def _block_kinds_known(mod) -> bool:
         return False
 
 
-_bm_caches: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_bm_caches_lock = threading.Lock()
-
-
-def _block_mask_cache(block_mask) -> dict:
-    """The cell grids and plans the engine derived from ``block_mask``, kept as long as it lives (a block
-    mask is built once and reused call after call; so are its plans)."""
-    with _bm_caches_lock:
-        got = _bm_caches.get(block_mask)
-        if got is None:
-            got = _bm_caches[block_mask] = {}
-        return got
-
-
 def _block_kind(mask2d, float_mask: bool, i0: int, i1: int, j0: int, j1: int):
     """How a (non-causal) block [i0:i1, j0:j1] is masked: "full" (nothing masked), "mask" (apply the
     mask's slice), or None (every entry masked: skip the block)."""
@@ -623,7 +608,7 @@ def _band_pattern(P: _Problem, sig: tuple, d: int, h: int, w: int, slope, split:
     key = ("bands", id(mod), sig, d, h, w, slope, split, P.cdt.char)
     got = _cached(key, build)
     if got[0] is not mod:                                    # an id reused by a new mod: rebuild
-        _cache.pop(key, None)
+        RUNTIME.patterns.drop(key)
         got = _cached(key, build)
     return got[1], got[2]
 

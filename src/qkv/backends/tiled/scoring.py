@@ -31,6 +31,7 @@ import numpy as np
 from ... import paths as _paths
 from ...gemm import matmul as _mm  # matmuls by the runtime's provider (qkv.gemm)
 from ...kernels import NO_MASK as _NO_MASK
+from ..runtime import RUNTIME
 from ...mods import UNKNOWN as _UNKNOWN_MASK, ScoreTraits as _ScoreTraits
 from ...mods import call_mask_mod, call_score_mod, score_mod_grad, score_mod_vjp
 
@@ -100,24 +101,10 @@ class _ModPlan:
 
 # ---------------------------------------------------------------------------------------------- patterns
 # Patterns that recur block after block, built once: the causal triangle per offset, a translation-invariant
-# mask mod's partial cells per offset, ALiBi's bias per (slope, offset). Bounded: cleared past _CACHE_BYTES.
-_cache: dict = {}
-_cache_bytes = [0]
-_CACHE_BYTES = 64 << 20
-
-
+# mask mod's partial cells per offset, ALiBi's bias per (slope, offset), in the runtime's bounded cache.
 def _cached(key, build):
-    """``build()`` (a tuple holding arrays), kept under ``key``."""
-    got = _cache.get(key)
-    if got is None:
-        got = build()
-        size = sum(x.nbytes for x in got if isinstance(x, np.ndarray))
-        if _cache_bytes[0] + size > _CACHE_BYTES:
-            _cache.clear()
-            _cache_bytes[0] = 0
-        _cache[key] = got
-        _cache_bytes[0] += size
-    return got
+    """``build()`` (a tuple holding arrays), kept under ``key`` in the runtime's pattern cache."""
+    return RUNTIME.patterns.get(key, build)
 
 
 def _causal_additive(d: int, rows: int, cols: int, dtype) -> np.ndarray:
@@ -157,7 +144,7 @@ def _mod_additive(mod, d: int, rows: int, cols: int, dtype) -> np.ndarray:
         return mod, np.ascontiguousarray(np.where(m, 0.0, -np.inf), dtype=dtype)
     got = _cached(("mod", id(mod), d, rows, cols, np.dtype(dtype).char), build)
     if got[0] is not mod:                                    # an id reused by a new mod: rebuild
-        _cache.pop(("mod", id(mod), d, rows, cols, np.dtype(dtype).char), None)
+        RUNTIME.patterns.drop(("mod", id(mod), d, rows, cols, np.dtype(dtype).char))
         got = _cached(("mod", id(mod), d, rows, cols, np.dtype(dtype).char), build)
     return got[1]
 
