@@ -1,0 +1,240 @@
+"""Torch mods on qkv's engine: score mods and mask mods written with torch operations, and torch's BlockMask.
+
+qkv's engine calls a mod with NumPy arrays, one block at a time. :func:`score_mod` and :func:`mask_mod` wrap a
+mod written for ``torch.nn.attention.flex_attention`` so that it receives torch tensors (``torch.from_numpy``:
+no copy) and its result goes back as a NumPy array (``.numpy()``). Because qkv hands a mod whole blocks where
+torch's vmap hands it scalars, a mod must broadcast — as mods written with operators, ``torch.where`` and
+indexing do (``bias[h, q_idx - kv_idx]``).
+
+**Gradients of captured tensors.** A score mod may capture tensors that require gradients (a learnable bias
+table, a scalar temperature, an ``nn.Module``'s parameters): :func:`captured_tensors` finds them as torch's
+flex lifts its captured buffers — in the mod's closure cells, the globals its code names, its defaults, a bound
+method's object, a ``functools.partial``'s arguments, an ``nn.Module``'s parameters — and :mod:`qkv.torch`
+passes them to its ``autograd.Function`` as inputs. In the backward, the mod's ``vjp``
+(:class:`qkv.mods.ScoreMod`) runs it once more on each block with ``requires_grad``: ``torch.autograd.grad(out,
+[score, *captured], grad_outputs=dS')`` gives the engine ``dS`` and adds each captured tensor's gradient to a
+:class:`Accumulator` (under a lock: the tiled engine runs blocks on worker threads).
+
+Shape legend: B batch, H query heads, L queries, S keys.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import threading
+import types
+
+import numpy as np
+import torch
+
+from . import mods
+from .blockmask import FULL, PARTIAL, BlockMask, create_block_mask
+
+__all__ = ["Accumulator", "block_mask_from_torch", "captured_tensors", "mask_mod", "score_mod"]
+
+#: How deep :func:`captured_tensors` follows references (closures of closures, containers, helpers).
+_DEPTH = 6
+
+
+def _tensor(a) -> torch.Tensor:
+    """A NumPy array (or scalar) as a torch tensor, sharing its memory where NumPy allows writing to it (a
+    broadcast view is read-only: that is copied)."""
+    a = np.asarray(a)
+    if not a.flags.writeable or any(st < 0 for st in a.strides):
+        a = np.array(a)
+    return torch.from_numpy(a)
+
+
+def _indices(b, h, q_idx, kv_idx) -> tuple:
+    return _tensor(b), _tensor(h), _tensor(q_idx), _tensor(kv_idx)
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__name__", type(fn).__name__)
+
+
+# ====================================================================================== captured tensors
+def captured_tensors(fn) -> list:
+    """The tensors with ``requires_grad`` that ``fn`` reaches: closure cells, the globals its code (and the code
+    of functions defined in it) names, its defaults, a bound method's object, a ``functools.partial``'s
+    arguments, lists/tuples/dicts of them, an ``nn.Module``'s parameters and buffers, a callable object's
+    attributes — followed :data:`_DEPTH` references deep. Each tensor once, in the order found."""
+    found: dict[int, torch.Tensor] = {}
+    seen: set[int] = set()
+
+    def visit(obj, depth: int) -> None:
+        if depth > _DEPTH or id(obj) in seen or isinstance(obj, (type, types.ModuleType, str, bytes, int, float)):
+            return
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            if obj.requires_grad:
+                found.setdefault(id(obj), obj)
+            return
+        for child in _children(obj):
+            visit(child, depth + 1)
+
+    visit(fn, 0)
+    return list(found.values())
+
+
+def _children(obj) -> list:
+    """What :func:`captured_tensors` follows from ``obj``."""
+    if isinstance(obj, torch.nn.Module):
+        return list(obj.parameters()) + list(obj.buffers())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return list(obj)
+    if isinstance(obj, dict):
+        return list(obj.values())
+    if isinstance(obj, functools.partial):
+        return [obj.func, *obj.args, *obj.keywords.values()]
+    if isinstance(obj, types.MethodType):
+        return [obj.__self__, obj.__func__]
+    if isinstance(obj, types.FunctionType):
+        out = [c.cell_contents for c in obj.__closure__ or () if _filled(c)]
+        out += [obj.__defaults__ or (), obj.__kwdefaults__ or {}]
+        g = obj.__globals__
+        out += [g[n] for n in _code_names(obj.__code__) if n in g]
+        return out
+    if isinstance(obj, (mods.ScoreMod, mods.MaskMod)):
+        return [obj.fn]
+    if callable(obj) and hasattr(obj, "__dict__"):                   # a callable object: its attributes
+        return list(vars(obj).values())
+    return []
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:                                               # an empty cell (not yet assigned)
+        return False
+    return True
+
+
+def _code_names(code) -> set:
+    """The global (and attribute) names ``code`` and the code objects defined in it use."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+class Accumulator:
+    """The gradients of the captured tensors, summed over the blocks (float64, under a lock: the engine's
+    worker threads add to it)."""
+
+    def __init__(self, tensors: list):
+        self.tensors = tensors
+        self.sums = [None] * len(tensors)
+        self.lock = threading.Lock()
+
+    def add(self, grads) -> None:
+        with self.lock:
+            for i, g in enumerate(grads):
+                if g is not None:
+                    g = g.detach().to(torch.float64)
+                    self.sums[i] = g if self.sums[i] is None else self.sums[i] + g
+
+    def result(self) -> list:
+        """Each tensor's gradient in its own dtype (None where the mod never used it)."""
+        return [None if s is None else s.to(t.dtype) for s, t in zip(self.sums, self.tensors)]
+
+
+# ========================================================================================== score mods
+def score_mod(fn, captured: list, accumulator: Accumulator | None = None) -> mods.ScoreMod:
+    """``fn`` (a torch score mod) as a :class:`qkv.mods.ScoreMod` on NumPy blocks. With ``accumulator`` it
+    has a ``vjp`` that adds the gradients of ``captured`` (the accumulator's tensors) to it; without, it is
+    forward only (traits none: the engine calls it on every block)."""
+    name = _name(fn)
+
+    def forward(score, b, h, q_idx, kv_idx):
+        s = _tensor(score)
+        with torch.no_grad():                                        # worker threads: grad mode is per thread
+            out = fn(s, *_indices(b, h, q_idx, kv_idx))
+        return _result(out, name, s)
+
+    if accumulator is None:
+        return mods.ScoreMod(forward, name=name)
+
+    def vjp(score, b, h, q_idx, kv_idx, grad_score):
+        s = torch.from_numpy(np.array(score)).requires_grad_()      # (…, Lb, Sb), its own copy
+        with torch.enable_grad():
+            out = fn(s, *_indices(b, h, q_idx, kv_idx))
+            if not isinstance(out, torch.Tensor) or not out.requires_grad:   # no path to the score or a capture
+                return np.zeros(s.shape, score.dtype)
+            out = torch.broadcast_to(out, s.shape)
+            inputs = [s] + captured
+            grads = torch.autograd.grad(out, inputs, grad_outputs=_tensor(grad_score).to(out.dtype),
+                                        allow_unused=True)
+        accumulator.add(grads[1:])
+        return np.zeros(s.shape, score.dtype) if grads[0] is None else grads[0].numpy()
+
+    return mods.ScoreMod(forward, vjp=vjp, name=name)
+
+
+def _result(out, name: str, s: torch.Tensor) -> np.ndarray:
+    if isinstance(out, (int, float)) and not isinstance(out, bool):
+        return np.full(tuple(s.shape), out, s.numpy().dtype)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"score_mod: expected {name} to return a torch tensor of scores, got {type(out).__name__}")
+    if not out.is_floating_point():
+        raise TypeError(f"score_mod: expected {name} to return floating scores, got dtype {out.dtype}")
+    return out.detach().numpy() if out.dtype in (torch.float32, torch.float64) else out.float().numpy()
+
+
+# =========================================================================================== mask mods
+def mask_mod(fn) -> mods.MaskMod:
+    """``fn`` (a torch mask mod ``(b, h, q_idx, kv_idx) -> bool tensor``, True = may attend) as a
+    :class:`qkv.mods.MaskMod` on NumPy index arrays (no traits: evaluated on every partial block)."""
+    if isinstance(fn, mods.MaskMod):
+        return fn
+    name = _name(fn)
+
+    def numpy_mask(b, h, q_idx, kv_idx):
+        with torch.no_grad():
+            out = fn(*_indices(b, h, q_idx, kv_idx))
+        if isinstance(out, bool):
+            return np.asarray(out)
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"mask_mod: expected {name} to return a torch bool tensor, got {type(out).__name__}")
+        if out.dtype != torch.bool:
+            raise TypeError(f"mask_mod: expected {name} to return dtype torch.bool (True = may attend), got "
+                            f"{out.dtype}")
+        return out.numpy()
+    numpy_mask.__name__ = name
+    return mods.MaskMod(numpy_mask, name=name)
+
+
+def block_mask_from_torch(bm, L: int, S: int) -> BlockMask:
+    """A torch ``BlockMask`` (``torch.nn.attention.flex_attention.create_block_mask``) as qkv's: its block
+    kinds read from ``kv_num_blocks``/``kv_indices`` (partial) and ``full_kv_num_blocks``/``full_kv_indices``
+    (full), the rest empty; its ``mask_mod`` called with torch tensors on the partial blocks. Blocks that are
+    not square (``BLOCK_SIZE=(q, kv)`` with q ≠ kv) are classified again at 128 by evaluating the mask mod.
+    (B, H) of size 1 broadcast, as in torch."""
+    Lm, Sm = (int(x) for x in bm.seq_lengths)
+    if (Lm, Sm) != (L, S):
+        raise ValueError(f"block_mask: built for Q_LEN={Lm}, KV_LEN={Sm}, but the query has L={L} and the key "
+                         f"S={S}; create it with create_block_mask(mask_mod, B, H, {L}, {S})")
+    mod = mask_mod(bm.mask_mod)
+    num = bm.kv_num_blocks.detach().cpu().numpy()                            # (B, H, nQ)
+    B, H = num.shape[:2]
+    Bn, Hn = (None if B == 1 else B), (None if H == 1 else H)
+    qbs, kbs = (bm.BLOCK_SIZE, bm.BLOCK_SIZE) if isinstance(bm.BLOCK_SIZE, int) else bm.BLOCK_SIZE
+    if qbs != kbs:
+        return create_block_mask(mod, Bn, Hn, L, S, BLOCK_SIZE=128)
+    bs = int(qbs)
+    kinds = np.zeros((B, H, math.ceil(L / bs), math.ceil(S / bs)), np.int8)  # EMPTY everywhere, then marked
+    _mark(kinds, num, bm.kv_indices, PARTIAL)
+    if bm.full_kv_num_blocks is not None:
+        _mark(kinds, bm.full_kv_num_blocks.detach().cpu().numpy(), bm.full_kv_indices, FULL)
+    return BlockMask(mod, Bn, Hn, L, S, bs, kinds)
+
+
+def _mark(kinds: np.ndarray, num: np.ndarray, indices, kind: int) -> None:
+    """``kinds[b, h, i, indices[b, h, i, :num[b, h, i]]] = kind`` (blocks past the grid ignored)."""
+    idx = indices.detach().cpu().numpy()                                      # (B, H, nQ, K)
+    valid = np.arange(idx.shape[-1]) < num[..., None]
+    b, h, i, slot = np.nonzero(valid)
+    col = idx[b, h, i, slot]
+    keep = (i < kinds.shape[2]) & (col >= 0) & (col < kinds.shape[3])
+    kinds[b[keep], h[keep], i[keep], col[keep]] = kind
