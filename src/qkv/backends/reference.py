@@ -2,14 +2,16 @@
 
 Plain and observable: every stage records into an active trace. It materializes the ``(…, L, S)`` score
 matrix, so it is for small and medium sizes, for explanation, and as the yardstick of the tiled backend.
-Its backward is the textbook formula on whole arrays (``dS = P ∘ (dP − D)``), the yardstick of the tiled
-backward.
+Its backward is the textbook formula on whole arrays (``dS = P ∘ (dP − D)``) on the forward's own
+probabilities (it runs :func:`qkv.pipeline.attend` and reads the scaled scores from its trace), the yardstick
+of the tiled backward.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from .. import _checks, masks, pipeline, shapes, stages
+from ..tracing import Trace, trace as tracing
 from .base import Backend
 
 
@@ -72,20 +74,19 @@ class ReferenceBackend(Backend):
         L, S = q.shape[-2], k.shape[-2]
         lead = shapes.lead(q.shape, k.shape, False)
         mask = self._dense_mask(attn_mask, is_causal, block_mask, lead, L, S)
-        s = (q @ np.swapaxes(k, -1, -2)) * cdt.type(scale)                   # (..., H, L, S)
-        s = np.broadcast_to(s, lead + (L, S))
+        t = Trace()
+        with tracing(t):                 # the forward's own path: P, O and lse, and its scaled scores from its trace
+            o, p, lse = pipeline.attend(q, k, v, scale=scale, mask=mask, score_mod=score_mod, sink_logits=sink_logits)
+        s = t[stages.Names.SCALED].array                                     # (..., H, L, S) before the mod
+        if o.ndim > len(lead) + 2:                       # sinks (H, 1, 1) broadcast a head axis onto (L, S) scores
+            o, p, lse = o.reshape(lead + o.shape[-2:]), p.reshape(lead + p.shape[-2:]), lse.reshape(lead + (L,))
+        vjp, ds_mod_ds = False, None
         if score_mod is not None:
-            b, h, q_idx, kv_idx = pipeline.indices(lead, L, S)
             from .. import mods
-            s_mod = mods.call_score_mod(score_mod, s, b, h, q_idx, kv_idx)
+            s = np.broadcast_to(s, lead + (L, S))
+            b, h, q_idx, kv_idx = pipeline.indices(lead, L, S)
             vjp = isinstance(score_mod, mods.ScoreMod) and score_mod.has_vjp
             ds_mod_ds = None if vjp else mods.score_mod_grad(score_mod, s, b, h, q_idx, kv_idx)
-        else:
-            s_mod, ds_mod_ds, vjp = s, None, False
-        s_mod = stages.apply_mask(s_mod, mask) if mask is not None else s_mod
-        sinks = None if sink_logits is None else np.asarray(sink_logits, cdt).reshape(-1, 1, 1)
-        p, _ = stages.softmax(s_mod, return_lse=True, sinks=sinks)           # (..., H, L, S)
-        o = p @ v                                                            # (..., H, L, Ev)
         dv = np.swapaxes(p, -1, -2) @ do                                     # (..., H, S, Ev)
         dp = do @ np.swapaxes(v, -1, -2)                                     # (..., H, L, S)
         D = np.sum(do * o, axis=-1, keepdims=True)                           # (..., H, L, 1)
@@ -105,10 +106,9 @@ class ReferenceBackend(Backend):
                  shapes.sum_to_shape(dv, value.shape).astype(dt, copy=False))
         if sink_logits is None:
             return grads
-        m = np.max(s_mod, axis=-1, keepdims=True)
-        m = np.maximum(m, sinks)
-        total = np.sum(np.exp(s_mod - m), axis=-1, keepdims=True) + np.exp(sinks - m)
-        p_sink = np.exp(sinks - m) / total                                   # (..., H, L, 1)
+        sinks = np.asarray(sink_logits, cdt).reshape(-1, 1, 1)
+        with np.errstate(invalid="ignore"):
+            p_sink = np.exp(sinks - lse[..., None])                          # (..., H, L, 1): the sink's weight
         d_sink = -(p_sink * D)[..., 0]                                       # (..., H, L)
         H = sinks.shape[0]                                                   # one logit per query head
         d_sink = np.broadcast_to(d_sink, d_sink.shape[:-2] + (H, L)).reshape(-1, H, L).sum(axis=(0, 2))
