@@ -109,3 +109,43 @@ def test_qkv_attention_and_trace_no_longer_hide_their_modules():
     assert importlib.import_module("qkv.sdpa").scaled_dot_product_attention is qkv.scaled_dot_product_attention
     assert importlib.import_module("qkv.tracing").Trace is qkv.Trace
     assert qkv.backends.choose_auto is importlib.import_module("qkv.sdpa").choose_auto
+
+
+def test_layer_is_what_multi_head_attention_runs_and_row_blocks_give_the_same_output():
+    """pipeline.layer: X → Q, K, V → heads → attend → concat → W_O, whole or by blocks of query rows."""
+    rng = np.random.default_rng(3)
+    D, H, Hk = 8, 4, 2
+    mha = qkv.MultiHeadAttention(D, H, num_kv_heads=Hk, dtype=np.float64, seed=1)
+    mha.b_Q[:] = rng.standard_normal(D)
+    x = rng.standard_normal((2, 5, D))
+    want, _ = mha(x)
+    with qkv.trace() as t:
+        got, _ = pipeline.layer(x, mha.W_Q, mha.W_K, mha.W_V, mha.W_O, b_q=mha.b_Q, b_k=mha.b_K, b_v=mha.b_V,
+                                b_o=mha.b_O, heads=H, kv_heads=Hk,
+                                attend=lambda q, k, v, rows: (qkv.scaled_dot_product_attention(
+                                    q, k, v, enable_gqa=True), None))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert t.names()[:7] == ["X", "Q", "K", "V", "Q_heads", "K_heads", "V_heads"]
+    assert t.names()[-2:] == ["concat", "final_output"]
+    seen = []
+
+    def attend(q, k, v, rows):
+        seen.append(rows)
+        return qkv.scaled_dot_product_attention(q, k, v, enable_gqa=True), None
+
+    blocks, aux = pipeline.layer(x, mha.W_Q, mha.W_K, mha.W_V, mha.W_O, b_q=mha.b_Q, b_k=mha.b_K, b_v=mha.b_V,
+                                 b_o=mha.b_O, heads=H, kv_heads=Hk, attend=attend, row_block=2)
+    assert seen == [(0, 2), (2, 4), (4, 5)] and aux == [None, None, None]
+    np.testing.assert_allclose(blocks, want, rtol=1e-12, atol=1e-12)
+
+
+def test_layer_without_heads_is_the_seeds_single_head_calculation():
+    rng = np.random.default_rng(4)
+    x, w_q, w_k, w_v = rng.standard_normal((3, 4)), *(rng.standard_normal((4, 3)) for _ in range(3))
+    out, w = pipeline.layer(x, w_q, w_k, w_v)                              # default attend: 1/√E, no mask
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    s = q @ k.T / np.sqrt(3)
+    p = np.exp(s - s.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    np.testing.assert_allclose(w, p, rtol=1e-12)
+    np.testing.assert_allclose(out, p @ v, rtol=1e-12)
