@@ -20,7 +20,7 @@ __version__ = "0.1.0"
 #: Subpackages imported on first attribute access (``qkv.models.load_bert``), so that ``import qkv`` stays light:
 #: pictures and the page, the pretrained models, the lab's experiments, ring attention (their optional
 #: dependencies are imported only when used, each missing one an ImportError naming its extra).
-LAZY = ("viz", "models", "lab", "distributed", "torch")
+LAZY = ("viz", "models", "lab", "distributed", "hf", "torch")
 
 
 def __getattr__(name):

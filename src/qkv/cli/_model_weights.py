@@ -30,6 +30,34 @@ def load(name: str, lang: str = "en"):
     return load_bert()
 
 
+def check_hf_alone() -> None:
+    """``--hf DIR`` names the model itself: a UserError when ``--model`` is given too."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("model_name") not in (None, ParameterSource.DEFAULT):
+        raise UserError("give either --model NAME or --hf DIR, not both")
+
+
+def load_hf(path):
+    """A local transformers model folder on qkv (:func:`qkv.hf.load`); a folder qkv cannot read is one line
+    naming ``--hf``. Nothing is downloaded."""
+    import os
+
+    from qkv.hf._model import _check_folder
+    try:
+        _check_folder(path)                                          # before importing torch and transformers
+        from transformers.utils import logging as hf_logging
+        hf_logging.disable_progress_bar()                            # no loading bars on stderr
+        from qkv.hf import load
+        return load(path)
+    except ValueError as exc:
+        msg = str(exc)
+        raise UserError("--hf: " + (msg[len("path: "):] if msg.startswith("path: ") else msg)) from None
+    except OSError as exc:
+        raise UserError(f"--hf: cannot read {os.fspath(path)!r}: {exc.strerror or exc}") from None
+
+
 def _check_layer(model, layer: int) -> None:
     n = model.config.num_layers
     if not 0 <= layer < n:

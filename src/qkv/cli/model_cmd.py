@@ -1,5 +1,6 @@
 """``qkv model``: what one token of a sentence attends to in a real pretrained model (all-MiniLM-L6-v2, or
-with ``--model smollm2`` the decoder SmolLM2-135M-Instruct: causal, RoPE, 9 query heads sharing 3 key/value heads).
+with ``--model smollm2`` the decoder SmolLM2-135M-Instruct: causal, RoPE, 9 query heads sharing 3 key/value heads;
+or with ``--hf DIR`` any local transformers model folder, run on qkv through :mod:`qkv.hf`).
 
 Everything shown comes from one ``trace_layer`` call (:meth:`qkv.models.BertModel.trace_layer`,
 :meth:`qkv.models.LlamaModel.trace_layer`): the layer's self-attention run through
@@ -17,7 +18,7 @@ import numpy as np
 
 from qkv.locales import t
 
-from . import UserError
+from . import UserError, _model_weights
 from ._app import cli
 from ._model_option import check_model, model_option
 from .explain_cmd import lang_option
@@ -201,8 +202,12 @@ MAX_TOP = 1024
                    "reach each position (or --token's) after the last layer.")
 @click.option("--fusion", type=click.Choice(["mean", "max", "min"]), default="mean", show_default=True,
               help="With --rollout: how the heads of a layer are fused.")
+@click.option("--hf", "hf_dir", metavar="DIR", default=None,
+              help="A local transformers model folder instead (config.json, safetensors weights, tokenizer; nothing is "
+                   "downloaded): its attention computed by qkv (qkv.hf).")
 @lang_option("Language of the output (qkv.locales).")
-def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, heads_summary, rollout, fusion, lang):
+def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, heads_summary, rollout, fusion, hf_dir,
+              lang):
     """What one token attends to in all-MiniLM-L6-v2 (6 layers × 12 heads), computed by qkv's attention.
 
     Example: qkv model "The animal didn't cross the street because it was too tired." --layer 2 --token it
@@ -217,11 +222,18 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, hea
     """
     def m(key: str, **kw) -> str:
         return t(key, lang, **kw)
-    model_name = check_model(model_name, "qkv model", lang=lang)
+    if hf_dir is not None:
+        _model_weights.check_hf_alone()
+    else:
+        model_name = check_model(model_name, "qkv model", lang=lang)
     _check_args(m, text, top, head, all_heads)
     explain_query = _explainer(m, explain)
-    decoder = model_name == "smollm2"
-    model = _load_model(m, model_name, lang)
+    if hf_dir is not None:
+        model = _model_weights.load_hf(hf_dir)
+        decoder = model.config.decoder
+    else:
+        decoder = model_name == "smollm2"
+        model = _load_model(m, model_name, lang)
     c = model.config
     _check_range(m, c, layer, head)
     tokens = _tokenize(m, model, text, decoder)

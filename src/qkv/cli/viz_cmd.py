@@ -158,13 +158,14 @@ def _note(key: str, lang: str, args: dict) -> None:
     click.echo(f"qkv: note: {' '.join(t(key, lang, **args).split())}", err=True)
 
 
-def _model_view_data(viz, name: str, text: str, lang: str):
-    """The model view of ``text`` for ``name`` (minilm, smollm2); one-line errors for the page's limits."""
+def _model_view_data(viz, name: str, text: str, lang: str, model=None):
+    """The model view of ``text`` for ``name`` (minilm, smollm2) or a loaded ``model`` (``--hf DIR``); one-line
+    errors for the page's limits."""
     import warnings
 
     if not text.strip():
         raise UserError("--text: expected a non-empty sentence")
-    model = _model_weights.load(name, lang)
+    model = model if model is not None else _model_weights.load(name, lang)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -174,6 +175,15 @@ def _model_view_data(viz, name: str, text: str, lang: str):
     for w in caught:                                               # e.g. MiniLM: truncated to 512 tokens
         click.echo(f"qkv: warning: {' '.join(str(w.message).split())}", err=True)
     return data
+
+
+def _check_hf(text, prompt) -> None:
+    """``--hf DIR`` takes its text from --text and does not generate (also not with --model)."""
+    _model_weights.check_hf_alone()
+    if prompt is not None:
+        raise UserError("--generate: works with --model smollm2, not --hf DIR (use --hf DIR --text TEXT)")
+    if text is None:
+        raise UserError("--hf DIR: give the text with --text TEXT")
 
 
 def _view_model(model_name, text, prompt, lang: str) -> str | None:
@@ -219,10 +229,13 @@ _VIEW_OPTIONS = dict(GENERATE_OPTIONS, prompt="--generate")
 @click.option("--why/--no-why", default=True, show_default=True,
               help="With a worked example (the playground): the 'Why ÷ √d_k' section, qkv lab scale's experiment "
                    "with a d_k slider (about a second to compute).")
+@click.option("--hf", "hf_dir", metavar="DIR", default=None,
+              help="With --text: the model view of a local transformers model folder (config.json, safetensors "
+                   "weights, tokenizer; nothing is downloaded), its attention computed by qkv (qkv.hf).")
 @click.option("-o", "--output", default="attention.html", show_default=True, metavar="FILE", help="The HTML file.")
 @lang_option("Language of the page (qkv.locales).")
-def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, temperature, seed, chat, why, output,
-             lang):
+def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, temperature, seed, chat, why, hf_dir,
+             output, lang):
     """Write one self-contained HTML page (no network access; open it from disk, offline).
 
     The playground starts from seed 003's example, --example NAME or FILE: edit tokens, X, W_Q, W_K and W_V
@@ -237,7 +250,11 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
     from qkv import viz
 
     _check_output(output, (".html", ".htm"))
-    name = _view_model(model_name, text, prompt, lang)
+    if hf_dir is not None:
+        _check_hf(text, prompt)
+        name, hf_model = None, _model_weights.load_hf(hf_dir)
+    else:
+        name, hf_model = _view_model(model_name, text, prompt, lang), None
     if prompt is not None:                                         # before the worked example and the model
         from .generate_cmd import check_sampling_options
         if not prompt.strip():
@@ -259,7 +276,7 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
         except (ValueError, TypeError) as exc:                     # the prompt's length, the page's limits
             raise option_error(exc, _VIEW_OPTIONS) from None
     elif text is not None:
-        data["model"] = _model_view_data(viz, name, text, lang)
+        data["model"] = _model_view_data(viz, name, text, lang, model=hf_model)
     from qkv.viz.page_data import normalize
     data = normalize(data)                                         # worked_data's notices, generation's model view
     for n in data["notices"]:

@@ -1,0 +1,68 @@
+"""qkv in transformers: every attention layer of a Hugging Face model on qkv, and any model's heads explained.
+
+    import qkv.hf
+    qkv.hf.register()                                       # "qkv" in transformers' attention registries
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="qkv")
+    model.set_attn_implementation("qkv")                    # or switch a loaded model
+
+    with qkv.hf.record(model, layers=[2], heads=[0, 3], rows=[-1]) as rec:
+        model(**inputs)
+    rec.weights[2]        # (B, 2, 1, S): heads 0 and 3, the last query's attention weights
+    rec.traces[2]         # a qkv.Trace of head 0: Q, K (after RoPE), scores, scaled, masked, weights, output
+
+:func:`register` adds ``"qkv"`` to ``transformers.AttentionInterface`` (the attention function,
+:func:`qkv.hf._attention.attention`) and to ``transformers.masking_utils.AttentionMaskInterface`` (the mask
+function, :func:`qkv.hf._mask.mask_function`: the model's mask as qkv's block structure — causal, sliding windows,
+padding — never a dense (B, 1, L, S) tensor). Forward and backward: with gradients the layers run on
+``qkv.torch`` (autograd through qkv's own backward), without on qkv's NumPy functions. :func:`record` keeps what
+chosen layers, heads and query rows computed. :func:`load` reads a local model folder for ``qkv model --hf`` and
+``qkv view --hf``. Needs torch and transformers (the ``dev`` extra installs both); ``import qkv`` does not import
+them. Mask convention: True = may attend.
+"""
+from __future__ import annotations
+
+from ._record import Recording, record
+
+__all__ = ["NAME", "Model", "Recording", "load", "record", "register"]
+
+#: The name qkv is registered under in transformers.
+NAME = "qkv"
+
+
+def register() -> str:
+    """Register qkv as ``attn_implementation="qkv"`` in transformers; returns ``"qkv"``.
+
+    Adds the attention function to ``transformers.AttentionInterface`` and the mask function to
+    ``transformers.masking_utils.AttentionMaskInterface`` (both global, for every model). Calling it again
+    changes nothing. Afterwards ``AutoModel….from_pretrained(path, attn_implementation="qkv")`` and
+    ``model.set_attn_implementation("qkv")`` run every attention layer on qkv.
+
+    Raises:
+        ImportError naming what is missing when torch or transformers is not installed.
+    """
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as exc:
+        raise ImportError(f"qkv.hf needs torch and transformers: pip install 'qkv[dev]' ({exc})") from None
+    from ._attention import attention
+    from ._mask import mask_function
+
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, mask_function)
+    return NAME
+
+
+def load(path, **kwargs):
+    """A local transformers model folder (config.json + safetensors; nothing is downloaded) on qkv, with its
+    tokenizer, as :class:`qkv.hf.Model`: ``run``, ``tokenize``, ``trace_layer``, ``config`` — what ``qkv model``
+    and ``qkv view`` read. See :func:`qkv.hf._model.load`."""
+    from ._model import load as _load
+    return _load(path, **kwargs)
+
+
+def __getattr__(name):
+    if name == "Model":                                   # the class load returns (imports nothing heavy itself)
+        from ._model import Model
+        return Model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,184 @@
+"""``qkv.hf.record``: what chosen layers, heads and query rows of a transformers model computed, kept on qkv.
+
+    with qkv.hf.record(model, layers=None, heads=None, rows=None) as rec:
+        model(**inputs)
+
+Inside the ``with`` block every attention layer runs on qkv (the model is switched to
+``attn_implementation="qkv"`` for the block and back after it); each chosen layer hands its queries and keys
+(after the positions), values and mask to the recording, which keeps
+
+- ``rec.weights[layer]``: (B, heads, rows, S) float32, the attention weights of the chosen heads and query rows,
+  computed by qkv's stages for those rows only (rows × S per head, never L × S when rows are chosen);
+- ``rec.traces[layer]``: a :class:`qkv.Trace` of the first chosen head (all batch rows, the chosen query rows):
+  ``Q``, ``K`` (after RoPE), ``V``, ``scores``, ``scaled`` (``capped`` with soft-capping), ``masked``,
+  ``weights``, ``output`` — the pipeline run on them (:func:`qkv.pipeline.attend`), so the explainer, the
+  checker and the pictures render the real computation; its row r is query ``rows[r]``.
+
+A layer called several times in the block (``generate``: once per new token) keeps its last call. Mask
+convention: True = may attend.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator
+
+import numpy as np
+
+_ACTIVE: contextvars.ContextVar["Recording | None"] = contextvars.ContextVar("qkv_hf_record", default=None)
+
+
+def active() -> "Recording | None":
+    """The recording the attention function reports to now, or None."""
+    return _ACTIVE.get()
+
+
+class Recording:
+    """What :func:`record` kept (see the module).
+
+    Attributes:
+        weights: ``{layer: (B, len(heads), len(rows), S) float32}`` attention weights of the chosen heads and rows.
+        traces: ``{layer: qkv.Trace}`` of the first chosen head (``trace_head``).
+        layers: the recorded layers, in order (those the model ran among the chosen).
+        heads: the chosen heads (None: all, known after the first call: ``heads_of(layer)``).
+        rows: the chosen query rows as given (None: all; negative counts from the end).
+        trace_head: the head the traces follow (the first chosen, 0 by default).
+        rows_of: ``{layer: (R,) int}`` the query rows each layer's weights and trace hold (negatives resolved).
+        heads_of: ``{layer: (h,) int}`` the heads each layer's weights hold.
+    """
+
+    def __init__(self, layers=None, heads=None, rows=None):
+        self._layers = _ints(layers, "layers")
+        self.heads = _ints(heads, "heads")
+        self.rows = _ints(rows, "rows")
+        self.trace_head = 0 if not self.heads else self.heads[0]
+        self.weights: dict[int, np.ndarray] = {}
+        self.traces: dict = {}
+        self.rows_of: dict[int, np.ndarray] = {}
+        self.heads_of: dict[int, np.ndarray] = {}
+        self._order: dict[int, int] = {}
+        self.trace_heads = None               # "all": the traces hold every chosen head (Model.trace_layer)
+
+    @property
+    def layers(self) -> list[int]:
+        return sorted(self.weights)
+
+    @property
+    def attentions(self) -> list[np.ndarray]:
+        """The weights of every recorded layer in order, for :func:`qkv.viz.head_kinds` and
+        :func:`qkv.viz.rollout` (batch row 0, all heads and rows: ``record(model)``)."""
+        return [self.weights[i][0] for i in self.layers]
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{i}: {self.weights[i].shape}" for i in self.layers)
+        return f"Recording({{{inner}}}, trace_head={self.trace_head})"
+
+    def _layer_index(self, module) -> int:
+        idx = getattr(module, "layer_idx", None)
+        if idx is None:                                           # no layer_idx: the order of first calls
+            idx = self._order.setdefault(id(module), len(self._order))
+        return int(idx)
+
+    def observe(self, module, spec, query, key, value, out) -> None:
+        """Called by the attention function with one layer's call (see the module)."""
+        layer = self._layer_index(module)
+        if self._layers is not None and layer not in self._layers:
+            return
+        from ._attention import _numpy
+
+        q, k, v = _numpy(query), _numpy(key), _numpy(value)                 # (B, Hq, L, E), (B, Hk, S, E), …
+        Hq, L = q.shape[1], q.shape[2]
+        heads = _resolve(self.heads, Hq, "heads", f"the layer has {Hq} heads")
+        rows = _resolve(self.rows, L, "rows", f"the call has {L} query rows")
+        self.weights[layer] = spec.weights(q, k, heads, rows).astype(np.float32, copy=False)
+        self.traces[layer] = _trace(spec, q, k, v, heads if self.trace_heads == "all" else heads[:1], rows)
+        self.rows_of[layer], self.heads_of[layer] = rows, heads
+
+
+def _ints(x, name: str):
+    """None, or a list of ints from an int or a sequence of ints; TypeError naming ``name`` otherwise."""
+    if x is None:
+        return None
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return [int(x)]
+    try:
+        out = [int(i) for i in x if isinstance(i, (int, np.integer)) and not isinstance(i, bool)]
+    except TypeError:
+        out = None
+    if out is None or len(out) != len(list(x)) or not out:
+        raise TypeError(f"{name}: expected None, an int or a non-empty sequence of ints, got {x!r:.80}")
+    return out
+
+
+def _resolve(chosen, n: int, name: str, what: str) -> np.ndarray:
+    """The chosen indices in 0 … n−1 (negatives from the end); ValueError naming ``name`` when out of range."""
+    if chosen is None:
+        return np.arange(n)
+    bad = [i for i in chosen if not -n <= i < n]
+    if bad:
+        raise ValueError(f"{name}: expected indices in {-n} … {n - 1} ({what}), got {bad}")
+    return np.asarray([i % n for i in chosen], dtype=np.int64)
+
+
+def _trace(spec, q, k, v, heads: np.ndarray, rows: np.ndarray):
+    """The chosen heads' attention through qkv's pipeline, recorded: a :class:`qkv.Trace` (see the module).
+
+    The score mod is softcap (elementwise: the same on a subset of heads and rows); the mask is evaluated at the
+    chosen rows; the key/value heads are those each chosen query head reads."""
+    from .. import pipeline, stages
+    from ..tracing import trace
+    from ._attention import _numpy
+
+    heads = np.asarray(heads, dtype=np.int64)
+    group = q.shape[1] // k.shape[1]
+    qh = q[:, heads][:, :, rows]                                             # (B, h, R, E)
+    kh, vh = k[:, heads // group], v[:, heads // group]                      # (B, h, S, E), (B, h, S, Ev)
+    sinks = None if spec.sinks is None else _numpy(spec.sinks)[heads].astype(qh.dtype)   # (h,)
+    mask = spec.mask_rows(rows)                                              # (B or 1, 1 or H, R, S)
+    if mask is not None and mask.ndim == 4 and mask.shape[1] > 1:
+        mask = mask[:, heads]
+    with trace() as t:
+        stages.observe_input("Q", qh)
+        stages.observe_input("K", kh)
+        stages.observe_input("V", vh)
+        pipeline.attend(qh, kh, vh, scale=spec.scale, d_k=q.shape[-1], mask=mask,
+                        mask_source=None if spec.mask is None else spec.mask.mask_mod, score_mod=spec.score_mod,
+                        sink_logits=sinks)
+    return t
+
+
+@contextlib.contextmanager
+def record(model, layers=None, heads=None, rows=None) -> Iterator[Recording]:
+    """Keep what the chosen ``layers``, ``heads`` and query ``rows`` of ``model`` compute inside the block.
+
+    Args:
+        model: a transformers model (any attention implementation: it runs on qkv inside the block).
+        layers: None (all) or the layer indices (``module.layer_idx``; 0-based) to keep.
+        heads: None (all) or the query heads whose weights to keep; the trace follows the first (0 by default).
+        rows: None (all) or the query rows (0-based within the call; −1 the last) to keep.
+
+    Yields:
+        a :class:`Recording`: ``weights[layer]`` (B, heads, rows, S), ``traces[layer]``, ``layers``, … (see the
+        module). A layer called several times keeps its last call.
+
+    Raises:
+        TypeError naming the argument for layers/heads/rows that are not ints; ValueError (inside the block)
+        for a head or row the layer does not have.
+    """
+    rec = Recording(layers, heads, rows)
+    from . import register
+
+    name = register()
+    config = getattr(model, "config", None)
+    before = getattr(config, "_attn_implementation", None)
+    if not hasattr(model, "set_attn_implementation"):
+        raise TypeError(f"model: expected a transformers PreTrainedModel, got {type(model).__name__}")
+    if before != name:
+        model.set_attn_implementation(name)
+    token = _ACTIVE.set(rec)
+    try:
+        yield rec
+    finally:
+        _ACTIVE.reset(token)
+        if before != name and before is not None:
+            model.set_attn_implementation(before)
