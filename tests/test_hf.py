@@ -148,8 +148,9 @@ def test_an_unknown_torch_mask_function_runs_as_written():
     assert np.array_equal(m.dense(), want.numpy())
 
 
-@pytest.mark.parametrize("name", ("llama", "gemma2", "gptoss"))
+@pytest.mark.parametrize("name", ("llama", "mistral", "gemma2", "gptoss"))
 def test_generate_continues_as_eager(name):
+    """Greedy continuations token for token; 7 + 6 tokens run past the window of 5 (the cache's offsets)."""
     model = _decoder(name)
     ids, mask = _batch(T=7)
     kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
@@ -208,6 +209,45 @@ def test_every_gradient_equals_eager(name):
         assert float((ref[n] - got[n]).abs().max()) <= 1e-4 * scale, n
 
 
+def test_attention_dropout_in_training_is_seeded_by_torch():
+    """BERT's attention dropout (p = 0.3) in train mode: qkv.torch's dropout, reproduced by torch.manual_seed,
+    different for another seed, absent in eval mode; the gradients are finite."""
+    pytest.importorskip("qkv.torch")
+    from transformers import AutoModel, BertConfig
+    torch.manual_seed(0)
+    c = BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=96,
+                   attention_probs_dropout_prob=0.3, hidden_dropout_prob=0.0)
+    model = AutoModel.from_config(c, attn_implementation="qkv").float().train()
+    ids, mask = _batch(left=False)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        model.zero_grad()
+        y = model(input_ids=ids, attention_mask=mask).last_hidden_state
+        y.sum().backward()
+        return y.detach(), model.embeddings.word_embeddings.weight.grad.clone()
+    (a, ga), (b, gb), (c2, _) = run(1), run(1), run(2)
+    assert torch.equal(a, b) and torch.equal(ga, gb) and bool(torch.isfinite(ga).all())
+    assert float((a - c2).abs().max()) > 1e-3
+    model.eval()
+    with torch.no_grad():
+        ref, got = _both(model, lambda m: m(input_ids=ids, attention_mask=mask).last_hidden_state)
+    assert float((ref - got)[mask.bool()].abs().max()) <= 1e-4
+
+
+def test_what_qkv_cannot_do_is_an_error_not_a_silent_difference():
+    from qkv.hf._attention import attention
+
+    class Layer(torch.nn.Module):
+        is_causal = False
+        training = True
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(ValueError, match=r"dropout: attention dropout \(0.1\) with softcap or sinks"):
+        attention(Layer(), q, q, q, None, dropout=0.1, softcap=5.0)
+    with pytest.raises(ValueError, match="position_bias"):
+        attention(Layer(), q, q, q, None, position_bias=torch.zeros(1, 2, 4, 4))
+
+
 # ---------------------------------------------------------------------------------------------- record
 def _o_proj_inputs(model):
     """Each layer's attention output before o_proj (B, L, H·Ev), from forward hooks."""
@@ -243,6 +283,20 @@ def test_record_keeps_eagers_weights_for_chosen_heads_and_rows(name):
     assert np.abs(t["output"].array[:, 0] - head_out).max() <= 1e-5
     if name == "gemma2":
         assert "capped" in t
+
+
+def test_record_of_bert_with_padding_equals_eagers_weights():
+    model = _bert()
+    ids, mask = _batch(left=False)
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        with qkv.hf.record(model, heads=2, rows=[0, 9]) as rec:
+            model(input_ids=ids, attention_mask=mask)
+    assert rec.layers == [0, 1]
+    for layer in rec.layers:
+        want = ref.attentions[layer][:, [2]][:, :, [0, 9]].numpy()
+        assert np.abs(rec.weights[layer] - want).max() <= 1e-6
+        assert float(np.abs(rec.traces[layer]["weights"].array[0, 0, :, -4:]).max()) == 0.0   # padding keys
 
 
 def test_record_of_every_layer_feeds_the_pictures_and_the_explainer():

@@ -116,6 +116,9 @@ def _spec(module, query, key, attention_mask, scaling, kwargs) -> Spec:
     Hk, S = key.shape[1], key.shape[2]
     if Hq % Hk:
         raise ValueError(f"key: {Hk} key/value heads do not divide the query's {Hq} heads")
+    if kwargs.get("position_bias") is not None:
+        raise ValueError("position_bias: a learned relative position bias (T5-style) is not supported on qkv; use "
+                         "attn_implementation='eager' or 'sdpa' for this model")
     spec = Spec()
     spec.scale = float(scaling) if scaling is not None else E ** -0.5
     spec.enable_gqa = Hk != Hq
