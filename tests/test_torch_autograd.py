@@ -5,8 +5,10 @@ torch's eager flex_attention and SDPA, gradcheck, dtypes, refusals, and a traini
 Mods are written with torch operations, as for torch's flex_attention; a score mod captures learnable tensors
 (a per-head relative-position bias table, a scalar temperature) whose gradients must arrive.
 """
+import os
 import subprocess
 import sys
+import threading
 import warnings
 
 import numpy as np
@@ -99,6 +101,7 @@ def _doc_mask():
 CASES = {
     "sliding window, learnable bias, sinks": dict(mask=_window(40), learn=True, sinks=True),
     "causal, GQA": dict(mask=_causal, gqa=True),
+    "GQA, learnable bias, sinks": dict(mask=_window(70), gqa=True, learn=True, sinks=True),
     "document": dict(mask=_doc_mask(), learn=True),
     "non-square torch blocks": dict(mask=_window(40), block=(64, 128)),
     "qkv BlockMask": dict(mask="qkv", learn=True),
@@ -215,14 +218,19 @@ def test_the_tiled_forward_and_backward_take_a_torch_mod_on_worker_threads():
     """Large enough for the tiled engine (2 threads): the captured bias's gradient summed over blocks."""
     q, k, v = (_rand(1, 2, 640, 16, seed=s) for s in (1, 2, 3))
     bias = _rand(2, 1280, seed=4, scale=0.3)
+    threads = set()
 
     def mod(score, b, h, q_idx, kv_idx):
+        if torch.is_grad_enabled():                                   # the backward's vjp
+            threads.add(threading.get_ident())
         return score + bias[h, q_idx - kv_idx + 640]
     bm = t_block_mask(_window(200), None, None, 640, 640, device="cpu")
     with qkv.paths.counting() as seen:
         out = qt.flex_attention(q, k, v, mod, bm)
         got = _grads(out, [q, k, v, bias])
     assert seen["score.generic"] > 0 and seen["backward.mod_vjp"] > 0
+    if len(os.sched_getaffinity(0)) >= 2 and qkv.get_num_threads() >= 2:
+        assert len(threads) >= 2                                      # the bias's gradient summed across workers
     want = _dense(q, k, v, mod, _window(200))[0]
     _close(out, want, 1e-10, "out")
     for g, w in zip(got, _grads(want, [q, k, v, bias])):
