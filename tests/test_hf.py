@@ -176,6 +176,13 @@ def test_a_4d_tensor_mask_and_no_mask_are_accepted():
         out, _ = attention(Layer(), q, k, v, None)
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         assert (out - ref.transpose(1, 2)).abs().max() <= 1e-5
+        heads_mask = torch.rand(1, 4, 6, 6, generator=g) > 0.3                # one mask per head
+        heads_mask[..., 0] = True
+        out, w = attention(Layer(), q, k, v, heads_mask, output_attentions=True)
+        scores = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~heads_mask, float("-inf"))
+        assert (w - scores.softmax(-1)).abs().max() <= 1e-6
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=heads_mask)
+        assert (out - ref.transpose(1, 2)).abs().max() <= 1e-5
         with pytest.raises(TypeError, match="attention_mask: expected a qkv.hf mask"):
             attention(Layer(), q, k, v, "causal")
 

@@ -58,15 +58,15 @@ class Spec:
         if self.score_mod is not None:
             s = mods.call_score_mod(self.score_mod, s, np.arange(B).reshape(B, 1, 1, 1), heads.reshape(-1, 1, 1),
                                     rows[:, None], np.arange(S)[None, :])
-        s = stages.apply_mask(s, self.mask_rows(rows))
+        s = stages.apply_mask(s, self.mask_rows(rows, heads))
         sinks = None if self.sinks is None else _numpy(self.sinks)[heads].reshape(-1, 1, 1).astype(s.dtype)
         return stages.softmax(s, sinks=sinks)
 
-    def mask_rows(self, rows: np.ndarray):
-        """The mask of query rows ``rows``: bool or float (B or 1, 1 or H, R, S), or None."""
+    def mask_rows(self, rows: np.ndarray, heads: np.ndarray):
+        """The mask of query rows ``rows`` and heads ``heads``: bool or float (B or 1, 1 or h, R, S), or None."""
         if self.dense is not None:
-            d = self.dense
-            return d if d.shape[-2] == 1 else d[..., rows, :]
+            d = self.dense if self.dense.shape[-2] == 1 else self.dense[..., rows, :]     # (B or 1, 1 or H, R, S)
+            return d if d.shape[1] == 1 else d[:, heads]
         return None if self.mask is None else self.mask.dense(rows)
 
 

@@ -134,9 +134,7 @@ def _trace(spec, q, k, v, heads: np.ndarray, rows: np.ndarray):
     qh = q[:, heads][:, :, rows]                                             # (B, h, R, E)
     kh, vh = k[:, heads // group], v[:, heads // group]                      # (B, h, S, E), (B, h, S, Ev)
     sinks = None if spec.sinks is None else _numpy(spec.sinks)[heads].astype(qh.dtype)   # (h,)
-    mask = spec.mask_rows(rows)                                              # (B or 1, 1 or H, R, S)
-    if mask is not None and mask.ndim == 4 and mask.shape[1] > 1:
-        mask = mask[:, heads]
+    mask = spec.mask_rows(rows, heads)                                       # (B or 1, 1 or h, R, S)
     with trace() as t:
         stages.observe_input("Q", qh)
         stages.observe_input("K", kh)
