@@ -135,6 +135,24 @@ def test_the_mask_is_a_block_mask_that_skips_outside_the_window():
     assert np.array_equal(m.dense()[0, 0], (want >= 0) & (want < 256))
 
 
+def test_only_a_plain_causal_mask_is_marked_causal():
+    """``Mask.is_causal`` (sdpa's is_causal path) for causal without padding or offsets, nothing else."""
+    from transformers.masking_utils import (AttentionMaskInterface, causal_mask_function,
+                                            sliding_window_causal_mask_function)
+    fn = AttentionMaskInterface._global_mapping["qkv"]
+    pad = torch.ones(2, 9, dtype=torch.bool)
+    assert fn(batch_size=2, q_length=9, kv_length=9, mask_function=causal_mask_function, attention_mask=pad).is_causal
+    pad[0, 0] = False
+    cases = [dict(q_length=9, kv_length=9, mask_function=causal_mask_function, attention_mask=pad),
+             dict(q_length=1, kv_length=9, q_offset=8, mask_function=causal_mask_function),
+             dict(q_length=9, kv_length=9, mask_function=sliding_window_causal_mask_function(4))]
+    for kw in cases:
+        m = fn(batch_size=2, **kw)
+        assert not m.is_causal, kw
+        want = np.asarray(transformers.masking_utils.sdpa_mask(batch_size=2, allow_is_causal_skip=False, **kw))
+        assert np.array_equal(np.broadcast_to(m.dense(), want.shape), want), kw
+
+
 def test_an_unknown_torch_mask_function_runs_as_written():
     from transformers.masking_utils import AttentionMaskInterface, chunked_overlay, and_masks, causal_mask_function
     fn = AttentionMaskInterface._global_mapping["qkv"]

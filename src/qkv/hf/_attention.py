@@ -135,7 +135,7 @@ def _spec(module, query, key, attention_mask, scaling, kwargs) -> Spec:
         causal = kwargs.get("is_causal")
         causal = getattr(module, "is_causal", False) if causal is None else causal
         if causal and L > 1:                                                 # sdpa's is_causal: top-left
-            spec.mask = Mask(mods.causal(), B, L, S, per_batch=False)
+            spec.mask = Mask(mods.causal(), B, L, S, per_batch=False, is_causal=True)
     elif hasattr(attention_mask, "ndim") and attention_mask.ndim == 4:
         spec.dense = _numpy(attention_mask) if attention_mask.dtype.is_floating_point else \
             attention_mask.detach().cpu().numpy().astype(bool)
@@ -163,8 +163,11 @@ def _numpy_path(spec: Spec, query, key, value):
     import torch
 
     q, k, v = _numpy(query), _numpy(key), _numpy(value)
+    plain = spec.score_mod is None and spec.sinks is None
     if spec.dense is not None:
         out = _np_sdpa(q, k, v, attn_mask=spec.dense, scale=spec.scale, enable_gqa=spec.enable_gqa)
+    elif plain and spec.mask is not None and spec.mask.is_causal:                # SDPA's causal path (~7 % faster)
+        out = _np_sdpa(q, k, v, is_causal=True, scale=spec.scale, enable_gqa=spec.enable_gqa)
     else:
         sinks = None if spec.sinks is None else _numpy(spec.sinks).astype(q.dtype)
         out = _np_flex(q, k, v, spec.score_mod, None if spec.mask is None else spec.mask.block_mask,

@@ -69,11 +69,14 @@ class Mask:
             all, every key visible).
         mask_mod: its :class:`qkv.mods.MaskMod` (None likewise), evaluated by the engine on partial blocks only.
         batch_size, q_length, kv_length: B, L, S.
+        is_causal: the mask is exactly top-left causal (query i sees keys 0 … i, no padding): sdpa's
+            ``is_causal``, which qkv's forward without gradients takes as such.
         shape: ``(B, 1, L, S)``, the shape sdpa's dense mask would have (some model code reads it).
     """
 
-    def __init__(self, mask_mod, batch_size: int, q_length: int, kv_length: int, per_batch: bool):
-        self.mask_mod = mask_mod
+    def __init__(self, mask_mod, batch_size: int, q_length: int, kv_length: int, per_batch: bool,
+                 is_causal: bool = False):
+        self.mask_mod, self.is_causal = mask_mod, bool(is_causal)
         self.batch_size, self.q_length, self.kv_length = int(batch_size), int(q_length), int(kv_length)
         self.block_mask: BlockMask | None = None
         if mask_mod is not None:
@@ -118,7 +121,8 @@ def mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
     tree = _simplify(tree)
     per_batch = _per_batch(tree)
     mod = _build(tree, q_offset, kv_offset, q_length, kv_length)
-    return Mask(mod, batch_size, q_length, kv_length, per_batch)
+    causal = tree == _Window(0, math.inf) and q_offset == kv_offset
+    return Mask(mod, batch_size, q_length, kv_length, per_batch, is_causal=causal)
 
 
 def _int(x) -> int:
