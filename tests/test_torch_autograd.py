@@ -105,6 +105,7 @@ CASES = {
     "document": dict(mask=_doc_mask(), learn=True),
     "non-square torch blocks": dict(mask=_window(40), block=(64, 128)),
     "qkv BlockMask": dict(mask="qkv", learn=True),
+    "per batch row and head": dict(mask="per_bh", learn=True),
     "no mask, no mod": dict(),
 }
 
@@ -117,7 +118,13 @@ def _case(name, dtype=F64):
     mod, captured = _learnable() if c.get("learn") else (None, [])
     sinks = _rand(H, seed=4) if c.get("sinks") else None
     mask_fn, bm = c.get("mask"), None
-    if mask_fn == "qkv":
+    if mask_fn == "per_bh":                               # built for B, H: each (b, h) its own window
+        limits = torch.tensor([[20, 60, 150, 1], [7, 33, 90, 130]])
+
+        def mask_fn(b, h, q_idx, kv_idx):
+            return (q_idx >= kv_idx) & (q_idx - kv_idx < limits[b, h])
+        bm = t_block_mask(mask_fn, B, H, L, L, device="cpu", BLOCK_SIZE=32)
+    elif mask_fn == "qkv":
         mask_fn, bm = _window(33), qkv.create_block_mask(mods.sliding_window(33), None, None, L, L, BLOCK_SIZE=32)
     elif mask_fn is not None:
         bm = t_block_mask(mask_fn, None, None, L, L, device="cpu", BLOCK_SIZE=c.get("block", 128))
@@ -369,6 +376,26 @@ def test_a_vjp_that_returns_the_wrong_shape_is_named():
     mod = mods.ScoreMod(lambda s, b, h, i, j: s * 2, vjp=lambda s, b, h, i, j, ds: ds[..., :1] * 2)
     with pytest.raises(ValueError, match=r"score_mod: its vjp returned shape .*, expected the block's shape"):
         qkv.flex_attention_backward(np.ones((2, 8, 4)), q, q, q, mod)
+
+
+def test_compose_chains_a_vjp_with_a_built_in_derivative():
+    """compose(ScoreMod(fn, vjp=…), softcap) differentiates as compose(ScoreMod(fn, grad=…), softcap), on the
+    reference and the tiled backward."""
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((2, 300, 8)) * 2 for _ in range(3))
+    do = rng.standard_normal((2, 300, 8))
+
+    def fn(s, b, h, i, j):
+        return np.where(j > i, s * 0.5, s + 0.1 * h)
+    by_grad = mods.ScoreMod(fn, grad=lambda s, b, h, i, j: np.where(j > i, 0.5, 1.0))
+    by_vjp = mods.ScoreMod(fn, vjp=lambda s, b, h, i, j, ds: ds * np.where(j > i, 0.5, 1.0))
+    composed = mods.compose(by_vjp, mods.softcap(3.0))
+    assert composed.has_grad and composed.has_vjp
+    for backend in ("reference", "tiled"):
+        want = qkv.flex_attention_backward(do, q, k, v, mods.compose(by_grad, mods.softcap(3.0)), backend=backend)
+        got = qkv.flex_attention_backward(do, q, k, v, composed, backend=backend)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
 def test_import_qkv_does_not_import_torch():
