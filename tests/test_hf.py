@@ -404,15 +404,28 @@ def test_qkv_view_hf_writes_the_model_view(folder, tmp_path, capsys):
     assert data["model"]["name"] == os.path.basename(folder)
 
 
+def _copy(src, dest, *names) -> bool:
+    """Copy ``names`` (or every file: "*") of the good folder ``src`` into ``dest``."""
+    import shutil
+    for f in (os.listdir(src) if names == ("*",) else names):
+        shutil.copy(src / f, dest / f)
+    return True
+
+
 @pytest.mark.parametrize("make, pattern", [
-    (lambda d: d / "missing", r"--hf: no folder '.*missing'$"),
-    (lambda d: (d / "f.txt").write_text("x") and d / "f.txt", r"is a file, expected a model folder"),
-    (lambda d: d, r"is not a transformers model folder \(it has no config.json\)$"),
-    (lambda d: (d / "config.json").write_text("{}") and d, r"has no .safetensors weights"),
+    (lambda d, s: d / "missing", r"--hf: no folder '.*missing'$"),
+    (lambda d, s: (d / "f.txt").write_text("x") and d / "f.txt", r"is a file, expected a model folder"),
+    (lambda d, s: d, r"is not a transformers model folder \(it has no config.json\)$"),
+    (lambda d, s: (d / "config.json").write_text("{}") and d, r"has no .safetensors weights"),
+    (lambda d, s: _copy(s, d, "config.json", "model.safetensors") and d, r"has no tokenizer qkv can load \("),
+    (lambda d, s: _copy(s, d, "*") and (d / "model.safetensors").write_text("x") and d,
+     r"transformers cannot load its weights \(.*header"),
+    (lambda d, s: _copy(s, d, "*") and (d / "config.json").write_text("{") and d,
+     r"transformers cannot read its config.json \(.*not a valid JSON"),
 ])
-def test_bad_hf_folders_are_one_line(tmp_path, capsys, make, pattern):
+def test_bad_hf_folders_are_one_line(tmp_path, capsys, make, pattern, folder):
     from cli_checks import one_line, run
-    path = make(tmp_path)
+    path = make(tmp_path, folder)
     for args in (["model", "the cat", "--hf", path], ["view", "--hf", path, "--text", "the cat", "-o",
                                                       tmp_path / "v.html"]):
         code, out, err = run(capsys, *args)

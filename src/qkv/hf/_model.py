@@ -184,8 +184,12 @@ def load(path, *, dtype=None) -> Model:
         raise ValueError(f"path: {path!r} has no tokenizer qkv can load ({_first_line(exc)})") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    model = cls.from_pretrained(path, local_files_only=True, attn_implementation=name,
-                                dtype=dtype or torch.float32).eval()
+    from safetensors import SafetensorError
+    try:
+        model = cls.from_pretrained(path, local_files_only=True, attn_implementation=name,
+                                    dtype=dtype or torch.float32).eval()
+    except (ValueError, OSError, SafetensorError) as exc:
+        raise ValueError(f"path: {path!r}: transformers cannot load its weights ({_first_line(exc)})") from None
     return Model(model, tokenizer, _config(hf_config, path, decoder))
 
 
