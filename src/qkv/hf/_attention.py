@@ -42,7 +42,7 @@ class Spec:
         enable_gqa: Hk < Hq (grouped-query heads).
     """
 
-    __slots__ = ("mask", "dense", "score_mod", "sinks", "scale", "enable_gqa", "softcap")
+    __slots__ = ("mask", "dense", "score_mod", "sinks", "scale", "enable_gqa")
 
     def weights(self, q: np.ndarray, k: np.ndarray, heads=None, rows=None) -> np.ndarray:
         """The attention weights of ``heads`` × ``rows`` (default all): (B, h, R, S) float, computed by qkv's
@@ -84,7 +84,8 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
 
     Returns:
         ``(attn_output (B, L, Hq, Ev), attn_weights (B, Hq, L, S) or None)``, attn_weights with
-        ``output_attentions=True``.
+        ``output_attentions=True``: computed by qkv's stages without gradient (a loss on them does not reach the
+        layer's parameters) and before dropout.
     """
     import torch
 
@@ -103,7 +104,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
         weights = torch.from_numpy(np.ascontiguousarray(w)).to(query.dtype)
     recorder = _record.active()
     if recorder is not None:
-        recorder.observe(module, spec, query, key, value, out)
+        recorder.observe(module, spec, query, key, value)
     return out.transpose(1, 2).contiguous(), weights                          # (B, Hq, L, Ev) -> (B, L, Hq, Ev)
 
 
@@ -122,8 +123,8 @@ def _spec(module, query, key, attention_mask, scaling, kwargs) -> Spec:
     spec = Spec()
     spec.scale = float(scaling) if scaling is not None else E ** -0.5
     spec.enable_gqa = Hk != Hq
-    spec.softcap = kwargs.get("softcap")
-    spec.score_mod = None if spec.softcap is None else mods.softcap(float(spec.softcap))
+    softcap = kwargs.get("softcap")
+    spec.score_mod = None if softcap is None else mods.softcap(float(softcap))
     spec.sinks = kwargs.get("s_aux")
     spec.mask, spec.dense = None, None
     if isinstance(attention_mask, Mask):

@@ -79,7 +79,7 @@ class Recording:
             idx = self._order.setdefault(id(module), len(self._order))
         return int(idx)
 
-    def observe(self, module, spec, query, key, value, out) -> None:
+    def observe(self, module, spec, query, key, value) -> None:
         """Called by the attention function with one layer's call (see the module)."""
         layer = self._layer_index(module)
         if self._layers is not None and layer not in self._layers:
