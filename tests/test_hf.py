@@ -177,6 +177,18 @@ def test_generate_continues_as_eager(name):
     assert torch.equal(ref, got)
 
 
+@pytest.mark.parametrize("name", ("llama", "mistral", "gemma2"))
+def test_generate_with_a_static_cache_continues_as_eager(name):
+    """A static cache: generate builds the masks in advance and the model passes them back through the mask
+    function, which returns them as they are."""
+    model = _decoder(name)
+    ids, mask = _batch(T=7)
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    with torch.no_grad():
+        ref, got = _both(model, lambda m: m.generate(ids, **kw))
+    assert torch.equal(ref, got)
+
+
 def test_a_4d_tensor_mask_and_no_mask_are_accepted():
     """A caller's own 4-D boolean mask (True = may attend) and None (is_causal) run as sdpa would."""
     from qkv.hf._attention import attention

@@ -87,6 +87,11 @@ class Mask:
     def shape(self) -> tuple:
         return (self.batch_size, 1, self.q_length, self.kv_length)
 
+    @property
+    def ndim(self) -> int:
+        """4, as sdpa's mask: transformers reads it to tell a prepared mask from a 2-D padding mask."""
+        return 4
+
     def dense(self, rows=None) -> np.ndarray | None:
         """The mask as booleans (B or 1, 1, R, S), True = may attend: rows ``rows`` (default all L); None when
         there is no mask. Materializes R × S booleans: for weights of chosen rows, dropout, and the tests."""
@@ -108,10 +113,13 @@ def mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask
                   attention_mask=None, **kwargs) -> Mask:
     """transformers' mask-interface signature (``AttentionMaskInterface``): the pattern ``mask_function``
     (torch-written, see the module), the 2-D padding ``attention_mask`` (B, ≥ kv_offset + S) (True = real token),
-    the cache offsets → a :class:`Mask`. The other keywords (dtype, device, allow_is_causal_skip, config, …) are
+    the cache offsets → a :class:`Mask` (a :class:`Mask` passed as ``attention_mask`` — built in advance, as
+    ``generate`` does for a static cache — comes back as it is). The other keywords (dtype, device, allow_is_causal_skip, config, …) are
     sdpa's and eager's and not needed."""
     from transformers import masking_utils as mu
 
+    if isinstance(attention_mask, Mask):                  # prepared already (generate with a static cache)
+        return attention_mask
     q_offset, kv_offset = _int(q_offset), _int(kv_offset)
     fn = mask_function if mask_function is not None else mu.causal_mask_function
     tree = _translate(fn, mu)
