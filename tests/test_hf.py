@@ -122,6 +122,24 @@ def test_bert_with_padding_equals_eager():
         assert float(b[0, :, :, -4:].abs().max()) == 0.0   # padding keys take no weight
 
 
+def test_an_encoder_decoder_with_cross_attention_equals_eager():
+    """BART: the encoder's padded bidirectional attention, the decoder's causal one, and cross-attention over
+    the padded encoder output; logits and greedy generate."""
+    from transformers import AutoModelForSeq2SeqLM, BartConfig
+    torch.manual_seed(0)
+    c = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0,
+                   attention_dropout=0.0)
+    model = AutoModelForSeq2SeqLM.from_config(c, attn_implementation="eager").eval()
+    ids, mask = _batch(left=False)
+    dec = torch.randint(2, VOCAB, (2, 5), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ref, got = _both(model, lambda m: m(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits)
+        assert float((ref - got).abs().max()) <= 1e-5
+        ref, got = _both(model, lambda m: m.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False))
+    assert torch.equal(ref, got)
+
+
 def test_the_mask_is_a_block_mask_that_skips_outside_the_window():
     """Mistral's sliding window at 1,024 tokens: qkv's sliding_window mod, most blocks skipped, no dense mask."""
     from transformers.masking_utils import AttentionMaskInterface, sliding_window_causal_mask_function
