@@ -244,6 +244,42 @@ def test_the_tiled_forward_and_backward_take_a_torch_mod_on_worker_threads():
         _close(g, w, 1e-10, "grad")
 
 
+# ====================================================================================== torch's masks
+def _converted(mask_fn, N=300, bs=32):
+    return _torch_mods.block_mask_from_torch(t_block_mask(mask_fn, None, None, N, N, device="cpu", BLOCK_SIZE=bs),
+                                             N, N)
+
+
+def test_a_torch_mask_of_i_minus_j_is_proven_so_and_runs_on_cached_patterns():
+    assert _converted(_window(40)).mask_mod.traits == mods.MaskTraits(invariant=True, diagonal=True, causal=True)
+    both_ways = _converted(lambda b, h, q_idx, kv_idx: (q_idx - kv_idx).abs() < 40)
+    assert both_ways.mask_mod.traits == mods.MaskTraits(invariant=True, diagonal=True, causal=False)
+    q, k, v = (_rand(1, 2, 600, 16, seed=s) for s in (1, 2, 3))
+    with qkv.paths.counting() as seen:
+        out = qt.flex_attention(q, k, v, block_mask=t_block_mask(_window(100), None, None, 600, 600, device="cpu",
+                                                                  BLOCK_SIZE=64))
+        got = _grads(out, [q, k, v])
+    assert seen["mask.pattern"] > 0 and seen["mask.mask_mod"] == 0
+    want = _dense(q, k, v, None, _window(100))[0]
+    _close(out, want, 1e-10, "out")
+    for g, w in zip(got, _grads(want, [q, k, v])):
+        _close(g, w, 1e-10, "grad")
+
+
+def test_a_mask_that_depends_on_more_than_i_minus_j_keeps_calling_the_mod():
+    """Documents, and a mask whose partial blocks look like a function of i − j but whose full and empty blocks
+    contradict it (block row 1 hides keys 0 … 127, block row 2 sees them): no traits, exact results."""
+    def holed(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & ~((q_idx >= 128) & (q_idx < 256) & (kv_idx < 128))
+    assert _converted(holed, 384, 128).mask_mod.traits is None
+    assert _converted(_doc_mask(), 150).mask_mod.traits is None
+    q, k, v = (_rand(1, 2, 384, 16, seed=s) for s in (1, 2, 3))
+    with qkv.paths.counting() as seen:
+        out = qt.flex_attention(q, k, v, block_mask=t_block_mask(holed, None, None, 384, 384, device="cpu"))
+    assert seen["mask.pattern"] == 0
+    _close(out, _dense(q, k, v, None, holed)[0], 1e-10, "out")
+
+
 # ============================================================================================ captures
 class _Bias(torch.nn.Module):
     def __init__(self):

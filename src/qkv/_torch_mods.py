@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import mods
-from .blockmask import FULL, PARTIAL, BlockMask, create_block_mask
+from .blockmask import EMPTY, FULL, PARTIAL, BlockMask, create_block_mask
 
 __all__ = ["Accumulator", "block_mask_from_torch", "captured_tensors", "mask_mod", "score_mod"]
 
@@ -266,7 +266,63 @@ def block_mask_from_torch(bm, L: int, S: int) -> BlockMask:
     _mark(kinds, num, bm.kv_indices, PARTIAL)
     if bm.full_kv_num_blocks is not None:
         _mark(kinds, bm.full_kv_num_blocks.detach().cpu().numpy(), bm.full_kv_indices, FULL)
+    if B == 1 and H == 1:
+        mod = _as_offset_table(mod, kinds[0, 0], L, S, bs) or mod
     return BlockMask(mod, Bn, Hn, L, S, bs, kinds)
+
+
+def _as_offset_table(mod: mods.MaskMod, grid: np.ndarray, L: int, S: int, bs: int):
+    """The mask as a function of ``i − j`` with its :class:`qkv.mods.MaskTraits`, when the whole (L, S) grid
+    proves it one — else None.
+
+    A torch mask mod declares no traits, so the engine would call it on every partial block, never cache its
+    partial blocks as patterns nor batch a window's bands. Here each partial block is evaluated once (through
+    ``mod``, whose cache the engine then reads) and every cell's value is checked against a table ``f(i − j)``,
+    the full blocks' offsets against 1 and the empty ones' against 0: every cell of the grid agrees, or this
+    gives up. The table then answers the engine (``invariant``), and says whether the mask allows the diagonal
+    and nothing above it (``diagonal``, ``causal``)."""
+    table = np.full(L + S - 1, -1, np.int8)                  # f(d) at d + S − 1 (d = i − j); −1: not yet seen
+    zero = np.zeros((), np.int64)
+    for qi, kj in zip(*np.nonzero(grid == PARTIAL)):
+        i = np.arange(qi * bs, min(qi * bs + bs, L), dtype=np.int64)[:, None]
+        j = np.arange(kj * bs, min(kj * bs + bs, S), dtype=np.int64)[None, :]
+        a = np.broadcast_to(mods.call_mask_mod(mod, zero, zero, i, j), (i.size, j.size))
+        if not np.array_equal(a[1:, 1:], a[:-1, :-1]):        # one offset (a diagonal), two values
+            return None
+        # its offsets i0 − j1 + 1 … i1 − 1 − j0, one run: the first row backwards, then the first column
+        run = np.concatenate([a[0, ::-1], a[1:, 0]]).astype(np.int8)
+        lo = int(i[0, 0] - j[0, -1]) + (S - 1)
+        seen = table[lo:lo + run.size]
+        if ((seen != -1) & (seen != run)).any():
+            return None
+        seen[...] = run
+    for kind, value in ((FULL, 1), (EMPTY, 0)):
+        covered = _offsets(np.nonzero(grid == kind), L, S, bs)
+        if ((table != -1) & (table != value) & covered).any():
+            return None
+        table[covered] = value
+    allowed = table == 1
+    traits = mods.MaskTraits(invariant=True, diagonal=bool(allowed[S - 1]), causal=not allowed[:S - 1].any())
+    fn = mod.fn
+
+    def offset_mask(b, h, q_idx, kv_idx):
+        d = np.subtract(q_idx, kv_idx) + (S - 1)
+        if d.size and (d.min() < 0 or d.max() >= table.size):   # beyond the grid: ask the mod itself
+            return fn(b, h, q_idx, kv_idx)
+        return allowed[d]
+    offset_mask.__name__ = mod.name
+    return mods.MaskMod(offset_mask, name=mod.name, traits=traits)
+
+
+def _offsets(blocks, L: int, S: int, bs: int) -> np.ndarray:
+    """Which offsets ``i − j`` (at d + S − 1) the blocks (qi, kj) cover: each block's cells span one run of them."""
+    qi, kj = blocks
+    lo = qi * bs - (np.minimum(kj * bs + bs, S) - 1) + (S - 1)
+    hi = np.minimum(qi * bs + bs, L) - 1 - kj * bs + (S - 1)
+    edges = np.zeros(L + S, np.int64)
+    np.add.at(edges, lo, 1)
+    np.add.at(edges, hi + 1, -1)
+    return np.cumsum(edges)[:-1] > 0
 
 
 def _mark(kinds: np.ndarray, num: np.ndarray, indices, kind: int) -> None:
