@@ -15,6 +15,11 @@ passes them to its ``autograd.Function`` as inputs. In the backward, the mod's `
 [score, *captured], grad_outputs=dS')`` gives the engine ``dS`` and adds each captured tensor's gradient to a
 :class:`Accumulator` (under a lock: the tiled engine runs blocks on worker threads).
 
+**torch's BlockMask** (:func:`block_mask_from_torch`): its block kinds are read from its indices; its mask mod,
+called with torch tensors on the partial blocks, is kept per block; and a mask that the whole grid proves a
+function of ``i − j`` (:func:`_as_offset_table`) becomes a table with :class:`qkv.mods.MaskTraits`, so the
+engine caches its partial blocks as patterns, as it does for qkv's built-in mask mods.
+
 Shape legend: B batch, H query heads, L queries, S keys.
 """
 from __future__ import annotations
