@@ -211,6 +211,16 @@ def test_gradcheck_through_a_captured_bias_and_sinks():
     assert torch.autograd.gradcheck(f, (q, k, v, bias, sinks), eps=1e-6, atol=1e-8)
 
 
+def test_a_mod_that_works_in_place_is_differentiated_like_its_out_of_place_twin():
+    q, k, v = (_rand(1, 2, 40, 8, seed=s) for s in (1, 2, 3))
+    bm = t_block_mask(_causal, None, None, 40, 40, device="cpu")
+    out = qt.flex_attention(q, k, v, lambda s, b, h, i, j: s.mul_(0.5).add_(h), bm)
+    want = _dense(q, k, v, lambda s, b, h, i, j: s * 0.5 + h, _causal)[0]
+    _close(out, want, 1e-10, "out")
+    for g, w in zip(_grads(out, [q, k, v]), _grads(want, [q, k, v])):
+        _close(g, w, 1e-10, "grad")
+
+
 def test_a_qkv_score_mod_runs_as_it_is():
     q, k, v = (_rand(1, 4, 40, 8, seed=s) for s in (1, 2, 3))
     slopes = mods.alibi_slopes(4)

@@ -162,13 +162,14 @@ def score_mod(fn, captured: list, accumulator: Accumulator | None = None) -> mod
         return mods.ScoreMod(forward, name=name)
 
     def vjp(score, b, h, q_idx, kv_idx, grad_score):
-        s = torch.from_numpy(np.array(score)).requires_grad_()      # (…, Lb, Sb), its own copy
+        leaf = _tensor(score).requires_grad_()                       # (…, Lb, Sb)
         with torch.enable_grad():
+            s = leaf.clone()                                         # a mod may work in place (score.mul_(…))
             out = fn(s, *_indices(b, h, q_idx, kv_idx))
             if not isinstance(out, torch.Tensor) or not out.requires_grad:   # no path to the score or a capture
                 return np.zeros(s.shape, score.dtype)
             out = torch.broadcast_to(out, s.shape)
-            inputs = [s] + captured
+            inputs = [leaf] + captured
             grads = torch.autograd.grad(out, inputs, grad_outputs=_tensor(grad_score).to(out.dtype),
                                         allow_unused=True)
         accumulator.add(grads[1:])
