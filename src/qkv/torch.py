@@ -40,13 +40,15 @@ Mask convention: True = may attend (torch's SDPA and flex alike).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from . import _checks, backends, mods, shapes
 from . import flex as _flex, sdpa as _sdpa
-from . import _torch_mods
+from ._extras import need
 from .blockmask import BlockMask
 from .engine import BACKWARD_WHOLE_SCORES
+
+torch = need("torch", "qkv.torch")                   # an ImportError naming the extra when torch is missing
+from . import _torch_mods  # noqa: E402  (imports torch)
 
 __all__ = ["flex_attention", "scaled_dot_product_attention"]
 
