@@ -137,8 +137,7 @@ class Model:
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < n:
             raise ValueError(f"layer: expected an integer in 0..{n - 1} (the model has {n} layers), got {layer!r}")
         ids, mask = self._ids([text])
-        rec = Recording(layers=[int(layer)])
-        rec.trace_heads = "all"
+        rec = Recording(layers=[int(layer)], trace_all=True)
         self._forward(ids, mask, rec)
         return rec.traces[int(layer)]
 

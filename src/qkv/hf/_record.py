@@ -40,14 +40,14 @@ class Recording:
         weights: ``{layer: (B, len(heads), len(rows), S) float32}`` attention weights of the chosen heads and rows.
         traces: ``{layer: qkv.Trace}`` of the first chosen head (``trace_head``).
         layers: the recorded layers, in order (those the model ran among the chosen).
-        heads: the chosen heads (None: all, known after the first call: ``heads_of(layer)``).
+        heads: the chosen heads as given (None: all; each layer's resolved in ``heads_of[layer]``).
         rows: the chosen query rows as given (None: all; negative counts from the end).
-        trace_head: the head the traces follow (the first chosen, 0 by default).
+        trace_head: the head the traces follow, as given (the first chosen, 0 by default).
         rows_of: ``{layer: (R,) int}`` the query rows each layer's weights and trace hold (negatives resolved).
         heads_of: ``{layer: (h,) int}`` the heads each layer's weights hold.
     """
 
-    def __init__(self, layers=None, heads=None, rows=None):
+    def __init__(self, layers=None, heads=None, rows=None, *, trace_all: bool = False):
         self._layers = _ints(layers, "layers")
         self.heads = _ints(heads, "heads")
         self.rows = _ints(rows, "rows")
@@ -57,7 +57,7 @@ class Recording:
         self.rows_of: dict[int, np.ndarray] = {}
         self.heads_of: dict[int, np.ndarray] = {}
         self._order: dict[int, int] = {}
-        self.trace_heads = None               # "all": the traces hold every chosen head (Model.trace_layer)
+        self._trace_all = bool(trace_all)       # True: the traces hold every chosen head (Model.trace_layer)
 
     @property
     def layers(self) -> list[int]:
@@ -91,7 +91,7 @@ class Recording:
         heads = _resolve(self.heads, Hq, "heads", f"the layer has {Hq} heads")
         rows = _resolve(self.rows, L, "rows", f"the call has {L} query rows")
         self.weights[layer] = spec.weights(q, k, heads, rows).astype(np.float32, copy=False)
-        self.traces[layer] = _trace(spec, q, k, v, heads if self.trace_heads == "all" else heads[:1], rows)
+        self.traces[layer] = _trace(spec, q, k, v, heads if self._trace_all else heads[:1], rows)
         self.rows_of[layer], self.heads_of[layer] = rows, heads
 
 
