@@ -145,6 +145,26 @@ def test_flex_forward_and_every_gradient_match_dense_autograd_in_float64(name):
         _close(g, w, 1e-10, f"grad of {tuple(x.shape)}")
 
 
+@pytest.mark.parametrize("L, S", [(100, 130), (130, 100), (1, 1), (1, 77), (77, 1), (129, 129)])
+def test_awkward_sizes_and_three_dimensional_inputs(L, S):
+    """(H, L, E) inputs, L ≠ S, single rows and keys, block boundaries ±1, a head-dependent mod and a mask that
+    is not a function of i − j (the first three keys always visible)."""
+    q, k, v = _rand(3, L, 8, seed=1), _rand(3, S, 8, seed=2), _rand(3, S, 5, seed=3)
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score - 0.1 * (q_idx - kv_idx).abs() + h
+
+    def sinks_and_causal(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) | (kv_idx < 3)
+    bm = t_block_mask(sinks_and_causal, None, None, L, S, device="cpu", BLOCK_SIZE=32)
+    out = qt.flex_attention(q, k, v, mod, bm)
+    want = _dense(q[None], k[None], v[None], mod, sinks_and_causal)[0][0]
+    assert out.shape == (3, L, 5)
+    _close(out, want, 1e-10, "out")
+    for g, w in zip(_grads(out, [q, k, v]), _grads(want, [q, k, v])):
+        _close(g, w, 1e-10, "grad")
+
+
 def test_the_lse_is_differentiable_with_sinks_and_a_learnable_bias():
     c = _case("sliding window, learnable bias, sinks")
     inputs = [c["q"], c["k"], c["v"], c["sinks"]] + c["captured"]
@@ -194,6 +214,22 @@ def test_flex_forward_equals_torchs_eager_flex_attention(dtype):
     tol = 1e-10 if dtype == F64 else 1e-5
     _close(out, want, tol, "out")
     _close(lse, want_lse, tol, "lse")
+
+
+def test_a_query_that_may_attend_to_nothing_gives_zero_and_lse_minus_inf_as_torchs_flex():
+    q, k, v = (_rand(1, 2, 64, 8, seed=s) for s in (1, 2, 3))
+
+    def dead_rows(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx % 5 != 3)
+    bm = t_block_mask(dead_rows, None, None, 64, 64, device="cpu", BLOCK_SIZE=16)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        want, want_lse = t_flex(q.detach(), k.detach(), v.detach(), block_mask=bm, return_lse=True)
+    out, lse = qt.flex_attention(q, k, v, block_mask=bm, return_lse=True)
+    assert torch.equal(torch.isinf(lse), torch.isinf(want_lse)) and (out[:, :, 3::5] == 0).all()
+    _close(out, want, 1e-10, "out")
+    dq = _grads(out, [q])[0]
+    assert (dq[:, :, 3::5] == 0).all()
 
 
 def test_gradcheck_through_a_captured_bias_and_sinks():
