@@ -22,35 +22,9 @@ them. Mask convention: True = may attend.
 from __future__ import annotations
 
 from ._record import Recording, record
+from ._register import NAME, register
 
 __all__ = ["NAME", "Model", "Recording", "load", "record", "register"]
-
-#: The name qkv is registered under in transformers.
-NAME = "qkv"
-
-
-def register() -> str:
-    """Register qkv as ``attn_implementation="qkv"`` in transformers; returns ``"qkv"``.
-
-    Adds the attention function to ``transformers.AttentionInterface`` and the mask function to
-    ``transformers.masking_utils.AttentionMaskInterface`` (both global, for every model). Calling it again
-    changes nothing. Afterwards ``AutoModel….from_pretrained(path, attn_implementation="qkv")`` and
-    ``model.set_attn_implementation("qkv")`` run every attention layer on qkv.
-
-    Raises:
-        ImportError naming what is missing when torch or transformers is not installed.
-    """
-    try:
-        from transformers import AttentionInterface
-        from transformers.masking_utils import AttentionMaskInterface
-    except ImportError as exc:
-        raise ImportError(f"qkv.hf needs torch and transformers: pip install 'qkv[dev]' ({exc})") from None
-    from ._attention import attention
-    from ._mask import mask_function
-
-    AttentionInterface.register(NAME, attention)
-    AttentionMaskInterface.register(NAME, mask_function)
-    return NAME
 
 
 def load(path, **kwargs):

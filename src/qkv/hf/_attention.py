@@ -26,8 +26,9 @@ import numpy as np
 from .. import mods, stages
 from ..flex import flex_attention as _np_flex
 from ..sdpa import scaled_dot_product_attention as _np_sdpa
-from . import _record
 from ._mask import Mask
+from ._state import active as _recording
+from ._state import numpy as _numpy
 
 
 class Spec:
@@ -102,7 +103,7 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     if kwargs.get("output_attentions"):
         w = spec.weights(_numpy(query), _numpy(key))
         weights = torch.from_numpy(np.ascontiguousarray(w)).to(query.dtype)
-    recorder = _record.active()
+    recorder = _recording()
     if recorder is not None:
         recorder.observe(module, spec, query, key, value)
     return out.transpose(1, 2).contiguous(), weights                          # (B, Hq, L, Ev) -> (B, L, Hq, Ev)
@@ -147,16 +148,6 @@ def _spec(module, query, key, attention_mask, scaling, kwargs) -> Spec:
         raise ValueError("attention_mask: a 4-D tensor mask together with softcap or sinks is not supported on qkv; "
                          "let transformers build the mask (pass the 2-D padding mask)")
     return spec
-
-
-def _numpy(t) -> np.ndarray:
-    """A tensor as NumPy (float32 for half and bfloat16; float64 stays), no copy for float32 on the CPU."""
-    import torch
-
-    t = t.detach()
-    if t.dtype not in (torch.float32, torch.float64, torch.bool):
-        t = t.float()
-    return t.cpu().numpy()
 
 
 def _numpy_path(spec: Spec, query, key, value):

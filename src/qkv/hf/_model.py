@@ -106,13 +106,14 @@ class Model:
     def _forward(self, ids, mask, recording):
         import torch
 
-        from ._record import _ACTIVE
-        token = _ACTIVE.set(recording)
+        from ._state import ACTIVE
+        token = ACTIVE.set(recording)
         try:
             with torch.no_grad():
-                return self.model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask.astype(np.int64)))
+                return self.model(input_ids=torch.from_numpy(ids),
+                                  attention_mask=torch.from_numpy(mask.astype(np.int64)))
         finally:
-            _ACTIVE.reset(token)
+            ACTIVE.reset(token)
 
     def run(self, texts) -> Output:
         """Every layer's attention weights (and a decoder's logits) for ``texts`` (a str or a list of str)."""
@@ -168,7 +169,7 @@ def load(path, *, dtype=None) -> Model:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
     import torch
 
-    from . import register
+    from ._register import register
 
     name = register()
     try:

@@ -20,17 +20,13 @@ convention: True = may attend.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from typing import Iterator
 
 import numpy as np
 
-_ACTIVE: contextvars.ContextVar["Recording | None"] = contextvars.ContextVar("qkv_hf_record", default=None)
-
-
-def active() -> "Recording | None":
-    """The recording the attention function reports to now, or None."""
-    return _ACTIVE.get()
+from ._register import register
+from ._state import ACTIVE
+from ._state import numpy as _numpy
 
 
 class Recording:
@@ -84,8 +80,6 @@ class Recording:
         layer = self._layer_index(module)
         if self._layers is not None and layer not in self._layers:
             return
-        from ._attention import _numpy
-
         q, k, v = _numpy(query), _numpy(key), _numpy(value)                 # (B, Hq, L, E), (B, Hk, S, E), …
         Hq, L = q.shape[1], q.shape[2]
         heads = _resolve(self.heads, Hq, "heads", f"the layer has {Hq} heads")
@@ -127,7 +121,6 @@ def _trace(spec, q, k, v, heads: np.ndarray, rows: np.ndarray):
     chosen rows; the key/value heads are those each chosen query head reads."""
     from .. import pipeline, stages
     from ..tracing import trace
-    from ._attention import _numpy
 
     heads = np.asarray(heads, dtype=np.int64)
     group = q.shape[1] // k.shape[1]
@@ -164,8 +157,6 @@ def record(model, layers=None, heads=None, rows=None) -> Iterator[Recording]:
         for a head or row the layer does not have.
     """
     rec = Recording(layers, heads, rows)
-    from . import register
-
     name = register()
     config = getattr(model, "config", None)
     before = getattr(config, "_attn_implementation", None)
@@ -173,10 +164,10 @@ def record(model, layers=None, heads=None, rows=None) -> Iterator[Recording]:
         raise TypeError(f"model: expected a transformers PreTrainedModel, got {type(model).__name__}")
     if before != name:
         model.set_attn_implementation(name)
-    token = _ACTIVE.set(rec)
+    token = ACTIVE.set(rec)
     try:
         yield rec
     finally:
-        _ACTIVE.reset(token)
+        ACTIVE.reset(token)
         if before != name and before is not None:
             model.set_attn_implementation(before)
