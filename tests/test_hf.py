@@ -95,6 +95,14 @@ def test_import_qkv_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_without_transformers_register_is_one_import_error_naming_it():
+    code = ("import sys; sys.modules['transformers'] = None\nimport qkv\ntry:\n    qkv.hf.register()\n"
+            "except ImportError as e:\n    print(e)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("qkv.hf needs torch and transformers: pip install 'qkv[dev]'"), p.stdout
+
+
 # ---------------------------------------------------------------------------------------------- forward
 @pytest.mark.parametrize("name", DECODERS)
 def test_decoder_logits_and_weights_equal_eager(name):
