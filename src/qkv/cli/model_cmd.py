@@ -216,6 +216,9 @@ def model_cmd(text, layer, head, token, top, all_heads, explain, model_name, hea
     heads, RoPE, causal: a token attends only to itself and the tokens before it). Its tokens are shown
     without their leading space (' it' as it).
 
+    With --hf DIR: any local transformers model folder (config.json, safetensors, tokenizer; nothing is
+    downloaded), every attention layer run on qkv (qkv.hf); a decoder is causal, its tokens decoded one by one.
+
     Without --token it lists the text's tokens. Layers, heads and token indices count from 0. When a token
     occurs more than once the first is used (say '#N' for another). Chinese text works: the tokenizer
     splits CJK characters (this uncased English vocabulary knows only some of them; the rest are [UNK]).

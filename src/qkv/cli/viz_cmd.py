@@ -245,7 +245,8 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
 
     --text "A sentence." adds every layer and head of the MiniLM model; --model smollm2 --text "..." those of
     the decoder (up to 1,024 tokens); --generate "PROMPT" (--model smollm2) the generation view: step through
-    the generated tokens and see which earlier tokens each attended to, in every layer and head.
+    the generated tokens and see which earlier tokens each attended to, in every layer and head. --hf DIR
+    --text "..." shows every layer and head of a local transformers model folder, run on qkv (qkv.hf).
     """
     from qkv import viz
 
