@@ -148,6 +148,27 @@ def test_an_encoder_decoder_with_cross_attention_equals_eager():
     assert torch.equal(ref, got)
 
 
+def test_record_names_an_encoder_decoders_layers():
+    """BART repeats layer_idx across its encoder, decoder and cross-attention: the layers are the modules' names;
+    the cross-attention's weights are over the encoder's tokens."""
+    from transformers import AutoModelForSeq2SeqLM, BartConfig
+    torch.manual_seed(0)
+    c = BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+                   decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64)
+    model = AutoModelForSeq2SeqLM.from_config(c, attn_implementation="eager").eval()
+    ids, mask = _batch(left=False)
+    dec = torch.randint(2, VOCAB, (2, 5), generator=torch.Generator().manual_seed(2))
+    cross = "model.decoder.layers.0.encoder_attn"
+    with torch.no_grad():
+        ref = model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, output_attentions=True)
+        with qkv.hf.record(model, layers=[cross, "model.encoder.layers.0.self_attn"], heads=[1]) as rec:
+            model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec)
+    assert rec.layers == ["model.encoder.layers.0.self_attn", cross]
+    assert rec.weights[cross].shape == (2, 1, 5, 13)
+    assert np.abs(rec.weights[cross] - ref.cross_attentions[0][:, [1]].numpy()).max() <= 1e-6
+    assert np.abs(rec.weights[rec.layers[0]] - ref.encoder_attentions[0][:, [1]].numpy()).max() <= 1e-6
+
+
 def test_the_mask_is_a_block_mask_that_skips_outside_the_window():
     """Mistral's sliding window at 1,024 tokens: qkv's sliding_window mod, most blocks skipped, no dense mask."""
     from transformers.masking_utils import AttentionMaskInterface, sliding_window_causal_mask_function

@@ -121,7 +121,7 @@ class Model:
 
         texts = [texts] if isinstance(texts, str) else list(texts)
         ids, mask = self._ids(texts)
-        rec = Recording()
+        rec = Recording(model=self.model)
         out = self._forward(ids, mask, rec)
         tokens = [self._shown(row[m]) for row, m in zip(ids, mask)]
         logits = getattr(out, "logits", None) if self.config.decoder else None
@@ -138,7 +138,7 @@ class Model:
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < n:
             raise ValueError(f"layer: expected an integer in 0..{n - 1} (the model has {n} layers), got {layer!r}")
         ids, mask = self._ids([text])
-        rec = Recording(layers=[int(layer)], trace_all=True)
+        rec = Recording(layers=[int(layer)], model=self.model, trace_all=True)
         self._forward(ids, mask, rec)
         return rec.traces[int(layer)]
 

@@ -14,8 +14,10 @@ Inside the ``with`` block every attention layer runs on qkv (the model is switch
   ``weights``, ``output`` — the pipeline run on them (:func:`qkv.pipeline.attend`), so the explainer, the
   checker and the pictures render the real computation; its row r is query ``rows[r]``.
 
-A layer called several times in the block (``generate``: once per new token) keeps its last call. Mask
-convention: True = may attend.
+A layer is its attention module's ``layer_idx`` (0-based), as transformers numbers them. Where those repeat — an
+encoder–decoder's encoder layer 0, decoder layer 0 and its cross-attention — the layers are the attention
+modules' names in the model instead (``"model.decoder.layers.0.encoder_attn"``). A layer called several times in
+the block (``generate``: once per new token) keeps its last call. Mask convention: True = may attend.
 """
 from __future__ import annotations
 
@@ -33,7 +35,8 @@ class Recording:
     """What :func:`record` kept (see the module).
 
     Attributes:
-        weights: ``{layer: (B, len(heads), len(rows), S) float32}`` attention weights of the chosen heads and rows.
+        weights: ``{layer: (B, len(heads), len(rows), S) float32}`` attention weights of the chosen heads and rows
+            (``layer`` an index, or a module's name: see the module).
         traces: ``{layer: qkv.Trace}`` of the first chosen head (``trace_head``).
         layers: the recorded layers, in order (those the model ran among the chosen).
         heads: the chosen heads as given (None: all; each layer's resolved in ``heads_of[layer]``).
@@ -43,21 +46,24 @@ class Recording:
         heads_of: ``{layer: (h,) int}`` the heads each layer's weights hold.
     """
 
-    def __init__(self, layers=None, heads=None, rows=None, *, trace_all: bool = False):
-        self._layers = _ints(layers, "layers")
+    def __init__(self, layers=None, heads=None, rows=None, *, model=None, trace_all: bool = False):
+        self._layers = _layer_choice(layers)
+        self._keys = {} if model is None else layer_keys(model)
         self.heads = _ints(heads, "heads")
         self.rows = _ints(rows, "rows")
         self.trace_head = 0 if not self.heads else self.heads[0]
-        self.weights: dict[int, np.ndarray] = {}
+        self.weights: dict = {}
         self.traces: dict = {}
-        self.rows_of: dict[int, np.ndarray] = {}
-        self.heads_of: dict[int, np.ndarray] = {}
+        self.rows_of: dict = {}
+        self.heads_of: dict = {}
         self._order: dict[int, int] = {}
         self._trace_all = bool(trace_all)       # True: the traces hold every chosen head (Model.trace_layer)
 
     @property
-    def layers(self) -> list[int]:
-        return sorted(self.weights)
+    def layers(self) -> list:
+        """The recorded layers: indices in order, or module names in the order the model ran them."""
+        keys = list(self.weights)
+        return sorted(keys) if all(isinstance(k, int) for k in keys) else keys
 
     @property
     def attentions(self) -> list[np.ndarray]:
@@ -69,15 +75,17 @@ class Recording:
         inner = ", ".join(f"{i}: {self.weights[i].shape}" for i in self.layers)
         return f"Recording({{{inner}}}, trace_head={self.trace_head})"
 
-    def _layer_index(self, module) -> int:
-        idx = getattr(module, "layer_idx", None)
-        if idx is None:                                           # no layer_idx: the order of first calls
-            idx = self._order.setdefault(id(module), len(self._order))
-        return int(idx)
+    def _layer_key(self, module):
+        key = self._keys.get(id(module))
+        if key is None:
+            key = getattr(module, "layer_idx", None)
+        if key is None:                                           # no layer_idx: the order of first calls
+            key = self._order.setdefault(id(module), len(self._order))
+        return key if isinstance(key, str) else int(key)
 
     def observe(self, module, spec, query, key, value) -> None:
         """Called by the attention function with one layer's call (see the module)."""
-        layer = self._layer_index(module)
+        layer = self._layer_key(module)
         if self._layers is not None and layer not in self._layers:
             return
         q, k, v = _numpy(query), _numpy(key), _numpy(value)                 # (B, Hq, L, E), (B, Hk, S, E), …
@@ -87,6 +95,31 @@ class Recording:
         self.weights[layer] = spec.weights(q, k, heads, rows).astype(np.float32, copy=False)
         self.traces[layer] = _trace(spec, q, k, v, heads if self._trace_all else heads[:1], rows)
         self.rows_of[layer], self.heads_of[layer] = rows, heads
+
+
+def layer_keys(model) -> dict:
+    """``id(attention module) → layer``: its ``layer_idx`` when the model's attention modules have distinct ones,
+    else its name in the model (see the module)."""
+    found = [(n, m) for n, m in model.named_modules()
+             if "Attention" in type(m).__name__ and getattr(m, "layer_idx", None) is not None]
+    idx = [int(m.layer_idx) for _, m in found]
+    if len(set(idx)) == len(idx):
+        return {id(m): i for (_, m), i in zip(found, idx)}
+    return {id(m): n for n, m in found}
+
+
+def _layer_choice(layers):
+    """None, or a list of layer indices and/or module names; TypeError naming ``layers`` otherwise."""
+    if isinstance(layers, str):
+        return [layers]
+    if layers is not None and not isinstance(layers, (int, np.integer)):
+        try:
+            items = list(layers)
+        except TypeError:
+            items = None
+        if items and all(isinstance(i, str) for i in items):
+            return items
+    return _ints(layers, "layers")
 
 
 def _ints(x, name: str):
@@ -144,7 +177,8 @@ def record(model, layers=None, heads=None, rows=None) -> Iterator[Recording]:
 
     Args:
         model: a transformers model (any attention implementation: it runs on qkv inside the block).
-        layers: None (all) or the layer indices (``module.layer_idx``; 0-based) to keep.
+        layers: None (all) or the layer indices (``module.layer_idx``; 0-based) to keep — or the attention
+            modules' names, where an encoder–decoder repeats the indices (see the module).
         heads: None (all) or the query heads whose weights to keep; the trace follows the first (0 by default).
         rows: None (all) or the query rows (0-based within the call; −1 the last) to keep.
 
@@ -156,12 +190,11 @@ def record(model, layers=None, heads=None, rows=None) -> Iterator[Recording]:
         TypeError naming the argument for layers/heads/rows that are not ints; ValueError (inside the block)
         for a head or row the layer does not have.
     """
-    rec = Recording(layers, heads, rows)
-    name = register()
-    config = getattr(model, "config", None)
-    before = getattr(config, "_attn_implementation", None)
     if not hasattr(model, "set_attn_implementation"):
         raise TypeError(f"model: expected a transformers PreTrainedModel, got {type(model).__name__}")
+    rec = Recording(layers, heads, rows, model=model)
+    name = register()
+    before = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if before != name:
         model.set_attn_implementation(name)
     token = ACTIVE.set(rec)
