@@ -312,6 +312,23 @@ def test_a_torch_mask_of_i_minus_j_is_proven_so_and_runs_on_cached_patterns():
         _close(g, w, 1e-10, "grad")
 
 
+def test_torchs_causal_block_mask_alone_runs_as_is_causal():
+    """Proven i ≥ j on its grid, with no score mod and no sinks: SDPA's is_causal (the plain causal loops, no
+    block mask), output, lse and their gradients as the dense formula's."""
+    q, k, v = (_rand(1, 2, 600, 16, seed=s) for s in (1, 2, 3))
+    bm = t_block_mask(_causal, None, None, 600, 600, device="cpu")
+    with qkv.paths.counting() as seen:
+        out, lse = qt.flex_attention(q, k, v, block_mask=bm, return_lse=True)
+        got = torch.autograd.grad((out.sum(-1) + lse).sum(), [q, k, v])
+    assert not {"mask.pattern", "mask.mask_mod"} & set(seen)
+    want, want_lse = _dense(q, k, v, None, _causal)
+    _close(out, want, 1e-10, "out")
+    _close(lse, want_lse, 1e-10, "lse")
+    for g, w in zip(got, torch.autograd.grad((want.sum(-1) + want_lse).sum(), [q, k, v])):
+        _close(g, w, 1e-10, "grad")
+    assert _torch_mods.is_causal(_converted(_causal)) and not _torch_mods.is_causal(_converted(_window(40)))
+
+
 def test_a_mask_that_depends_on_more_than_i_minus_j_keeps_calling_the_mod():
     """Documents, and a mask whose partial blocks look like a function of i − j but whose full and empty blocks
     contradict it (block row 1 hides keys 0 … 127, block row 2 sees them): no traits, exact results."""

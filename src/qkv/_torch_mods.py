@@ -317,7 +317,15 @@ def _as_offset_table(mod: mods.MaskMod, grid: np.ndarray, L: int, S: int, bs: in
             return fn(b, h, q_idx, kv_idx)
         return allowed[d]
     offset_mask.__name__ = mod.name
+    offset_mask.top_left_causal = bool(allowed[S - 1:].all() and not allowed[:S - 1].any())   # exactly i ≥ j
     return mods.MaskMod(offset_mask, name=mod.name, traits=traits)
+
+
+def is_causal(block_mask) -> bool:
+    """Whether ``block_mask`` (from :func:`block_mask_from_torch`) is exactly the top-left causal mask ``i ≥ j``,
+    proven on its whole grid: then ``is_causal`` computes the same thing on the engine's plain causal loops."""
+    fn = getattr(getattr(block_mask, "mask_mod", None), "fn", None)
+    return bool(getattr(fn, "top_left_causal", False))
 
 
 def _offsets(blocks, L: int, S: int, bs: int) -> np.ndarray:

@@ -94,7 +94,7 @@ class _FlexCall:
     """What one :func:`flex_attention` call computes, beside its tensors: the score mod (a torch mod and the
     tensors it captures, or a :class:`qkv.mods.ScoreMod`), qkv's block mask, scale, enable_gqa."""
 
-    def __init__(self, score_mod, block_mask, scale, enable_gqa, L: int, S: int):
+    def __init__(self, score_mod, block_mask, scale, enable_gqa, L: int, S: int, sinks: bool = False):
         self.fn, self.torch_mod, self.captured = score_mod, False, []
         if score_mod is not None and not isinstance(score_mod, mods.ScoreMod):
             if isinstance(score_mod, mods.MaskMod) or not callable(score_mod):
@@ -105,6 +105,8 @@ class _FlexCall:
         self.block_mask = _block_mask(block_mask, L, S)
         self.scale, self.enable_gqa = scale, enable_gqa
         self.accumulator = None
+        # torch's causal BlockMask alone (proven i ≥ j on its grid): SDPA's is_causal, on the plain causal loops
+        self.is_causal = score_mod is None and not sinks and _torch_mods.is_causal(self.block_mask)
 
     def forward_mod(self):
         return _torch_mods.score_mod(self.fn, self.captured) if self.torch_mod else self.fn
@@ -135,8 +137,12 @@ class _Flex(torch.autograd.Function):
     def forward(ctx, call: _FlexCall, query, key, value, sink_logits, *captured):
         q, k, v = _numpy(query), _numpy(key), _numpy(value)
         sinks = None if sink_logits is None else _numpy(sink_logits)
-        out, lse = _flex.flex_attention(q, k, v, call.forward_mod(), call.block_mask, call.scale,
-                                        call.enable_gqa, return_lse=True, sink_logits=sinks)
+        if call.is_causal:
+            out, lse = _sdpa.scaled_dot_product_attention(q, k, v, None, 0.0, True, call.scale, call.enable_gqa,
+                                                          return_lse=True)
+        else:
+            out, lse = _flex.flex_attention(q, k, v, call.forward_mod(), call.block_mask, call.scale,
+                                            call.enable_gqa, return_lse=True, sink_logits=sinks)
         ctx.call, ctx.out, ctx.lse = call, out, lse
         ctx.save_for_backward(query, key, value, sink_logits)
         ctx.set_materialize_grads(False)
@@ -162,8 +168,9 @@ class _Flex(torch.autograd.Function):
         Ev = v.shape[-1]
         if grad_lse is not None:
             do, v, out = _with_lse_column(do, v, out, _numpy(grad_lse).reshape(lse.shape).astype(cdt))
-        res = backends.get("tiled").backward(do, q, k, v, attn_mask=None, is_causal=False, scale=p.scale,
-                                             enable_gqa=p.enable_gqa, score_mod=mod, block_mask=p.block_mask,
+        res = backends.get("tiled").backward(do, q, k, v, attn_mask=None, is_causal=call.is_causal, scale=p.scale,
+                                             enable_gqa=p.enable_gqa, score_mod=mod,
+                                             block_mask=None if call.is_causal else p.block_mask,
                                              sink_logits=p.sink_logits, out=out, lse=lse)
         dq = res[0].reshape(p.query_shape)
         dk = res[1].reshape(p.key_shape)
@@ -223,7 +230,8 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
     if query.ndim < 2 or key.ndim < 2:
         raise ValueError(f"query, key: expected at least 2 dimensions (…, L, E), got shapes {tuple(query.shape)}, "
                          f"{tuple(key.shape)}")
-    call = _FlexCall(score_mod, block_mask, scale, enable_gqa, query.shape[-2], key.shape[-2])
+    call = _FlexCall(score_mod, block_mask, scale, enable_gqa, query.shape[-2], key.shape[-2],
+                     sinks=sink_logits is not None)
     out, lse = _Flex.apply(call, query, key, value, sink_logits, *call.captured)
     return (out, lse) if return_lse else out
 
