@@ -228,6 +228,8 @@ def counted(monkeypatch):
     monkeypatch.setattr(kernels, "run_bands", lambda j, s, *a: (calls.append("bands"), real_bands(j, s, *a)))
     real_plain = kernels.run_plain                           # the compiled loop of plain blocks: base 2
     monkeypatch.setattr(kernels, "run_plain", lambda j, *a: (calls.extend(("plain", "exp2")), real_plain(j, *a)))
+    real_tiles = kernels.run_tiles                           # …with a block mask's partial cells as tiles
+    monkeypatch.setattr(kernels, "run_tiles", lambda j, *a: (calls.extend(("tiles", "exp2")), real_tiles(j, *a)))
     real_lazy = kernels.run_plain_lazy                       # …its lazy rescaling (the max pass compiled in)
     monkeypatch.setattr(kernels, "run_plain_lazy", lambda j, *a: (calls.append("plain lazy"), real_lazy(j, *a)))
     real_plain_bw = kernels.run_plain_backward               # …and the backward's (exp_rows, ds_rows compiled in)
@@ -303,7 +305,9 @@ FLEX = {
     "softcap, tanh (large bound)": dict(score_mod=mods.softcap(20.0), amp=6.0),
     "softcap causal": dict(score_mod=mods.softcap(20.0), mask=mods.causal()),
     "alibi causal": dict(score_mod=mods.alibi(mods.alibi_slopes(2)), mask=mods.causal()),
-    "sliding window (bands)": dict(mask=mods.sliding_window(128)),
+    "sliding window (bands)": dict(mask=mods.sliding_window(128), limits=dict(tile_loop=False)),
+    "sliding window (tiles)": dict(mask=mods.sliding_window(128)),
+    "prefix LM (tiles)": dict(mask=mods.prefix_lm(150)),
     "window + softcap": dict(score_mod=mods.softcap(20.0), mask=mods.sliding_window(200)),
     "window + alibi": dict(score_mod=mods.alibi(mods.alibi_slopes(2)), mask=mods.sliding_window(128)),
     "documents + sinks": dict(mask=mods.document_from_lengths([300, 200, 200]), sinks=True),
@@ -319,10 +323,13 @@ def test_flex_with_kernels_equals_reference_and_numpy(rng, counted, monkeypatch,
         kw["block_mask"] = qkv.create_block_mask(mask, None, None, 700, 700)
     if kw.pop("sinks", False):
         kw["sink_logits"] = np.array([0.5, -1.0], np.float32)
-    got = qkv.flex_attention(q, k, v, **kw)
+    with tiled.limits(**kw.pop("limits", {})):
+        got = qkv.flex_attention(q, k, v, **kw)
     assert counted, "flex attention did not use the kernels"
-    if "window" in case:
+    if "(bands)" in case:
         assert "bands" in counted, "the window's bands did not use the kernel"
+    if "(tiles)" in case or case == "documents + sinks":
+        assert "tiles" in counted, "the block mask's cells did not take the compiled loop with tiles"
     ref = qkv.flex_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), backend="reference",
                              **{n: (x.astype(np.float64) if n == "sink_logits" else x) for n, x in kw.items()})
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=2e-5)
@@ -464,8 +471,9 @@ def test_inputs_without_lead_dimensions(rng, counted):
 @pytest.mark.parametrize("case", ["weights", "dropout", "block mask"])
 def test_plain_blocks_whose_scores_are_read_again_stay_in_base_e(rng, counted, case):
     # base 2 changes the scores the blocks hold (times log₂ e): where anything else reads them — the weights'
-    # second pass, dropout's kept probabilities, a block mask's cells — the blocks take e^s (without clamps
-    # where nothing is masked but the diagonal)
+    # second pass, dropout's kept probabilities, a block mask's cells in the Python loop (tile_loop off; in the
+    # compiled loop its tiles multiply 2^s) — the blocks take e^s (without clamps where nothing is masked but
+    # the diagonal)
     q, k, v = _inputs(rng)
     kw = dict(scale=0.2)
     if case == "weights":
@@ -474,7 +482,8 @@ def test_plain_blocks_whose_scores_are_read_again_stay_in_base_e(rng, counted, c
         kw.update(dropout_p=0.25, rng=np.random.default_rng(3))
     else:
         kw["block_mask"] = qkv.create_block_mask(mods.causal(), None, None, 700, 900)
-    out, w, _ = tiled.forward(q, k, v, threads=2, **kw)
+    with tiled.limits(tile_loop=False):
+        out, w, _ = tiled.forward(q, k, v, threads=2, **kw)
     assert "exp2" not in counted and ("bounded" in counted) == (case != "block mask"), counted
     if case == "dropout":
         return

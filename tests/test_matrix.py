@@ -95,7 +95,9 @@ EXPLICIT = [
     _spec(lead=(6,), kv_heads=2, mask="causal"),                               # grouped heads
     _spec(lead=(), L=3, S=64, threads=2, limits=_limits(block_k=8)),           # split-K
     _spec(api="flex", route="default", lead=(), L=3, S=64, threads=2, sinks=True, limits=_limits(block_k=8)),
-    _spec(api="flex", L=64, S=64, mask_mod="sliding_window", mod_arg=9, block_size=8),              # bands
+    _spec(api="flex", L=64, S=64, mask_mod="sliding_window", mod_arg=9, block_size=8),              # tiles
+    _spec(api="flex", L=64, S=64, mask_mod="sliding_window", mod_arg=9, block_size=8,                # bands
+          limits=_limits(tile_loop=False)),
     _spec(api="flex", L=64, S=64, mask_mod="sliding_window", mod_arg=9, block_size=8, kernels="numpy"),
     _spec(api="flex", L=64, S=64, mask_mod="causal", block_size=16, score_mod="alibi", lead=(2,)),  # ALiBi fold
     _spec(api="flex", score_mod="softcap", cap=20.0),                          # softcap's polynomial, fused

@@ -430,8 +430,23 @@ def _fits(r0, r1, j0, j1, rows, keys, scratch):
     return 0 <= r0 < r1 <= rows and 0 <= j0 < j1 <= keys and (r1 - r0) * (j1 - j0) <= scratch
 
 
+@njit(inline="always", **_OPTS)
+def _tile_rows(s, tile, sums, rep):
+    """``s[r, c] *= tile[r // rep, c]`` (0 or 1: a block mask's partial cell), ``sums[r]`` the row's new sum."""
+    rows, width = s.shape
+    for r in range(rows):
+        row = s[r]
+        mrow = tile[r // rep]
+        total = _ZERO
+        for c in range(width):
+            x = row[c] * mrow[c]
+            row[c] = x
+            total += x
+        sums[r] = total
+
+
 @njit(**_OPTS)
-def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep):
+def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, tiles, s_flat, acc, l_i, sums, zeros, rep):
     """The engine's shift-free blocks of plain scores (no mod, no mask but the causal diagonal; scores carry
     log₂ e) in one compiled loop: per block ``(r0, r1, j0, j1, d, fresh)`` of ``blocks`` (rows r0 … r1 of
     ``qs``, keys j0 … j1, the diagonal's offset ``d`` as :func:`exp_rows`), the scores
@@ -442,20 +457,30 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, 
     added. What the Python loop did between these calls (slices, views, the adds, ~1 ms a 1024-row task) is
     gone. ``timing``: each GEMM's time and flops added to ``clock``'s ``[seconds, flops]`` (see
     :attr:`qkv.gemm.NumpyGemm.clock`), read with ``clock`` (libc's ``clock_gettime``) on ``clock_id``
-    (:data:`qkv.kernels.GEMM_CLOCK`: ``time.CLOCK_MONOTONIC``, as ``time.perf_counter``)."""
+    (:data:`qkv.kernels.GEMM_CLOCK`: ``time.CLOCK_MONOTONIC``, as ``time.perf_counter``).
+
+    A block mask's partial cells: a seventh column ``t`` of ``blocks`` (−1: none) names the tile
+    ``tiles[t]`` (0/1 per query position and key, (positions, keys) of the block at least) that multiplies
+    the block's probabilities — the mask applied after the exponential (every score is within the shift-free
+    bound, masked or not), the row sums taken again. Blocks of six columns have no tiles."""
     E = k_t.shape[0] - 1
     ev, lda, ldk, ldv, lacc, qp, kp, vp, ap, sp, ts = _forward_layout(qs, k_t, v, acc, s_flat)
     spent = flops = 0.0
+    tiled = blocks.shape[1] > 6
     for b in range(blocks.shape[0]):
         r0, r1, j0, j1, d, fresh = (blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4],
                                     blocks[b, 5])
-        if not _fits(r0, r1, j0, j1, qs.shape[0], k_t.shape[1], s_flat.shape[0]):
+        t = blocks[b, 6] if tiled else -1
+        if not _fits(r0, r1, j0, j1, qs.shape[0], k_t.shape[1], s_flat.shape[0]) or not (
+                t < 0 or (t < tiles.shape[0] and (r1 - r0 - 1) // rep < tiles.shape[1] and j1 - j0 <= tiles.shape[2])):
             raise ValueError("plain_rows: a block outside its buffers")     # the GEMM writes raw memory
         m, w = r1 - r0, j1 - j0
         spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, w, E,
                        qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk, _ZERO, sp, w)                    # s = Q·Kᵀ
         s = s_flat[:m * w].reshape(m, w)
         _exp2_rows(s, zeros, sums, d, rep)                # exp_rows' base 2, compiled in alone
+        if t >= 0:
+            _tile_rows(s, tiles[t], sums, rep)            # the partial cell's mask, the row sums again
         for r in range(m):                                   # (a loop: as an array expression it tripled
             l_i[r0 + r] = sums[r] if fresh else l_i[r0 + r] + sums[r]   # the loop's compile time, 3.1 → 1.2 s)
         spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, ev, w, sp, w,

@@ -235,7 +235,7 @@ LIMIT_OPTIONS = {
     "block_q_backward": (16, 8, 32, 7, 512), "block_k_backward": (16, 8, 32, 5, 512),
     "kernel_min": (0, 64, 1 << 14), "serial_below_flops": (0, 1 << 23),
     "diagonal_min": (8, 4, 16, 256), "diagonal_min_plain": (8, 4, 32),
-    "plain_loop": (True, False), "group_gqa": (True, False),
+    "plain_loop": (True, False), "tile_loop": (True, False), "group_gqa": (True, False),
     "shift_free_bound": (30.0, 0.0), "lazy_bound": (40.0, 0.5),
     "grid_call_cost": (0.75, 0.0, 8.0), "grid_call_cost_backward": (2.0, 0.0),
     "band_group_scores": (1 << 20, 256), "grid_cell": (64, 8, 16),

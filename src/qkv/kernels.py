@@ -167,6 +167,9 @@ _P_MAX = paths.register("kernel.max_exp_rows", "fused block pass with the runnin
 _P_BANDS = paths.register("kernel.pattern_exp_rows", "fused pass over a batch of bands sharing one mask pattern")
 _P_DS = paths.register("kernel.ds_rows", "backward: dS' = P * (dP - D) in one pass")
 _P_PLAIN = paths.register("kernel.plain_rows", "compiled forward loop of a task, shift-free, base 2")
+_P_TILES = paths.register("kernel.plain_rows.tiles", "compiled forward loop of a task with a block mask's "
+                                                     "partial cells as tiles")
+_NO_TILES = np.zeros((1, 1, 1), np.float32)               # plain_rows' tiles where the blocks name none
 _P_PLAIN_LAZY = paths.register("kernel.plain_lazy_rows", "compiled forward loop of a task, lazy rescaling")
 _P_PLAIN_BWD = paths.register("kernel.plain_backward_rows", "compiled backward loop of a head's key block")
 
@@ -229,7 +232,14 @@ def run_plain(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep:
     """A task's shift-free blocks of plain scores in one compiled loop (:func:`qkv._jit.plain_rows`), the
     GEMMs by ``gemm``'s C function (:attr:`qkv.gemm.NumpyGemm.c_sgemm`), timed into its ``clock`` when set."""
     paths.hit(_P_PLAIN)
-    _run_loop(jit.plain_rows, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, zeros, rep)
+    _run_loop(jit.plain_rows, gemm, qs, k_t, v, blocks, _NO_TILES, s_flat, acc, l_i, sums, zeros, rep)
+
+
+def run_tiles(jit, gemm, qs, k_t, v, blocks, tiles, s_flat, acc, l_i, sums, zeros, rep: int) -> None:
+    """:func:`run_plain` for a block mask's task: ``blocks`` with a seventh column naming the 0/1 tile of
+    ``tiles`` (T, positions, keys) float32 that masks a partial cell (−1: a full one)."""
+    paths.hit(_P_TILES)
+    _run_loop(jit.plain_rows, gemm, qs, k_t, v, blocks, tiles, s_flat, acc, l_i, sums, zeros, rep)
 
 
 def run_plain_lazy(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, m_i, seen, sums, zeros, rep: int, lazy: bool,

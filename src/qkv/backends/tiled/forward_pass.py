@@ -58,12 +58,15 @@ from ..runtime import RUNTIME
 from ...merge import merge_partials
 from .plan import _LOG_HEADROOM, _band_groups, _first_rows, _plain_plan, _task_blocks
 from .scoring import _Scorer, _apply_poly, _cached, _scratch
+from .sparse import masked_plan
 
 _LOG2E = 1.4426950408889634                                 # log₂ e: 2^(s·log₂ e) = e^s
 
 # Every strategy, counted where it runs (qkv.paths): the differential matrix proves it walks each one.
 _R = _paths.register
 F_PLAIN = _R("forward.plain_loop", "a task's plain blocks in one compiled loop, shift-free, base 2")
+F_TILES = _R("forward.tile_loop", "a block-mask task's cells in the compiled loop: full cells plain, partial "
+                                  "cells by their tiles")
 F_PLAIN_LAZY = _R("forward.plain_loop_lazy", "a task's plain blocks in one compiled loop, lazy rescaling")
 F_BANDS = _R("forward.bands", "a run of a block mask's bands batched into one call per step")
 F_SHIFT_FREE = _R("forward.shift_free", "a block with no running max (scores provably bounded)")
@@ -87,7 +90,8 @@ class _Task:
 
     __slots__ = ("idx", "i0", "i1", "g", "keys", "K", "V", "K_T", "qs", "sc", "jit", "blocks", "widest", "tallest",
                  "shift_free", "bounded", "base2", "lazy", "row_limit", "fold_col", "loop_plan", "s_flat", "ones",
-                 "tmp", "v_buf", "l_blk", "m_i", "l_i", "acc", "seen", "added", "gen", "dropout_p", "keep_scale")
+                 "tmp", "v_buf", "l_blk", "m_i", "l_i", "acc", "seen", "added", "gen", "dropout_p", "keep_scale",
+                 "tiles")
 
     def __init__(self, P, idx, i0, i1, block_k, weights, dropout_p, seed, keys):
         self.idx, self.i0, self.i1, self.keys, self.dropout_p = idx, i0, i1, keys, dropout_p
@@ -130,7 +134,16 @@ class _Task:
         # backward's P, recomputed from e^s and this lse, off from the forward's by the two matmuls' rounding
         # (1.7–4× the gradients' error against float64); within ±30 the error is as before.
         bare = self.jit is not None and P.plain_scores and alone   # products, exponentials and row sums alone
-        self.base2 = bare and shift_free
+        # a block mask's cells in the compiled loop (sparse.masked_plan): full cells plain, partial ones tiled
+        self.tiles = None
+        if (shift_free and alone and P.plain_gemm is not None and P.bm is not None and sc.kind == "none"
+                and P.limits.plain_loop and P.limits.tile_loop):
+            # one compiled call for the whole task: the kernels by the task's size, not its largest block's
+            jit = RUNTIME.kernels.for_block(P.cdt, (i1 - i0) * self.g * P.S, P.limits.kernel_min)
+            self.tiles = None if jit is None else masked_plan(P, idx, i0, i1, self.g, P.limits.block_k)
+            if self.tiles is not None:
+                self.jit = jit
+        self.base2 = (bare or self.tiles is not None) and shift_free
         P.q_rows_group(idx, i0, i1, self.qs[:, :E], _LOG2E if self.base2 else 1.0)
         k_poly = sc.use_poly(q_norm * k_norm)               # softcap: |s/cap| ≤ q_norm·k_norm (qs holds 1/cap)
         if k_poly != 1.0:
@@ -159,7 +172,9 @@ class _Task:
         (the compiled loop's: as many as its largest block), and the softmax state."""
         i0, i1, g, keys, Bq, Ev = self.i0, self.i1, self.g, self.keys, self.qs.shape[0], P.Ev
         room = self.tallest * self.widest
-        if self.loop_plan:
+        if self.tiles is not None:                               # (plan, tiles, room): made once, kept
+            self.loop_plan, room = self.tiles[0], max(room, self.tiles[2])
+        elif self.loop_plan:
             # the whole loop compiled, the GEMMs by the provider's C function — the same steps as the Python
             # loop's, without the Python between them; with no per-block cost of its own, a causal diagonal in
             # smaller squares (less computed for nothing). The plan depends on the shapes alone: made once, kept.
@@ -209,6 +224,14 @@ def _compiled_base2(P, T) -> None:
                        T.sc.zeros, T.g)
 
 
+def _compiled_tiles(P, T) -> None:
+    """A block-mask task in the compiled loop (:mod:`qkv.backends.tiled.sparse`): its full cells as plain blocks,
+    its partial cells with their 0/1 tiles, its empty cells not at all — shift-free, base 2."""
+    _paths.hit(F_TILES)
+    _kernels.run_tiles(T.jit, P.plain_gemm, T.qs, T.K_T, T.V, T.loop_plan, T.tiles[1], T.s_flat, T.acc, T.l_i,
+                       T.l_blk, T.sc.zeros, T.g)
+
+
 def _compiled_lazy(P, T) -> None:
     """The task's plain blocks with larger scores in one compiled loop (:func:`qkv.kernels.run_plain_lazy`):
     the lazy rescaling and the max pass of :func:`_lazy_block` / :func:`_max_pass_block`, compiled."""
@@ -254,6 +277,7 @@ def _rescaled_blocks(P, T) -> None:
 
 #: The forward's strategies, in the order they are tried: a task runs the first that supports it.
 STRATEGIES = (
+    Strategy("compiled loop, tiles", lambda P, T: T.tiles is not None, _compiled_tiles),
     Strategy("compiled loop, base 2", lambda P, T: T.loop_plan is not None and T.shift_free, _compiled_base2),
     Strategy("compiled loop, lazy", lambda P, T: T.loop_plan is not None, _compiled_lazy),
     Strategy("batched bands", _bands_supported, _banded_blocks),

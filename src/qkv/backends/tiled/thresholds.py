@@ -112,6 +112,12 @@ AUTO_TILED_MIN_HEAD_SCORES = 1 << 17
 AUTO_MIN_KEYS = 128
 
 
+#: A block-mask problem's tasks in the compiled loop, full cells plain and partial cells by their 0/1 tiles
+#: (:mod:`qkv.backends.tiled.sparse`), where the loop runs, the scores are bounded and no score mod, float mask,
+#: weights or dropout take part; False: the Python loop's strategies (bands, shift-free blocks).
+TILE_LOOP = True
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
     """The engine's thresholds and block sizes, each the module constant of the same name (upper case) by
@@ -127,6 +133,7 @@ class Limits:
     diagonal_min: int = DIAGONAL_MIN
     diagonal_min_plain: int = DIAGONAL_MIN_PLAIN
     plain_loop: bool = PLAIN_LOOP
+    tile_loop: bool = TILE_LOOP
     group_gqa: bool = GROUP_GQA
     shift_free_bound: float = SHIFT_FREE_BOUND
     lazy_bound: float = LAZY_BOUND
