@@ -398,6 +398,20 @@ def test_sdpa_matches_torchs_sdpa_forward_and_autograd(kind):
         _close(a, b, 1e-10, "grad")
 
 
+@pytest.mark.parametrize("shape", [(33, 47), (2, 1, 33, 47)])
+def test_a_learnable_float_mask_gets_its_gradient(shape):
+    """A float attn_mask that requires a gradient (a learned bias) gets torch's; GQA, a mask broadcast over heads
+    or over batch and heads."""
+    q, k, v = _rand(2, 4, 33, 16, seed=1), _rand(2, 2, 47, 16, seed=2), _rand(2, 2, 47, 8, seed=3)
+    bias = _rand(*shape, seed=4)
+    out = qt.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    _close(out, want, 1e-10, "out")
+    for a, b in zip(_grads(out, [q, k, v, bias]), _grads(want, [q, k, v, bias])):
+        assert a.shape == b.shape
+        _close(a, b, 1e-10, "grad")
+
+
 def test_sdpa_large_enough_for_the_tiled_backward():
     q, k, v = (_rand(1, 2, 600, 16, seed=s, dtype=F32) for s in (1, 2, 3))
     out = qt.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -418,6 +432,12 @@ def test_sdpa_dropout_is_reproducible_and_its_gradient_is_exact():
     plain = qt.scaled_dot_product_attention(q, k, v, is_causal=True)
     assert not torch.allclose(a, plain)                          # something was dropped
     assert torch.autograd.gradcheck(f, (q, k, v), eps=1e-6, atol=1e-8)
+    bias = _rand(12, 12, seed=4)
+
+    def g(q, k, v, bias):                                        # dropout and a learnable float mask
+        torch.manual_seed(6)
+        return qt.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=0.3)
+    assert torch.autograd.gradcheck(g, (q, k, v, bias), eps=1e-6, atol=1e-8)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -465,8 +485,6 @@ def test_bad_inputs_name_the_argument():
         qt.flex_attention(q, q, q, bad)
     with pytest.raises(ValueError, match=r"dropout_p: expected a number in \[0, 1\], got 2"):
         qt.scaled_dot_product_attention(q, q, q, dropout_p=2)
-    with pytest.raises(ValueError, match=r"attn_mask: expected a mask that requires no gradient"):
-        qt.scaled_dot_product_attention(q, q, q, attn_mask=torch.zeros(8, 8, requires_grad=True))
 
 
 def test_a_vjp_that_returns_the_wrong_shape_is_named():

@@ -3,7 +3,8 @@
 Drop-ins for ``torch.nn.attention.flex_attention.flex_attention`` and
 ``torch.nn.functional.scaled_dot_product_attention`` on CPU tensors, computed by qkv's own forward and
 backward (the tiled engine: memory linear in the sequence, empty blocks of a block mask skipped) inside a
-``torch.autograd.Function`` — never a dense fallback, except for SDPA's dropout (below)::
+``torch.autograd.Function`` — never a dense fallback, except for SDPA's dropout and learnable float masks
+(below)::
 
     import torch, qkv.torch
     from torch.nn.attention.flex_attention import create_block_mask
@@ -30,9 +31,8 @@ their dtype. Tensors on another device than the CPU are refused (use torch's own
 
 Differences from torch, on purpose: a query row that may attend to nothing gives output 0 (torch's SDPA: NaN);
 SDPA's dropout draws its mask from NumPy's generator seeded from torch's (``torch.manual_seed`` makes it
-reproducible, but it is not torch's mask), and materializes the (B, H, L, S) weights to differentiate them;
-a float ``attn_mask`` takes no gradient (a ValueError if it requires one: pass a learnable bias as a score mod
-of :func:`flex_attention`).
+reproducible, but it is not torch's mask); dropout, and a float ``attn_mask`` that requires a gradient,
+materialize the (B, H, L, S) weights to differentiate them.
 
 Shape legend: B batch, Hq query heads, Hk key/value heads, L queries, S keys, E query/key width, Ev value width.
 Mask convention: True = may attend (torch's SDPA and flex alike).
@@ -240,8 +240,9 @@ def flex_attention(query, key, value, score_mod=None, block_mask=None, scale=Non
 class _SDPACall:
     """The options of one :func:`scaled_dot_product_attention` call."""
 
-    def __init__(self, dropout_p, is_causal, scale, enable_gqa):
+    def __init__(self, dropout_p, is_causal, scale, enable_gqa, mask_grad: bool):
         self.dropout_p, self.is_causal, self.scale, self.enable_gqa = dropout_p, is_causal, scale, enable_gqa
+        self.dense = dropout_p > 0 or mask_grad              # the weights materialized (see _dense_backward)
         self.seed = None
         if dropout_p > 0:                                    # one draw from torch's generator per call
             self.seed = int(torch.randint(0, 2**62, (), dtype=torch.int64).item())
@@ -259,8 +260,8 @@ class _SDPA(torch.autograd.Function):
     def forward(ctx, call: _SDPACall, query, key, value, attn_mask):
         q, k, v = _numpy(query), _numpy(key), _numpy(value)
         mask = None if attn_mask is None else _mask_numpy(attn_mask)
-        if call.dropout_p > 0:
-            out, ctx.weights = call.run(q, k, v, mask, dropout=True, return_weights=True)
+        if call.dense:
+            out, ctx.weights = call.run(q, k, v, mask, dropout=call.dropout_p > 0, return_weights=True)
         else:
             out, ctx.lse = call.run(q, k, v, mask, dropout=False, return_lse=True)
         ctx.call, ctx.out = call, out
@@ -274,11 +275,14 @@ class _SDPA(torch.autograd.Function):
         q, k, v = _numpy(query), _numpy(key), _numpy(value)
         mask = None if attn_mask is None else _mask_numpy(attn_mask)
         do = _numpy(grad_out).astype(ctx.out.dtype, copy=False)
-        if call.dropout_p > 0:
-            grads = _dropout_backward(call, do, q, k, v, mask, ctx.weights)
+        grad_mask = None
+        if call.dense:
+            *grads, ds = _dense_backward(call, do, q, k, v, mask, ctx.weights)
+            if ctx.needs_input_grad[4]:                      # a float mask is added to the scores: dS is its grad
+                grad_mask = _tensor(shapes.sum_to_shape(ds, tuple(attn_mask.shape)), attn_mask.dtype)
         else:
             grads = _sdpa_backward(call, do, q, k, v, mask, ctx.out, ctx.lse)
-        return (None, *(_tensor(g, t.dtype) for g, t in zip(grads, (query, key, value))), None)
+        return (None, *(_tensor(g, t.dtype) for g, t in zip(grads, (query, key, value))), grad_mask)
 
 
 def _mask_numpy(mask: torch.Tensor) -> np.ndarray:
@@ -303,12 +307,14 @@ def _sdpa_backward(call, do, q, k, v, mask, out, lse) -> tuple:
     return tuple(g.astype(dt, copy=False) for g in grads)
 
 
-def _dropout_backward(call, do, q, k, v, mask, w) -> tuple:
-    """The gradients with dropout, on whole arrays: ``O = W·V`` with ``W = P ∘ keep/(1 − p)`` the dropped
-    weights the forward returned, ``P`` the weights without dropout (computed again). ``dV = Wᵀ·dO``,
-    ``dW = dO·Vᵀ``; ``dP = dW ∘ keep/(1 − p)``, so ``P ∘ dP = W ∘ dW`` and the softmax's backward
-    ``dS = P ∘ (dP − rowsum(P ∘ dP))`` is ``W ∘ dW − P ∘ rowsum(W ∘ dW)``; ``dQ = dS·K·scale``, ``dK = dSᵀ·Q·scale``."""
-    _, p = call.run(q, k, v, mask, dropout=False, return_weights=True)       # (…, Hq, L, S)
+def _dense_backward(call, do, q, k, v, mask, w) -> tuple:
+    """``(dq, dk, dv, dS)`` on whole arrays, for dropout or a float mask that takes a gradient: ``O = W·V`` with
+    ``W = P ∘ keep/(1 − p)`` the (dropped) weights the forward returned, ``P`` the weights without dropout (computed
+    again; ``W`` itself without dropout). ``dV = Wᵀ·dO``, ``dW = dO·Vᵀ``; ``dP = dW ∘ keep/(1 − p)``, so
+    ``P ∘ dP = W ∘ dW`` and the softmax's backward ``dS = P ∘ (dP − rowsum(P ∘ dP))`` is
+    ``W ∘ dW − P ∘ rowsum(W ∘ dW)`` — the float mask's gradient, as it is added to the scores;
+    ``dQ = dS·K·scale``, ``dK = dSᵀ·Q·scale``."""
+    p = w if call.dropout_p == 0 else call.run(q, k, v, mask, dropout=False, return_weights=True)[1]
     cdt = np.result_type(w.dtype, np.float32)
     w, p, do = w.astype(cdt, copy=False), p.astype(cdt, copy=False), do.astype(cdt, copy=False)
     rep = shapes.n_rep(q.shape, k.shape, call.enable_gqa)
@@ -323,7 +329,8 @@ def _dropout_backward(call, do, q, k, v, mask, w) -> tuple:
     if rep > 1:                                                               # a kv head sums its query heads
         dk = dk.reshape(dk.shape[:-3] + (dk.shape[-3] // rep, rep) + dk.shape[-2:]).sum(axis=-3)
         dv = dv.reshape(dv.shape[:-3] + (dv.shape[-3] // rep, rep) + dv.shape[-2:]).sum(axis=-3)
-    return (shapes.sum_to_shape(dq, q.shape), shapes.sum_to_shape(dk, k.shape), shapes.sum_to_shape(dv, v.shape))
+    return (shapes.sum_to_shape(dq, q.shape), shapes.sum_to_shape(dk, k.shape), shapes.sum_to_shape(dv, v.shape),
+            ds)
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -334,7 +341,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         query: (…, Hq, L, E) CPU tensor, float16/bfloat16/float32/float64.
         key: (…, Hk, S, E), value (…, Hk, S, Ev): the same dtype; leading dims broadcast.
         attn_mask: None; a bool tensor broadcastable to (…, Hq, L, S), **True = may attend** (as torch's SDPA);
-            or a float tensor added to the scaled scores (no gradient: a ValueError if it requires one).
+            or a float tensor added to the scaled scores — differentiable: one that requires a gradient gets it,
+            computed on the (…, L, S) weights, as the mask itself is that size.
         dropout_p: probability of dropping each weight (inverted dropout; always applied when > 0, as torch's
             functional SDPA). The mask comes from NumPy's generator seeded by one draw from torch's, so
             ``torch.manual_seed`` reproduces it; the (…, L, S) weights are materialized to differentiate it.
@@ -361,11 +369,8 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         elif attn_mask.device.type != "cpu":
             raise ValueError(f"attn_mask: qkv.torch computes on the CPU, got a tensor on {attn_mask.device}; "
                              f"use {instead} there")
-        if attn_mask.requires_grad and torch.is_grad_enabled():
-            raise ValueError("attn_mask: expected a mask that requires no gradient, got one with requires_grad; "
-                             "qkv.torch does not differentiate a float mask: pass a learnable bias as a score_mod "
-                             "of qkv.torch.flex_attention")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p <= 1.0:
         raise ValueError(f"dropout_p: expected a number in [0, 1], got {dropout_p!r}")
-    call = _SDPACall(float(dropout_p), _checks.boolean(is_causal, "is_causal"), scale, enable_gqa)
+    mask_grad = attn_mask is not None and attn_mask.requires_grad and torch.is_grad_enabled()
+    call = _SDPACall(float(dropout_p), _checks.boolean(is_causal, "is_causal"), scale, enable_gqa, mask_grad)
     return _SDPA.apply(call, query, key, value, attn_mask)
