@@ -183,7 +183,9 @@ def main(argv=None) -> int:
     print(f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}, "
           f"transformers {transformers.__version__}; load average {os.getloadavg()[0]:.2f}")
     results = run(names, args.repeats)
-    print(f"load average after: {os.getloadavg()[0]:.2f} (above the thread count: the machine was shared)")
+    load = os.getloadavg()[0]
+    note = " (above the thread count: the machine was shared, the medians move)" if load > args.threads else ""
+    print(f"load average after: {load:.2f}{note}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump({"threads": args.threads, "results": results}, fh, indent=2)
