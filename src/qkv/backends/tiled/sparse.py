@@ -64,10 +64,15 @@ def _build(P, idx, i0: int, i1: int, g: int, width: int):
         if a0 >= a1 or j0 >= j1:
             continue
         v = int(sub[ra, ca])
-        t = -1 if v == 0 else _tile(P, b, h, v, a0, a1, j0, j1, tiles, index)
-        if t is None:
+        if v == 0:
+            blocks.append((a0, a1, j0, j1, -1))
+            continue
+        got = _tile(P, b, h, v, a0, a1, j0, j1, tiles, index)
+        if got is None:
             return None, None, 0
-        blocks.append((a0, a1, j0, j1, t))
+        t, (u0, u1, w0, w1) = got
+        if t != -2:                                           # −2: nothing allowed in the cell
+            blocks.append((a0 + u0, a0 + u1, j0 + w0, j0 + w1, t))
     blocks.sort(key=lambda r: (r[0], r[2]))
     plan = np.empty((len(blocks), 7), np.int64)
     added: list = []
@@ -106,15 +111,16 @@ def _quad(G: np.ndarray, ra: int, rb: int, ca: int, cb: int, width: int, out: li
 
 
 def _tile(P, b, h, v: int, a0, a1, j0, j1, tiles: list, index: dict):
-    """The index of the 0/1 tile of cell rows a0 … a1 × keys j0 … j1 (``v``'s bits: 1 the mask mod, 2
-    ``is_causal``), made once per task plan — once per offset where the mask depends on ``i − j`` alone."""
+    """The 0/1 tile of cell rows a0 … a1 × keys j0 … j1 (``v``'s bits: 1 the mask mod, 2 ``is_causal``),
+    cropped to the rows and keys where anything is allowed: ``(t, (u0, u1, w0, w1))`` — the tile's index (−1:
+    all of the crop allowed, no tile; −2: nothing allowed) and the crop within the cell. Made once per task
+    plan, once per offset where the mask depends on ``i − j`` alone. A sink's cell (4 keys of 64) is then a
+    block of 4 keys; None where the tiles would pass :data:`MAX_TILE_BYTES`."""
     inv = P.mask_traits.invariant
     key = (v, a0 - j0, a1 - a0, j1 - j0) if inv else (v, a0, j0)
-    t = index.get(key)
-    if t is not None:
-        return t
-    if (len(tiles) + 1) * P.cell * P.cell * 4 > MAX_TILE_BYTES:
-        return None
+    got = index.get(key)
+    if got is not None:
+        return got
     allowed = np.ones((a1 - a0, j1 - j0), bool)
     q = np.arange(a0, a1, dtype=np.int64)[:, None]
     kv = np.arange(j0, j1, dtype=np.int64)[None, :]
@@ -123,6 +129,18 @@ def _tile(P, b, h, v: int, a0, a1, j0, j1, tiles: list, index: dict):
         allowed &= np.broadcast_to(call_mask_mod(P.bm.mask_mod, mb, mh, q, kv), allowed.shape)
     if v & 2:
         allowed &= kv <= q                                   # top-left causal, as the engine's grid
-    tiles.append(allowed.astype(np.float32))
-    index[key] = t = len(tiles) - 1
-    return t
+    rows, cols = np.flatnonzero(allowed.any(axis=1)), np.flatnonzero(allowed.any(axis=0))
+    if rows.size == 0:
+        got = (-2, (0, 0, 0, 0))
+    else:
+        crop = (int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1)
+        part = allowed[crop[0]:crop[1], crop[2]:crop[3]]
+        if part.all():
+            got = (-1, crop)
+        elif (len(tiles) + 1) * P.cell * P.cell * 4 > MAX_TILE_BYTES:
+            return None
+        else:
+            tiles.append(part.astype(np.float32))
+            got = (len(tiles) - 1, crop)
+    index[key] = got
+    return got
