@@ -241,3 +241,16 @@ def test_bench_files_are_written_whole_or_not_at_all(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "dumps", broken)
     assert main([*args, "--json", str(tmp_path / "c.json")]) != 0          # the CLI's one-line error
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json", "b.svg"]
+
+
+def test_variants_report_each_ratio_beside_its_work_fraction():
+    """qkv bench --variants: the share of the scores each variant's block mask allows, beside its time ratio."""
+    from qkv.bench import variants, variants_markdown
+    r = variants(heads=1, dim=16, repeats=1, window_n=512, window=64, docs=2, doc_len=256,
+                 cases=("window", "documents"), long_n=None, progress=False)
+    wf = {x["what"]: x["work_fraction"] for x in r["ratios"]}
+    n, w = 512, 64
+    allowed = sum(min(i + 1, w) for i in range(n))
+    assert abs(wf["window / qkv full causal"] - allowed / (n * (n + 1) / 2)) < 1e-12
+    assert wf["packed / separate"] == 1.0                        # the same scores, one call or two
+    assert "| work fraction |" in variants_markdown(r)

@@ -15,11 +15,11 @@ from ._sweep import SETTLE_S, _fresh_forward
 #: The attention variants' targets (qkv bench --variants): (case, ratio name, numerator, denominator, bound);
 #: a bound of None: a ratio reported for what it says, no target.
 VARIANT_TARGETS = (
-    ("window", "window / qkv full causal", "qkv window", "qkv full causal", 0.2),
+    ("window", "window / qkv full causal", "qkv window", "qkv full causal", 0.15),
     ("window", "window / torch dense mask", "qkv window", "torch dense mask", 1.0),
     ("window", "full causal / full non-causal (0.5 + the diagonal's cost)", "qkv full causal",
      "qkv full non-causal", None),
-    ("documents", "packed / separate", "qkv packed documents", "qkv separate calls", 1.2),
+    ("documents", "packed / separate", "qkv packed documents", "qkv separate calls", 1.05),
     ("mods", "ALiBi / plain", "qkv ALiBi", "qkv plain causal", 1.15),
     ("mods", "softcap / plain", "qkv softcap 50", "qkv plain causal", 1.15),
     ("mods", "RoPE / plain", "qkv RoPE", "qkv plain causal", 1.15),
@@ -53,8 +53,11 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
             tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
             dense = torch.from_numpy(np.array(np.broadcast_to(bm.dense((1, 1), n, n), (n, n))))
             calls["torch dense mask"] = lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=dense)
+        causal = (n * (n + 1) // 2) / (n * n)
+        work = {"qkv window": _work(bm, n), "qkv full causal": causal, "qkv full non-causal": 1.0,
+                "torch dense mask": 1.0}
         return "window", n, calls, f"sliding window {window}, causal (BLOCK_SIZE 128); torch gets the same mask " \
-                                   "as a dense (N, N) bool tensor"
+                                   "as a dense (N, N) bool tensor", work
 
     def documents_case():
         n = docs * doc_len
@@ -66,9 +69,11 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
         def separate():
             for a, b, c in parts:
                 tiled.forward(a, b, c, scale=scale)
+        share = _work(bm, n)
         return "documents", n, {"qkv packed documents": lambda: tiled.forward(q, k, v, scale=scale, block_mask=bm),
                                 "qkv separate calls": separate}, \
-            f"{docs} documents of {doc_len}: one call with a document block mask vs {docs} calls of N = {doc_len}"
+            f"{docs} documents of {doc_len}: one call with a document block mask vs {docs} calls of N = {doc_len}", \
+            {"qkv packed documents": share, "qkv separate calls": docs * doc_len ** 2 / (n * n)}
 
     def mods_case():
         n = mods_n
@@ -85,7 +90,7 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
             note += ", RoPE = qkv.positions.rope on q and k (timed) then the plain forward"
         else:
             note += "; RoPE skipped: qkv.positions.rope is not there"
-        return "mods", n, calls, note
+        return "mods", n, calls, note, dict.fromkeys(calls, (n * (n + 1) // 2) / (n * n))
 
     def backward_case():
         n = backward_n
@@ -103,9 +108,15 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
                 F.scaled_dot_product_attention(tq, tk, tv, attn_mask=dense).backward(tgo)
             calls["torch autograd dense mask"] = torch_backward
         return "backward", n, calls, "gradients (forward included) with the causal mask mod; torch: autograd " \
-                                     "through SDPA with the same mask as a dense bool tensor"
+                                     "through SDPA with the same mask as a dense bool tensor", \
+            {"qkv flex backward": _work(bm, n), "torch autograd dense mask": 1.0}
 
     return [window_case, documents_case, mods_case, backward_case]
+
+
+def _work(bm, n: int) -> float:
+    """The share of the (N, N) scores a block mask allows: what an implementation at its work fraction computes."""
+    return float(np.count_nonzero(np.broadcast_to(bm.dense((1, 1), n, n), (n, n)))) / (n * n)
 
 
 def variants(*, heads: int = 8, dim: int = 64, repeats: int = 5, threads: int | None = None,
@@ -140,11 +151,12 @@ def variants(*, heads: int = 8, dim: int = 64, repeats: int = 5, threads: int | 
         makers = [m for name, m in zip(known, makers) if name in cases]
         bar = _progress(len(makers), progress)
         for make in makers:
-            case, n, calls, note = make()
+            case, n, calls, note, work = make()
             notes[case] = note
             times = _variant_times(calls, repeats)
             for impl, ts in times.items():
-                rows.append(dict(case=case, n=n, impl=impl, median_s=statistics.median(ts), times_s=ts))
+                rows.append(dict(case=case, n=n, impl=impl, median_s=statistics.median(ts), times_s=ts,
+                                 work_fraction=work.get(impl)))
             del calls
             if bar is not None:
                 bar.update(1)
@@ -181,18 +193,22 @@ def _variant_times(calls: dict, repeats: int) -> dict:
 def _variant_ratios(rows, cases) -> list:
     """The ratios of :data:`VARIANT_TARGETS` for the ``cases`` run: of medians, and the median per-turn one."""
     med = {(r["case"], r["impl"]): r["median_s"] for r in rows}
+    work = {(r["case"], r["impl"]): r.get("work_fraction") for r in rows}
     turns = {(r["case"], r["impl"]): r["times_s"] for r in rows}
     ratios = []
     for case, what, num, den, bound in VARIANT_TARGETS:
         if case not in cases:
             continue
         if (case, num) not in med or (case, den) not in med:
-            ratios.append(dict(case=case, what=what, ratio=None, paired=None, target=bound, met=None))
+            ratios.append(dict(case=case, what=what, ratio=None, paired=None, target=bound, met=None,
+                               work_fraction=None))
             continue
         ratio = med[(case, num)] / med[(case, den)]
         paired = statistics.median(a / b for a, b in zip(turns[(case, num)], turns[(case, den)]))
+        wn, wd = work.get((case, num)), work.get((case, den))
         ratios.append(dict(case=case, what=what, ratio=ratio, paired=paired, target=bound,
-                           met=None if bound is None else ratio < bound if bound == 1.0 else ratio <= bound))
+                           met=None if bound is None else ratio < bound if bound == 1.0 else ratio <= bound,
+                           work_fraction=None if wn is None or not wd else wn / wd))
     return ratios
 
 
@@ -220,18 +236,20 @@ def variants_markdown(result: dict) -> str:
              "| variant | N | impl | median ms |", "|---|---:|---|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['case']} | {r['n']} | {r['impl']} | {r['median_s'] * 1e3:.1f} |")
-    lines += ["", "| ratio of medians | measured | per-turn (median) | target | met |", "|---|---:|---:|---:|---|"]
+    lines += ["", "| ratio of medians | measured | per-turn (median) | work fraction | target | met |",
+              "|---|---:|---:|---:|---:|---|"]
     for r in result["ratios"]:
         got = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
         paired = "—" if r["paired"] is None else f"{r['paired']:.2f}×"
         op = "<" if r["target"] == 1.0 else "≤"
         target = "—" if r["target"] is None else f"{op} {r['target']:g}×"
         met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
-        lines.append(f"| {r['what']} | {got} | {paired} | {target} | {met} |")
+        wf = "—" if r.get("work_fraction") is None else f"{r['work_fraction']:.3f}"
+        lines.append(f"| {r['what']} | {got} | {paired} | {wf} | {target} | {met} |")
     if "long" in result:
         lg = result["long"]
         lines.append(f"| N = {lg['n']} window {lg['window']} forward, peak RSS (H = {lg['heads']}, inputs "
-                     f"{lg['inputs_mb']:.0f} MB included) | {lg['peak_rss_mb']:.0f} MB | | < {VARIANT_LONG_MB} MB | "
+                     f"{lg['inputs_mb']:.0f} MB included) | {lg['peak_rss_mb']:.0f} MB | | | < {VARIANT_LONG_MB} MB | "
                      f"{'yes' if lg['met'] else '**no**'} |")
     return "\n".join(lines)
 
@@ -242,9 +260,10 @@ def variants_text(result: dict) -> list[str]:
     for r in result["ratios"]:
         got = "—" if r["ratio"] is None else f"{r['ratio']:.2f}x"
         got += "" if r["paired"] is None else f" (per turn {r['paired']:.2f}x)"
+        got += "" if r.get("work_fraction") is None else f" work {r['work_fraction']:.3f}"
         target = "" if r["target"] is None else \
             f"target {'<' if r['target'] == 1.0 else '<='} {r['target']:g}x  {'met' if r['met'] else 'MISSED'}"
-        out.append(f"{r['what']:<32} {got:>24}  {target}")
+        out.append(f"{r['what']:<32} {got:>36}  {target}")
     if "long" in result:
         lg = result["long"]
         out.append(f"N={lg['n']} window {lg['window']} forward: {lg['seconds']:.2f} s, peak RSS "
