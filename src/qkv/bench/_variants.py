@@ -30,20 +30,16 @@ VARIANT_LONG_MB = 2048
 
 
 def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward_n, torch):
-    """The cases of :func:`variants`: ``(case, N, {impl: zero-argument callable}, note)``, built lazily so
-    that only one case's inputs live at a time."""
+    """The cases of :func:`variants`: ``(case, N, {impl: zero-argument callable}, note, {impl: work
+    fraction})``, built lazily so that only one case's inputs live at a time."""
     from .. import backends, mods, positions
     from ..blockmask import create_block_mask
     tiled = backends.get("tiled")
     scale = 1 / math.sqrt(dim)
 
-    def inputs(n, k=3):
-        rng = np.random.default_rng(n)
-        return [rng.standard_normal((1, heads, n, dim), dtype=np.float32) for _ in range(k)]
-
     def window_case():
         n = window_n
-        q, k, v = inputs(n)
+        q, k, v = _inputs(n, heads, dim)
         bm = create_block_mask(mods.sliding_window(window), None, None, n, n)
         calls = {"qkv window": lambda: tiled.forward(q, k, v, scale=scale, block_mask=bm),
                  "qkv full causal": lambda: tiled.forward(q, k, v, scale=scale, is_causal=True),
@@ -61,7 +57,7 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
 
     def documents_case():
         n = docs * doc_len
-        q, k, v = inputs(n)
+        q, k, v = _inputs(n, heads, dim)
         bm = create_block_mask(mods.document_from_lengths([doc_len] * docs), None, None, n, n)
         parts = [tuple(np.ascontiguousarray(a[:, :, d * doc_len:(d + 1) * doc_len]) for a in (q, k, v))
                  for d in range(docs)]
@@ -77,7 +73,7 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
 
     def mods_case():
         n = mods_n
-        q, k, v = inputs(n)
+        q, k, v = _inputs(n, heads, dim)
         alibi = mods.alibi(mods.alibi_slopes(heads))
         cap = mods.softcap(50.0)
         calls = {"qkv plain causal": lambda: tiled.forward(q, k, v, scale=scale, is_causal=True),
@@ -94,7 +90,7 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
 
     def backward_case():
         n = backward_n
-        q, k, v, go = inputs(n, 4)
+        q, k, v, go = _inputs(n, heads, dim, 4)
         bm = create_block_mask(mods.causal(), None, None, n, n)
         calls = {"qkv flex backward": lambda: tiled.backward(go, q, k, v, scale=scale, block_mask=bm)}
         if torch is not None:
@@ -112,6 +108,11 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
             {"qkv flex backward": _work(bm, n), "torch autograd dense mask": 1.0}
 
     return [window_case, documents_case, mods_case, backward_case]
+
+
+def _inputs(n: int, heads: int, dim: int, k: int = 3) -> list:
+    rng = np.random.default_rng(n)
+    return [rng.standard_normal((1, heads, n, dim), dtype=np.float32) for _ in range(k)]
 
 
 def _work(bm, n: int) -> float:
