@@ -35,7 +35,7 @@ SLOW_FILES = frozenset({
     "test_matrix_findings.py", "test_models.py", "test_models_cli.py", "test_models_reference.py", "test_llama.py",
     "test_llama_reference.py", "test_heatmap_memory.py", "test_viz_scale.py", "test_viz_page.py", "test_viz_cli.py",
     "test_tiled_flex.py", "test_cli_robust.py", "test_docs.py", "test_hostile_files.py", "test_chat_template.py",
-    "test_cli_counts.py", "test_cli_bad_input2.py", "test_optional_extras.py",
+    "test_cli_counts.py", "test_cli_bad_input2.py", "test_optional_extras.py", "test_hf.py", "test_torch_autograd.py",
 })
 #: Single tests as slow ("file::function"): the sweeps against torch (test_flex: 639 cases, ~3 minutes of CPU).
 SLOW_TESTS = frozenset({"test_flex.py::test_forward_matches_torch", "test_flex.py::test_backward_matches_torch_autograd"})
