@@ -39,16 +39,8 @@ WIDTHS = dict(vocab_size=2048, hidden_size=512, intermediate_size=1408, num_hidd
 
 
 def _threads(n: int):
-    import torch
-
-    import qkv
-    torch.set_num_threads(n)
-    qkv.set_num_threads(n)
-    try:
-        from threadpoolctl import threadpool_limits
-        return threadpool_limits(n)
-    except ImportError:                                      # pragma: no cover - the fast extra brings it
-        return None
+    from _threads import set_threads                         # benchmarks/_threads.py, beside this script
+    return set_threads(n)
 
 
 def _model(name: str):

@@ -36,16 +36,8 @@ B, H, E = 1, 8, 64
 
 
 def _threads(n: int):
-    import torch
-
-    import qkv
-    torch.set_num_threads(n)
-    qkv.set_num_threads(n)
-    try:
-        from threadpoolctl import threadpool_limits
-        return threadpool_limits(n)
-    except ImportError:                                      # pragma: no cover - the fast extra brings it
-        return None
+    from _threads import set_threads                         # benchmarks/_threads.py, beside this script
+    return set_threads(n)
 
 
 def _inputs(N: int):
