@@ -80,7 +80,7 @@ def _execute(worked: Worked, h: int, m, main, attend, row_block: int | None = No
             return
         if h > 1:
             _check_heads(worked, h, _plain_d_k(worked.d_k))                             # raises: not from X
-        v = None if worked.V is None else worked.V
+        v = worked.V
         if worked.start == "QK":
             q, k = stages.observe_input("Q", worked.Q), stages.observe_input("K", worked.K)
             v = None if v is None else stages.observe_input("V", v)

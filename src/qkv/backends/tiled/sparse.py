@@ -30,8 +30,8 @@ def masked_plan(P, idx, i0: int, i1: int, g: int, width: int):
 
     ``plan`` (n, 7) int64 rows ``(r0, r1, j0, j1, d, fresh, tile)`` as :func:`qkv._jit.plain_rows` takes them
     (rows of the task's ``qs``: positions × ``g``), ``tiles`` (T, cell, cell) float32, ``room`` the largest
-    block's scores. Full cells of consecutive cell rows with the same run of keys form one rectangle (runs cut
-    at ``width`` keys). None where an ``attn_mask`` takes part (a float one may add, not only remove) or the
+    block's scores. The cells are covered by :func:`_quad` (full rectangles at most ``width`` keys wide). None
+    where an ``attn_mask`` takes part (a float one may add, not only remove) or the
     tiles would pass :data:`MAX_TILE_BYTES`.
     """
     if P.mask is not None:
@@ -53,9 +53,7 @@ def _build(P, idx, i0: int, i1: int, g: int, width: int):
     sub = G[gr0:gr1]
     cols = np.flatnonzero((sub >= 0).any(axis=0))
     rects: list = []
-    if cols.size:
-        if ((sub >= 0) & ((sub & 4) != 0)).any():            # an attn_mask's cells: not for tiles
-            return None, None, 0
+    if cols.size:                                             # (no attn_mask: masked_plan returned None)
         _quad(sub, 0, gr1 - gr0, int(cols[0]), int(cols[-1]) + 1, max(1, width // c), rects)
     tiles, index, blocks = [], {}, []
     for ra, rb, ca, cb in rects:
