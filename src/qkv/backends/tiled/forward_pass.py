@@ -101,16 +101,15 @@ class _Task:
         Bq, E = (i1 - i0) * g, P.E
         self.qs = qs = np.empty((Bq, E + 1), P.cdt)              # [Q·scale, row term]: scale folded in once
         qs[:, E] = 0.0
+        self.blocks, self.widest, self.tallest, self.jit = None, 1, 1, None
         if mask2d is None and P.bm is None:                      # the blocks depend on the shapes alone: made once
-            got = _cached(("blocks", P.is_causal, i0, i1, P.S, block_k, g, keys, P.limits.diagonal_min),
-                          lambda: _task_blocks(P, idx, i0, i1, None, block_k, g, keys))
-        else:
-            got = _task_blocks(P, idx, i0, i1, mask2d, block_k, g, keys)
-        self.blocks, self.widest, self.tallest = got
-        # the fused block kernels (qkv.kernels: mask, softcap, shift, exp and row sums in one pass), where in use
-        self.jit = RUNTIME.kernels.for_block(P.cdt, self.tallest * self.widest, P.limits.kernel_min)
+            self._blocks(P, _cached(("blocks", P.is_causal, i0, i1, P.S, block_k, g, keys, P.limits.diagonal_min),
+                                    lambda: _task_blocks(P, idx, i0, i1, None, block_k, g, keys)))
         self.sc = _Scorer(P, idx, qs, i0, self.K_T, mask2d, row_col=True)
         self._bounds(P, k_norm, v_max, weights is None and dropout_p == 0)
+        if self.blocks is None and self.tiles is None:           # (a block mask's task in tiles needs none)
+            self._blocks(P, _task_blocks(P, idx, i0, i1, mask2d, block_k, g, keys))
+        self._alibi_order()
         self.gen = _dropout_rng(seed, P.lead, idx, i0) if dropout_p > 0 else None
         self.keep_scale = 0.0 if dropout_p >= 1 else 1.0 / (1.0 - dropout_p)
         self._buffers(P, block_k)
@@ -155,17 +154,26 @@ class _Task:
         # a block is exponentiated against it as is, and only when its row sums grow past exp(lazy_bound) (or a
         # row has seen nothing yet) is it redone with a max pass and a rescale.
         self.lazy = not shift_free and self.dropout_p == 0 and log_room > P.limits.lazy_bound + 1
-        if not shift_free and sc.kind in ("alibi", "alibi_softcap") and sc.slope is not None:
-            # the blocks with the largest bias first (the diagonal, for a causal ALiBi): later ones then rarely
-            # raise the running max, where in key order every block of a steep head would be redone.
-            sl = sc.slope
-            self.blocks = sorted(self.blocks, key=lambda b: -(sl * (b[3] - 1 - (i0 + b[0])) if sl >= 0
-                                                              else sl * (b[2] - (i0 + b[1] - 1))))
         self.row_limit = math.exp(P.limits.lazy_bound)
         # ALiBi's column term folded into V: only shift-free (m_i = 0 for good), where a factor e^{c_j} ≤ 1
         # cannot hide a row's max from a running-max update
         self.fold_col = shift_free and sc.kind == "alibi" and sc.slope is not None and sc.slope >= 0
         self.loop_plan = bare and P.plain_gemm is not None       # the compiled loops' plan: see _buffers
+
+    def _blocks(self, P, got) -> None:
+        """The task's blocks, the widest's keys and the tallest's rows, and the fused block kernels for them
+        (qkv.kernels: mask, softcap, shift, exp and row sums in one pass), where in use."""
+        self.blocks, self.widest, self.tallest = got
+        self.jit = RUNTIME.kernels.for_block(P.cdt, self.tallest * self.widest, P.limits.kernel_min)
+
+    def _alibi_order(self) -> None:
+        """ALiBi's rescaled blocks with the largest bias first (the diagonal, for a causal ALiBi): later ones
+        then rarely raise the running max, where in key order every block of a steep head would be redone."""
+        sc, i0 = self.sc, self.i0
+        if not self.shift_free and sc.kind in ("alibi", "alibi_softcap") and sc.slope is not None:
+            sl = sc.slope
+            self.blocks = sorted(self.blocks, key=lambda b: -(sl * (b[3] - 1 - (i0 + b[0])) if sl >= 0
+                                                              else sl * (b[2] - (i0 + b[1] - 1))))
 
     def _buffers(self, P, block_k) -> None:
         """The compiled loops' plan (where they run) and the buffers: a block's scores, then probabilities

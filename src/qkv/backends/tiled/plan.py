@@ -118,7 +118,8 @@ class _Problem:
     def kv(self, idx: tuple):
         """``(K, V, k_norm_max, v_abs_max, K_T_ext)`` for the key/value head of ``idx``, once per head.
 
-        K (S, E), V (S, Ev) contiguous in the compute dtype; K_T_ext = [Kᵀ; 1] (E+1, S), contiguous rows,
+        K (S, E), V (S, Ev) contiguous in the compute dtype; K_T_ext = [Kᵀ; 1] (E+1, S), contiguous rows
+        :data:`KT_PAD` elements apart (:func:`_kt_buffer`),
         its row of ones multiplying the extra column of the query block (−m_i, and ALiBi's row term: the
         running max and the bias folded into the matmul).
         """
@@ -132,9 +133,9 @@ class _Problem:
                 got = self._kv.get(src)
                 if got is None:
                     k = np.ascontiguousarray(self.key[src[0]], dtype=self.cdt)                # (S, E)
-                    k_t = np.empty((self.E + 1, self.S), self.cdt)                          # (E+1, S)
-                    for j in range(0, self.S, 128):          # Q·Kᵀ blocks read contiguous rows; in
-                        k_t[:self.E, j:j + 128] = k[j:j + 128].T   # chunks that stay in cache: 2× faster
+                    k_t = _kt_buffer(self.E, self.S, self.cdt)                              # (E+1, S)
+                    for j in range(0, self.S, _KT_CHUNK):    # Q·Kᵀ blocks read contiguous rows
+                        k_t[:self.E, j:j + _KT_CHUNK] = k[j:j + _KT_CHUNK].T
                     k_t[self.E] = 1.0
                     v = np.ascontiguousarray(self.value[src[1]], dtype=self.cdt)              # (S, Ev)
                     k_norm = float(np.sqrt(np.einsum("se,se->s", k, k).max()))
@@ -155,7 +156,7 @@ class _Problem:
             if src not in heads and src not in self._kv:
                 n = len(bounds) - 1
                 heads[src] = (np.empty((S, E), self.cdt), np.empty((S, self.Ev), self.cdt),
-                              np.empty((E + 1, S), self.cdt), np.zeros(n), np.zeros(n))
+                              _kt_buffer(E, S, self.cdt), np.zeros(n), np.zeros(n))
 
         def fill(src, c):
             k, v, k_t, k_norms, v_maxes = heads[src]
@@ -164,8 +165,8 @@ class _Problem:
                 return
             k[j0:j1] = self.key[src[0]][j0:j1]
             v[j0:j1] = self.value[src[1]][j0:j1]
-            for j in range(j0, j1, 128):                    # in chunks that stay in cache, as kv()
-                k_t[:E, j:min(j + 128, j1)] = k[j:min(j + 128, j1)].T
+            for j in range(j0, j1, _KT_CHUNK):              # in chunks, as kv()
+                k_t[:E, j:min(j + _KT_CHUNK, j1)] = k[j:min(j + _KT_CHUNK, j1)].T
             k_t[E, j0:j1] = 1.0
             k_norms[c] = np.einsum("se,se->s", k[j0:j1], k[j0:j1]).max()
             v_maxes[c] = max(v[j0:j1].max(), -v[j0:j1].min())
@@ -415,6 +416,23 @@ class _Problem:
 
 
 # ---------------------------------------------------------------------------------------------- cells
+#: The padding of Kᵀ's rows (elements): rows ``S + KT_PAD`` apart, not ``S``. A ``Q·Kᵀ`` block reads a few
+#: columns of all E rows of Kᵀ; at a power-of-two S (4096, 8192) those rows are a multiple of 4 KiB apart and
+#: fall into the same sets of the L1 cache, so the GEMM's packing of the block misses on every row. 64 bytes
+#: more a row spreads them: 64 × 576 blocks at N = 8192 ran at 76 GFLOP/s, 92 padded; 64 × 56 at 43, 77
+#: (Zen 4, OpenBLAS SkylakeX, one thread).
+KT_PAD = 16
+#: Kᵀ is written in chunks of this many keys, which stay in cache: of all S at once, 2× slower; measured with
+#: K read from memory, as a call's first use of a head does (8 heads of 8192 × 64, Zen 4): chunks of 128 keys
+#: 5.2–5.5 ms, 512 4.0–4.2 ms, 8192 7.1 ms.
+_KT_CHUNK = 512
+
+
+def _kt_buffer(E: int, S: int, dtype) -> np.ndarray:
+    """An (E+1, S) buffer for ``[Kᵀ; 1]`` whose rows are ``S + KT_PAD`` elements apart (a view)."""
+    return np.empty((E + 1, S + KT_PAD), dtype)[:, :S]
+
+
 def _row_runs(G: np.ndarray) -> tuple:
     """Per row of the cell grid: the runs of non-empty cells ``[(c0, c1), …]`` and of equal non-zero values
     ``[(c0, c1, value), …]`` (from the points where a row changes value; a window's row is 4 runs)."""
