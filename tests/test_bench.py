@@ -253,4 +253,13 @@ def test_variants_report_each_ratio_beside_its_work_fraction():
     allowed = sum(min(i + 1, w) for i in range(n))
     assert abs(wf["window / qkv full causal"] - allowed / (n * (n + 1) / 2)) < 1e-12
     assert wf["packed / separate"] == 1.0                        # the same scores, one call or two
+    # sinks + window and the prefix LM: their targets are their work fractions plus 25 %
+    tg = {x["what"]: x["target"] for x in r["ratios"]}
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    sinks = np.count_nonzero(((i - j >= 0) & (i - j < w)) | (j < 4))     # the sinks are seen by every query
+    plm = np.count_nonzero((j < n // 8) | (j <= i))
+    assert abs(wf["sinks + window / qkv full causal"] - sinks / (n * (n + 1) / 2)) < 1e-12
+    assert abs(wf["prefix LM / qkv full causal"] - plm / (n * (n + 1) / 2)) < 1e-12
+    for what in ("sinks + window / qkv full causal", "prefix LM / qkv full causal"):
+        assert abs(tg[what] - 1.25 * wf[what]) < 1e-12
     assert "| work fraction |" in variants_markdown(r)

@@ -13,9 +13,13 @@ from ._sweep import SETTLE_S, _fresh_forward
 
 
 #: The attention variants' targets (qkv bench --variants): (case, ratio name, numerator, denominator, bound);
-#: a bound of None: a ratio reported for what it says, no target.
+#: a bound of None: a ratio reported for what it says, no target; :data:`AT_WORK`: the ratio's work fraction
+#: plus 25 % (a variant "at its work fraction": it costs what it computes, and a quarter more).
+AT_WORK = "work + 25%"
 VARIANT_TARGETS = (
     ("window", "window / qkv full causal", "qkv window", "qkv full causal", 0.15),
+    ("window", "sinks + window / qkv full causal", "qkv sinks + window", "qkv full causal", AT_WORK),
+    ("window", "prefix LM / qkv full causal", "qkv prefix LM", "qkv full causal", AT_WORK),
     ("window", "window / torch dense mask", "qkv window", "torch dense mask", 1.0),
     ("window", "full causal / full non-causal (0.5 + the diagonal's cost)", "qkv full causal",
      "qkv full non-causal", None),
@@ -29,9 +33,10 @@ VARIANT_TARGETS = (
 VARIANT_LONG_MB = 2048
 
 
-def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward_n, torch):
+def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward_n, torch, sinks=4, prefix=None):
     """The cases of :func:`variants`: ``(case, N, {impl: zero-argument callable}, note, {impl: work
-    fraction})``, built lazily so that only one case's inputs live at a time."""
+    fraction})``, built lazily so that only one case's inputs live at a time. The window case also runs
+    ``sinks`` sink keys or'ed with the window, and a prefix LM of ``prefix`` keys (None: N / 8)."""
     from .. import backends, mods, positions
     from ..blockmask import create_block_mask
     tiled = backends.get("tiled")
@@ -41,7 +46,12 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
         n = window_n
         q, k, v = _inputs(n, heads, dim)
         bm = create_block_mask(mods.sliding_window(window), None, None, n, n)
+        sw = create_block_mask(mods.or_masks(mods.sinks(sinks), mods.sliding_window(window)), None, None, n, n)
+        pre = prefix if prefix is not None else n // 8
+        plm = create_block_mask(mods.prefix_lm(pre), None, None, n, n)
         calls = {"qkv window": lambda: tiled.forward(q, k, v, scale=scale, block_mask=bm),
+                 "qkv sinks + window": lambda: tiled.forward(q, k, v, scale=scale, block_mask=sw),
+                 "qkv prefix LM": lambda: tiled.forward(q, k, v, scale=scale, block_mask=plm),
                  "qkv full causal": lambda: tiled.forward(q, k, v, scale=scale, is_causal=True),
                  "qkv full non-causal": lambda: tiled.forward(q, k, v, scale=scale)}
         if torch is not None:
@@ -50,10 +60,11 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
             dense = torch.from_numpy(np.array(np.broadcast_to(bm.dense((1, 1), n, n), (n, n))))
             calls["torch dense mask"] = lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=dense)
         causal = (n * (n + 1) // 2) / (n * n)
-        work = {"qkv window": _work(bm, n), "qkv full causal": causal, "qkv full non-causal": 1.0,
-                "torch dense mask": 1.0}
-        return "window", n, calls, f"sliding window {window}, causal (BLOCK_SIZE 128); torch gets the same mask " \
-                                   "as a dense (N, N) bool tensor", work
+        work = {"qkv window": _work(bm, n), "qkv sinks + window": _work(sw, n), "qkv prefix LM": _work(plm, n),
+                "qkv full causal": causal, "qkv full non-causal": 1.0, "torch dense mask": 1.0}
+        return "window", n, calls, f"sliding window {window}, causal (BLOCK_SIZE 128); {sinks} sinks or'ed with " \
+                                   f"it; a prefix LM of {pre}; torch gets the window as a dense (N, N) bool " \
+                                   "tensor", work
 
     def documents_case():
         n = docs * doc_len
@@ -201,15 +212,18 @@ def _variant_ratios(rows, cases) -> list:
         if case not in cases:
             continue
         if (case, num) not in med or (case, den) not in med:
-            ratios.append(dict(case=case, what=what, ratio=None, paired=None, target=bound, met=None,
-                               work_fraction=None))
+            ratios.append(dict(case=case, what=what, ratio=None, paired=None,
+                               target=None if bound == AT_WORK else bound, met=None, work_fraction=None))
             continue
         ratio = med[(case, num)] / med[(case, den)]
         paired = statistics.median(a / b for a, b in zip(turns[(case, num)], turns[(case, den)]))
         wn, wd = work.get((case, num)), work.get((case, den))
+        share = None if wn is None or not wd else wn / wd
+        if bound == AT_WORK:
+            bound = None if share is None else 1.25 * share
         ratios.append(dict(case=case, what=what, ratio=ratio, paired=paired, target=bound,
                            met=None if bound is None else ratio < bound if bound == 1.0 else ratio <= bound,
-                           work_fraction=None if wn is None or not wd else wn / wd))
+                           work_fraction=share))
     return ratios
 
 
@@ -243,7 +257,7 @@ def variants_markdown(result: dict) -> str:
         got = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
         paired = "—" if r["paired"] is None else f"{r['paired']:.2f}×"
         op = "<" if r["target"] == 1.0 else "≤"
-        target = "—" if r["target"] is None else f"{op} {r['target']:g}×"
+        target = "—" if r["target"] is None else f"{op} {r['target']:.3g}×"
         met = "—" if r["met"] is None else ("yes" if r["met"] else "**no**")
         wf = "—" if r.get("work_fraction") is None else f"{r['work_fraction']:.3f}"
         lines.append(f"| {r['what']} | {got} | {paired} | {wf} | {target} | {met} |")
@@ -263,7 +277,7 @@ def variants_text(result: dict) -> list[str]:
         got += "" if r["paired"] is None else f" (per turn {r['paired']:.2f}x)"
         got += "" if r.get("work_fraction") is None else f" work {r['work_fraction']:.3f}"
         target = "" if r["target"] is None else \
-            f"target {'<' if r['target'] == 1.0 else '<='} {r['target']:g}x  {'met' if r['met'] else 'MISSED'}"
+            f"target {'<' if r['target'] == 1.0 else '<='} {r['target']:.3g}x  {'met' if r['met'] else 'MISSED'}"
         out.append(f"{r['what']:<32} {got:>36}  {target}")
     if "long" in result:
         lg = result["long"]
