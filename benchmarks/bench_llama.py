@@ -1,7 +1,7 @@
 """qkv's SmolLM2 decoder vs transformers on the same GGUF file, side by side in one run (CPU, float32).
 
     .venv/bin/python benchmarks/bench_llama.py [--repeats 5] [--threads N] [--new-tokens 64] [--prefill 512]
-                                               [--skip-load] [--only generate,prefill,forward]
+                                               [--skip-load] [--only generate,prefill,forward,scaling]
 
 What is timed (each side once to warm up, then ``--repeats`` times alternately, each call after a ``--settle``
 pause so the other side's idle threads stop spinning; the medians and their ratio qkv / transformers):
@@ -13,7 +13,13 @@ pause so the other side's idle threads stop spinning; the medians and their rati
   (``model.step(ids, caches)`` against ``model(ids, use_cache=True, logits_to_keep=1)``), and the same forward
   with the logits of every position (``model.forward(ids)`` against ``model(ids)``);
 * load (GGUF file → ready to run) and resident memory after it, each side in a fresh Python process
-  (``--skip-load`` skips these).
+  (``--skip-load`` skips these);
+* scaling (``--only scaling``, qkv alone, not part of the default): the same prefill on one worker against
+  ``--threads`` workers (issue 29's target: two workers ≥ 1.8× one), each side as ``benchmarks/_threads.py``
+  sets n threads — ``qkv.set_num_threads(n)`` and BLAS limited to n threads (so one worker is one core) —
+  ``--repeats`` times alternately, each call once the CPUs are idle (other processes' work on the same cores
+  skews one side) and after a ``--settle`` pause; the medians, their ratio and the voluntary context switches of
+  one prefill (the GIL handed between threads).
 
 Both sides get the same number of threads (``--threads``, default: the CPUs this process may use):
 torch.set_num_threads, BLAS via threadpoolctl, and qkv's runtime. Nothing is downloaded.
@@ -74,6 +80,62 @@ def _timed(fn, settle: float) -> float:
     return time.perf_counter() - t0
 
 
+def _cpu_busy() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs so far (Linux's /proc/stat), None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:                                                        # pragma: no cover - not Linux
+        return None
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def _wait_idle(busy_below: float = 0.1, window: float = 0.3, at_most: float = 120.0) -> float:
+    """Wait until the CPUs were idle (under ``busy_below`` busy over ``window`` seconds: another process's
+    benchmark on the same cores doubles a one-worker time), at most ``at_most`` seconds; returns the wait."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < at_most:
+        a = _cpu_busy()
+        time.sleep(window)
+        b = _cpu_busy()
+        if a is None or b is None or (b[0] - a[0]) < busy_below * max(1, b[1] - a[1]):
+            break
+    return time.perf_counter() - t0
+
+
+def _scaling(model, ids, threads: int, repeats: int, settle: float) -> None:
+    """``--only scaling``: the prefill on 1 worker against ``threads`` (see the module doc)."""
+    import resource
+
+    from threadpoolctl import threadpool_limits
+
+    import qkv
+
+    def prefill(n: int) -> tuple[float, int]:
+        qkv.set_num_threads(n)
+        with threadpool_limits(limits=n, user_api="blas"):
+            waited.append(_wait_idle())
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+            t = _timed(lambda: model.step(ids, model.new_caches()), settle)
+            return t, resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before
+
+    sides, waited = (1, threads), []
+    for n in sides:                                                        # warm-up
+        prefill(n)
+    got = {n: [] for n in sides}
+    for _ in range(repeats):
+        for n in sides:
+            got[n].append(prefill(n))
+    one, many = (statistics.median(t for t, _ in got[n]) for n in sides)
+    switches = [statistics.median(c for _, c in got[n]) for n in sides]
+    print(f"prefill of {ids.shape[1]} tokens (last logits), 1 worker median {one * 1e3:.0f} ms (best "
+          f"{min(t for t, _ in got[1]) * 1e3:.0f}), {threads} workers median {many * 1e3:.0f} ms (best "
+          f"{min(t for t, _ in got[threads]) * 1e3:.0f}); {threads} workers {one / many:.2f}x faster than one "
+          f"(target >= 1.8x at 2); voluntary context switches per prefill {switches[0]:.0f} / {switches[1]:.0f}; "
+          f"waited {sum(waited):.0f} s in all for idle CPUs")
+    qkv.set_num_threads(threads)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -83,8 +145,12 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=0.5, help="seconds of pause before each timed call")
     ap.add_argument("--skip-load", action="store_true", help="skip the load-time and memory measurements")
     ap.add_argument("--only", default="generate,prefill,forward",
-                    help="which of generate, prefill, forward to time (comma-separated)")
+                    help="which of generate, prefill, forward, scaling to time (comma-separated)")
     args = ap.parse_args()
+    only = {w.strip() for w in args.only.split(",")}
+    unknown = only - {"generate", "prefill", "forward", "scaling"}
+    if unknown:
+        ap.error(f"--only: unknown {sorted(unknown)}; expected some of generate, prefill, forward, scaling")
 
     import numpy as np
     import torch
@@ -98,6 +164,11 @@ def main() -> None:
     print(f"{environment_line()}; threads {args.threads} (torch, BLAS, qkv runtime); "
           f"torch {torch.__version__}, transformers {transformers.__version__}; "
           f"load average {os.getloadavg()[0]:.2f} at start")
+    if only == {"scaling"}:                                                # qkv alone: no transformers model
+        model = load_llama()
+        ids = np.random.default_rng(0).integers(100, model.config.vocab_size, (1, args.prefill))
+        _scaling(model, ids, args.threads, args.repeats, args.settle)
+        return
     if not args.skip_load:
         q = _fresh(_LOAD_QKV, args.threads)
         h = _fresh(_LOAD_HF, args.threads)
@@ -145,10 +216,6 @@ def main() -> None:
 
     pairs = {"generate": (q_gen, h_gen), "prefill (last logits)": (q_prefill, h_prefill),
              "forward (all logits)": (q_forward, h_forward)}
-    only = {w.strip() for w in args.only.split(",")}
-    unknown = only - {name.split()[0] for name in pairs}
-    if unknown:
-        ap.error(f"--only: unknown {sorted(unknown)}; expected some of generate, prefill, forward")
     pairs = {name: fns for name, fns in pairs.items() if name.split()[0] in only}
     times = {k: ([], []) for k in pairs}
     with threadpool_limits(limits=args.threads, user_api="blas"):
@@ -169,6 +236,8 @@ def main() -> None:
         extra = f", {args.new_tokens / mq:.1f} vs {args.new_tokens / mh:.1f} tokens/s" if name == "generate" else ""
         print(f"{name:>22}: qkv median {mq:.3f} s (best {min(tq):.3f}), transformers median {mh:.3f} s "
               f"(best {min(th):.3f}); ratio of medians {mq / mh:.2f}x (target <= 1.0){extra}")
+    if "scaling" in only:
+        _scaling(model, long_ids, args.threads, args.repeats, args.settle)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
