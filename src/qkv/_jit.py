@@ -50,8 +50,8 @@ from numba.extending import intrinsic
 
 from ._cblas import NO_TRANS as _NO_TRANS, ROW_MAJOR as _ROW_MAJOR, TRANS as _TRANS   # as qkv.gemm passes them
 
-__all__ = ["ds_rows", "exp_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows", "plain_backward_rows",
-           "plain_lazy_rows", "plain_rows", "swiglu_rows"]
+__all__ = ["ds_rows", "exp_rows", "finish_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows",
+           "plain_backward_rows", "plain_lazy_rows", "plain_rows", "q_prep", "swiglu_rows"]
 
 
 @intrinsic
@@ -595,3 +595,49 @@ def plain_lazy_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, 
                        lacc)                                                 # acc (+)= p·V
         flops += 2.0 * m * ev * w
     return spent, flops if timing else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- a task's edges
+# What the engine does around a task's compiled loop, compiled too: each one pass, without the GIL (NumPy's
+# passes each took and gave back the lock — two workers handed it to and fro dozens of times a task).
+_EXACT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)   # no fast-math: as NumPy rounds
+
+
+@njit(**_OPTS)
+def q_prep(q, out, scale):
+    """``out[:, :E] = q·scale`` (float32, one rounding, as NumPy's multiply) and ``out[:, E] = 0``; returns the
+    largest ``|q_r|²`` of the input rows (float64 sums, reassociated; NaN where q holds one)."""
+    n, E = q.shape
+    best = 0.0
+    nan = False
+    for r in range(n):
+        t = 0.0
+        for e in range(E):
+            x = q[r, e]
+            t += np.float64(x) * np.float64(x)
+            out[r, e] = x * scale
+        out[r, E] = 0.0
+        nan = nan or t != t
+        best = t if t > best else best
+    return np.nan if nan else best
+
+
+@njit(**_EXACT)
+def finish_rows(acc, l_i, out, lse, want_lse):
+    """A shift-free task's end (``m_i = 0``): ``out = acc / l_i`` and, with ``want_lse``, ``lse = log l_i`` per row;
+    a row with ``l_i = 0`` (nothing allowed) gets zeros and −inf. As the engine's NumPy steps: ``1 / l_i`` once,
+    then a product."""
+    n, ev = acc.shape
+    for r in range(n):
+        l = l_i[r]
+        if l > 0:
+            inv = np.float32(1.0) / l
+            for c in range(ev):
+                out[r, c] = acc[r, c] * inv
+            if want_lse:
+                lse[r] = np.log(l)
+        else:
+            for c in range(ev):
+                out[r, c] = 0.0
+            if want_lse:
+                lse[r] = -np.inf

@@ -172,6 +172,8 @@ _P_TILES = paths.register("kernel.plain_rows.tiles", "compiled forward loop of a
 _NO_TILES = np.zeros((1, 1, 1), np.float32)               # plain_rows' tiles where the blocks name none
 _P_PLAIN_LAZY = paths.register("kernel.plain_lazy_rows", "compiled forward loop of a task, lazy rescaling")
 _P_PLAIN_BWD = paths.register("kernel.plain_backward_rows", "compiled backward loop of a head's key block")
+_P_Q = paths.register("kernel.q_prep", "a task's scaled query rows and their largest norm in one compiled pass")
+_P_FINISH = paths.register("kernel.finish_rows", "a shift-free task's output division and lse, compiled")
 
 
 def _args(kind: str, arg):
@@ -291,3 +293,16 @@ def run_bands(jit, s: np.ndarray, sums: np.ndarray, kind: str, arg, pattern: np.
     ``f`` the identity (``kind`` "exp"), the polynomial or ``cap·tanh`` (as :func:`run`), ``sums`` (nb·h,)."""
     paths.hit(_P_BANDS)
     jit.pattern_exp_rows(s, *_args(kind, arg), pattern, sums)
+
+
+def q_prep(jit, q: np.ndarray, out: np.ndarray, scale) -> float:
+    """``out[:, :E] = q·scale``, ``out[:, E] = 0``; returns the largest ``|q_r|²`` (:func:`qkv._jit.q_prep`)."""
+    paths.hit(_P_Q)
+    return jit.q_prep(q, out, np.float32(scale))
+
+
+def finish_rows(jit, acc: np.ndarray, l_i: np.ndarray, out: np.ndarray, lse) -> None:
+    """``out = acc / l_i`` and ``lse = log l_i`` (when not None) of a shift-free task's rows
+    (:func:`qkv._jit.finish_rows`): zeros and −inf where ``l_i = 0``."""
+    paths.hit(_P_FINISH)
+    jit.finish_rows(acc, l_i, out, l_i if lse is None else lse, lse is not None)

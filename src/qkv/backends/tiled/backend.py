@@ -1,8 +1,9 @@
 """The tiled backend's entry points: :func:`forward`, :func:`backward` and :class:`TiledBackend`.
 
 A call builds the problem (:class:`qkv.backends.tiled.plan._Problem`, which reads the limits in force once),
-sizes its tasks — the forward's: query blocks of ``block_q`` rows per head, grouped-query heads a group per task
-(:data:`qkv.backends.tiled.thresholds.GROUP_GQA`), BLOCK_Q_PLAIN rows where the compiled loops run, halved while
+sizes its tasks — the forward's: query blocks of ``block_q`` rows per head (``block_q_tiles`` for a block mask
+in the tile loop), grouped-query heads a group per task (:data:`qkv.backends.tiled.thresholds.GROUP_GQA`),
+BLOCK_Q_PLAIN rows where the compiled loops run, halved while
 there are fewer than two tasks a worker; the backward's: key blocks per key/value head, chunked among the
 workers — and runs them on the runtime's pool (:mod:`qkv.backends.runtime`: :func:`get_num_threads` workers,
 each pinned to its own CPU, BLAS limited to one thread each while they run; NumPy releases the GIL inside its
@@ -17,7 +18,7 @@ import math
 
 import numpy as np
 
-from ... import _checks, shapes
+from ... import _checks, kernels as _kernels, shapes
 from ..base import Backend
 from ..runtime import RUNTIME
 from . import backward_pass as _bp, forward_pass as _fp, split as _split
@@ -78,6 +79,8 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
     n_heads = math.prod(P.lead)
     if P.bm is not None:
         bs = P.bs
+        if block_q is None and _tiles_likely(P, reads_scores):
+            bq = lim.block_q_tiles                           # one compiled call a task: taller tasks
         bq = min(_aligned(bq, bs), -(-P.L // bs) * bs)
         # the widest run of keys one matmul takes: block_k when given, else as many as keep a block of
         # scores within block_q × block_k numbers (a cell row of 128 queries takes up to 4096 keys at once)
@@ -106,6 +109,14 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
         if block_q is None:
             bq = _rows_per_task(P, max(1, lim.block_q_plain // P.group), n_heads, threads)
     return bq, bk
+
+
+def _tiles_likely(P, reads_scores: bool) -> bool:
+    """Whether a block-mask problem's tasks will run in the compiled loop with tiles (as
+    :meth:`qkv.backends.tiled.forward_pass._Task._bounds` decides per task, less the scores' bound)."""
+    return (P.limits.tile_loop and P.limits.plain_loop and P.mask is None and P.mod.kind == "none"
+            and not reads_scores and P.cdt == np.float32 and RUNTIME.kernels.get() == "numba"
+            and _kernels.plain_available(RUNTIME.gemm.active()))
 
 
 class TiledBackend(Backend):

@@ -120,7 +120,13 @@ class _Task:
         """What the scores' bound allows: shift-free, base 2, a softcap polynomial, lazy rescaling; the query
         rows scaled accordingly (``alone``: nothing but the output reads the scores — no weights, no dropout)."""
         idx, i0, i1, sc, E = self.idx, self.i0, self.i1, self.sc, P.E
-        q_norm = P.q_norm_group(idx, i0, i1)                # max |Q·scale| of the rows, before they are scaled
+        # max |Q·scale| of the rows, before they are scaled: with the kernels, in the pass that scales them,
+        # by the factor the task most likely takes (log₂ e where its scores may be plain; redone if not)
+        guess = _LOG2E if alone and sc.kind == "none" and (P.plain_scores or P.bm is not None) else 1.0
+        q_norm = P.q_prep(idx, i0, i1, self.qs, guess)
+        scaled = q_norm is not None
+        if not scaled:
+            q_norm = P.q_norm_group(idx, i0, i1)
         # How large a block's Σ exp(s − m_i) may grow before acc could overflow (float32 and float64 alike).
         log_room = _LOG_HEADROOM - math.log(P.S) - math.log1p(v_max)
         # Shift-free: no (modified) score can leave the bounds of P.shift_free, so m_i = 0 for good.
@@ -143,7 +149,9 @@ class _Task:
             if self.tiles is not None:
                 self.jit = jit
         self.base2 = (bare or self.tiles is not None) and shift_free
-        P.q_rows_group(idx, i0, i1, self.qs[:, :E], _LOG2E if self.base2 else 1.0)
+        factor = _LOG2E if self.base2 else 1.0
+        if not scaled or factor != guess:
+            P.q_rows_group(idx, i0, i1, self.qs[:, :E], factor)
         k_poly = sc.use_poly(q_norm * k_norm)               # softcap: |s/cap| ≤ q_norm·k_norm (qs holds 1/cap)
         if k_poly != 1.0:
             self.qs[:, :E] *= P.cdt.type(k_poly)
@@ -484,6 +492,11 @@ def _finish(P, T, out, lse, weights: bool):
     """``output = acc / l_i`` and ``lse = m_i + log l_i`` into the task's rows (sinks merged in first); returns
     the rows' lse (None when nothing needs it)."""
     idx, i0, i1, g, l_i, acc = T.idx, T.i0, T.i1, T.g, T.l_i, T.acc
+    jit = RUNTIME.kernels.for_block(P.cdt, (i1 - i0) * g * P.S, P.limits.kernel_min)
+    if (jit is not None and g == 1 and T.shift_free and T.keys is None and P.sinks is None and not weights
+            and out.dtype == acc.dtype):                 # m_i = 0: the division and lse in one compiled pass
+        _kernels.finish_rows(jit, acc, l_i, out[idx][i0:i1], None if lse is None else lse[idx][i0:i1])
+        return None
     nz = l_i > 0                                             # l_i = 0: a query that may attend to nothing
     inv = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=nz)
     sink = P.sinks is not None and T.keys is None

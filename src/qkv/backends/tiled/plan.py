@@ -199,6 +199,18 @@ class _Problem:
         for h, q in enumerate(self._group_rows(idx, i0, i1)):
             np.multiply(q, scale, out=out[h::g] if g > 1 else out, dtype=self.cdt, casting="unsafe")
 
+    def q_prep(self, idx: tuple, i0: int, i1: int, out: np.ndarray, factor: float):
+        """:meth:`q_rows_group` (scale × ``factor``) and :meth:`q_norm_group` in one compiled pass, where it runs
+        (the kernels in use for the task's scores, float32 rows, one head a task): returns the norm, else None
+        (nothing written)."""
+        jit = RUNTIME.kernels.for_block(self.cdt, (i1 - i0) * self.group * self.S, self.limits.kernel_min)
+        if jit is None or self.group != 1 or self.query.dtype != self.cdt:
+            return None
+        q = self.query[_src(idx, self.query.shape[:-2])][i0:i1]
+        if not q.flags.c_contiguous or not out.flags.c_contiguous:
+            return None
+        return math.sqrt(_kernels.q_prep(jit, q, out, self.cdt.type(self.qscale * factor))) * abs(self.qscale)
+
     def q_norm_group(self, idx: tuple, i0: int, i1: int) -> float:
         """The largest norm of a scaled query row (``|Q[i]·scale|``) of :meth:`q_rows_group`'s rows, from the
         input rows (so that the scale can take log₂ e in once the shift-free bound is known)."""
