@@ -481,13 +481,14 @@ def test_bench_variants_small(monkeypatch, capsys):
                                 mods.and_masks(mods.causal(), mods.document_from_lengths([200, 100, 212])),
                                 mods.or_masks(mods.sinks(5), mods.sliding_window(70))])
 def test_finer_cells_for_built_in_mods(mm):
-    # BLOCK_SIZE 128 with a built-in mod: the engine plans on 64-cells (their kinds from the mod's own
-    # block_kinds), still covering every allowed pair once and never an empty 128-block
+    # BLOCK_SIZE 128 with a built-in mod: the engine plans on 32-cells forward, 64 backward (their kinds from
+    # the mod's own block_kinds), still covering every allowed pair once and never an empty 128-block
     L = S = 512
     bm = create_block_mask(mm, None, None, L, S)
     z = np.zeros((1, 1, L, 8))
     P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
-    assert P.cell == tiled.GRID_CELL == 64
+    assert P.cell == tiled.GRID_CELL == 32
+    assert tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm, backward=True).cell == 64
     P.fwd_budget = 10**9
     seen = _plan_coverage(P, L, S, 256)
     allowed = bm.dense((1, 1), L, S).reshape(L, S)

@@ -156,7 +156,8 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     ``out``/``lse`` from a previous :func:`forward` (with ``return_lse=True``) skip its recomputation.
     """
     threads = RUNTIME.resolve_threads(threads)
-    P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits)
+    P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits,
+                 backward=True)
     lim = P.limits                                           # this call's limits, read once
     bq = _checks.positive_int(block_q, "block_q") if block_q is not None else lim.block_q_backward
     bk = _checks.positive_int(block_k, "block_k") if block_k is not None else lim.block_k_backward

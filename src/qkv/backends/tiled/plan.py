@@ -52,7 +52,7 @@ class _Problem:
     """
 
     def __init__(self, query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod=None,
-                 block_mask=None, sink_logits=None, limits=None):
+                 block_mask=None, sink_logits=None, limits=None, backward=False):
         self.limits = current_limits() if limits is None else limits   # read once: this call's plan
         self.cdt = _checks.compute_dtype(query.dtype)
         self.L, self.E = query.shape[-2:]
@@ -76,7 +76,7 @@ class _Problem:
             # the engine's cells: BLOCK_SIZE, or finer (grid_cell) when the mask mod knows its block kinds
             # from index ranges (the built-ins): a window's band then wastes half as much
             self.cell = self.bs
-            cell = self.limits.grid_cell
+            cell = self.limits.grid_cell_backward if backward else self.limits.grid_cell
             if self.bs > cell and self.bs % cell == 0 and _block_kinds_known(block_mask.mask_mod):
                 self.cell = cell
             self.mask_traits = _mask_traits(block_mask.mask_mod)   # what it promises (qkv.mods.MaskTraits)

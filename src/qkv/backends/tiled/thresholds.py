@@ -83,11 +83,14 @@ GRID_CALL_COST_BACKWARD = 2.0
 #: 16 (this bound) 0.178× — the GIL is handed over less often.
 BAND_GROUP_SCORES = 2 * BLOCK_Q * BLOCK_K
 #: The engine's cells when a block mask's mod knows its block kinds (the built-ins): BLOCK_SIZE 128 is
-#: refined to 64. Measured (sliding window 512, N = 8192, H = 2, one thread, least CPU time of 11 against
-#: the full causal forward, others' jobs running): cells of 128 0.19×, 64 0.175×, 32 0.175–0.18× — a
-#: window's band has half-masked cells at both ends, half as wide with finer cells; 32 quadruples the grid
-#: for nothing more.
-GRID_CELL = 64
+#: refined to 32. A window's band has half-masked cells at both ends, half as wide with finer cells. In the
+#: Python loop (bands) 64 and 32 were even (0.175× the causal forward); in the tile loop, where a cell costs
+#: no Python, a 4096-row task of a window 512 at N = 8192 takes 6.59 ms with cells of 64, 6.38 with 32, 6.25
+#: with 16 (least of 40, one thread, Zen 4) — but 16 costs 11 ms a call more in planning and grids.
+GRID_CELL = 32
+#: …and the backward's (its blocks in the Python loop: 32-cells made the flex backward of a window 256 at
+#: N = 2048 5–12 % slower, causal 2–4 %).
+GRID_CELL_BACKWARD = 64
 
 
 #: Split-K (flash-decoding): with fewer (head, query block) tasks than workers, the key range is split among
@@ -148,6 +151,7 @@ class Limits:
     grid_call_cost_backward: float = GRID_CALL_COST_BACKWARD
     band_group_scores: int = BAND_GROUP_SCORES
     grid_cell: int = GRID_CELL
+    grid_cell_backward: int = GRID_CELL_BACKWARD
     split_k_min_blocks: int = SPLIT_K_MIN_BLOCKS
     split_k_min_part_keys: int = SPLIT_K_MIN_PART_KEYS
     kernel_min: int = _KERNEL_MIN
