@@ -605,39 +605,45 @@ _EXACT = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)   
 
 @njit(**_OPTS)
 def q_prep(q, out, scale):
-    """``out[:, :E] = q·scale`` (float32, one rounding, as NumPy's multiply) and ``out[:, E] = 0``; returns the
-    largest ``|q_r|²`` of the input rows (float64 sums, reassociated; NaN where q holds one)."""
-    n, E = q.shape
+    """``out[r·g + h, :E] = q[h, r]·scale`` (q (g, n, E): the ``g`` query heads of a task, their rows
+    interleaved; float32, one rounding, as NumPy's multiply) and ``out[:, E] = 0``; returns the largest
+    ``|q[h, r]|²`` of the input rows (float64 sums, reassociated; NaN where q holds one)."""
+    g, n, E = q.shape
     best = 0.0
     nan = False
     for r in range(n):
-        t = 0.0
-        for e in range(E):
-            x = q[r, e]
-            t += np.float64(x) * np.float64(x)
-            out[r, e] = x * scale
-        out[r, E] = 0.0
-        nan = nan or t != t
-        best = t if t > best else best
+        for h in range(g):
+            row = r * g + h
+            t = 0.0
+            for e in range(E):
+                x = q[h, r, e]
+                t += np.float64(x) * np.float64(x)
+                out[row, e] = x * scale
+            out[row, E] = 0.0
+            nan = nan or t != t
+            best = t if t > best else best
     return np.nan if nan else best
 
 
 @njit(**_EXACT)
 def finish_rows(acc, l_i, out, lse, want_lse):
-    """A shift-free task's end (``m_i = 0``): ``out = acc / l_i`` and, with ``want_lse``, ``lse = log l_i`` per row;
-    a row with ``l_i = 0`` (nothing allowed) gets zeros and −inf. As the engine's NumPy steps: ``1 / l_i`` once,
-    then a product."""
-    n, ev = acc.shape
+    """A shift-free task's end (``m_i = 0``): ``out[h, r] = acc[r·g + h] / l_i[r·g + h]`` (out (g, n, Ev): the
+    task's heads, rows interleaved in acc) and, with ``want_lse``, ``lse[h, r] = log l_i[r·g + h]``; a row with
+    ``l_i = 0`` (nothing allowed) gets zeros and −inf. As the engine's NumPy steps: ``1 / l_i`` once, then a
+    product."""
+    g, n, ev = out.shape
     for r in range(n):
-        l = l_i[r]
-        if l > 0:
-            inv = np.float32(1.0) / l
-            for c in range(ev):
-                out[r, c] = acc[r, c] * inv
-            if want_lse:
-                lse[r] = np.log(l)
-        else:
-            for c in range(ev):
-                out[r, c] = 0.0
-            if want_lse:
-                lse[r] = -np.inf
+        for h in range(g):
+            row = r * g + h
+            l = l_i[row]
+            if l > 0:
+                inv = np.float32(1.0) / l
+                for c in range(ev):
+                    out[h, r, c] = acc[row, c] * inv
+                if want_lse:
+                    lse[h, r] = np.log(l)
+            else:
+                for c in range(ev):
+                    out[h, r, c] = 0.0
+                if want_lse:
+                    lse[h, r] = -np.inf

@@ -296,13 +296,15 @@ def run_bands(jit, s: np.ndarray, sums: np.ndarray, kind: str, arg, pattern: np.
 
 
 def q_prep(jit, q: np.ndarray, out: np.ndarray, scale) -> float:
-    """``out[:, :E] = q·scale``, ``out[:, E] = 0``; returns the largest ``|q_r|²`` (:func:`qkv._jit.q_prep`)."""
+    """``out[r·g + h, :E] = q[h, r]·scale``, ``out[:, E] = 0`` (q (g, n, E)); returns the largest ``|q[h, r]|²``
+    (:func:`qkv._jit.q_prep`)."""
     paths.hit(_P_Q)
     return jit.q_prep(q, out, np.float32(scale))
 
 
 def finish_rows(jit, acc: np.ndarray, l_i: np.ndarray, out: np.ndarray, lse) -> None:
-    """``out = acc / l_i`` and ``lse = log l_i`` (when not None) of a shift-free task's rows
-    (:func:`qkv._jit.finish_rows`): zeros and −inf where ``l_i = 0``."""
+    """``out[h, r] = acc[r·g + h] / l_i[r·g + h]`` and ``lse[h, r] = log l_i[r·g + h]`` (when not None) of a
+    shift-free task's rows (out (g, n, Ev), lse (g, n); :func:`qkv._jit.finish_rows`): zeros and −inf where
+    ``l_i = 0``."""
     paths.hit(_P_FINISH)
-    jit.finish_rows(acc, l_i, out, l_i if lse is None else lse, lse is not None)
+    jit.finish_rows(acc, l_i, out, out[:, :, 0] if lse is None else lse, lse is not None)

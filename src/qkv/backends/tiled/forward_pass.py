@@ -493,9 +493,10 @@ def _finish(P, T, out, lse, weights: bool):
     the rows' lse (None when nothing needs it)."""
     idx, i0, i1, g, l_i, acc = T.idx, T.i0, T.i1, T.g, T.l_i, T.acc
     jit = RUNTIME.kernels.for_block(P.cdt, (i1 - i0) * g * P.S, P.limits.kernel_min)
-    if (jit is not None and g == 1 and T.shift_free and T.keys is None and P.sinks is None and not weights
+    if (jit is not None and T.shift_free and T.keys is None and P.sinks is None and not weights
             and out.dtype == acc.dtype):                 # m_i = 0: the division and lse in one compiled pass
-        _kernels.finish_rows(jit, acc, l_i, out[idx][i0:i1], None if lse is None else lse[idx][i0:i1])
+        _kernels.finish_rows(jit, acc, l_i, P.heads_view(out, idx, i0, i1, g),
+                             None if lse is None else P.heads_view(lse[..., None], idx, i0, i1, g)[..., 0])
         return None
     nz = l_i > 0                                             # l_i = 0: a query that may attend to nothing
     inv = np.divide(1.0, l_i, out=np.zeros_like(l_i), where=nz)

@@ -201,15 +201,24 @@ class _Problem:
 
     def q_prep(self, idx: tuple, i0: int, i1: int, out: np.ndarray, factor: float):
         """:meth:`q_rows_group` (scale × ``factor``) and :meth:`q_norm_group` in one compiled pass, where it runs
-        (the kernels in use for the task's scores, float32 rows, one head a task): returns the norm, else None
-        (nothing written)."""
+        (the kernels in use for the task's scores, float32 rows): returns the norm, else None (nothing
+        written)."""
         jit = RUNTIME.kernels.for_block(self.cdt, (i1 - i0) * self.group * self.S, self.limits.kernel_min)
-        if jit is None or self.group != 1 or self.query.dtype != self.cdt:
-            return None
-        q = self.query[_src(idx, self.query.shape[:-2])][i0:i1]
-        if not q.flags.c_contiguous or not out.flags.c_contiguous:
+        q = self.heads_view(self.query, idx, i0, i1, self.group)
+        if jit is None or q is None or self.query.dtype != self.cdt or not out.flags.c_contiguous:
             return None
         return math.sqrt(_kernels.q_prep(jit, q, out, self.cdt.type(self.qscale * factor))) * abs(self.qscale)
+
+    def heads_view(self, a: np.ndarray, idx: tuple, i0: int, i1: int, g: int):
+        """Rows i0 … i1 of the ``g`` heads from ``idx`` on of ``a`` (…, H, L, ·) — the query (broadcast lead
+        dimensions read from their source) or the output — as one (g, rows, ·) view; None where the heads are
+        broadcast (a head dimension of 1 with g > 1)."""
+        if not idx:
+            return a[None, i0:i1]
+        src = _src(idx, a.shape[:-2])
+        if g > 1 and a.shape[-3] == 1:
+            return None
+        return a[src[:-1]][src[-1]:src[-1] + g, i0:i1]
 
     def q_norm_group(self, idx: tuple, i0: int, i1: int) -> float:
         """The largest norm of a scaled query row (``|Q[i]·scale|``) of :meth:`q_rows_group`'s rows, from the
