@@ -189,7 +189,8 @@ def test_the_plan_covers_every_allowed_pair_once(L, S, causal, bk):
 def test_the_compiled_loops_key_blocks_are_block_k_plain_unless_block_k_is_given(rng, monkeypatch, block_k, S, want):
     """Without ``block_k`` the compiled loop's blocks are BLOCK_K_PLAIN keys wide (the Python loop's BLOCK_K)
     where the keys are more than one BLOCK_K block (else they stay one); a given ``block_k`` is the width of
-    both. Either way the result is the Python loop's."""
+    both — before the loop cuts them into pieces of at most BAND_KEYS_PLAIN keys. Either way the result is the
+    Python loop's."""
     widths = []
     real = kernels.run_plain
 
@@ -202,6 +203,10 @@ def test_the_compiled_loops_key_blocks_are_block_k_plain_unless_block_k_is_given
     for causal in (False, True):
         widths.clear()
         got = tiled.forward(q, k, v, scale=0.2, is_causal=causal, threads=1, block_k=block_k)[0]
+        assert widths and max(widths) == min(want, tiled.BAND_KEYS_PLAIN) or causal and max(widths) <= want
+        widths.clear()
+        with tiled.limits(band_keys_plain=1 << 30, band_rows_plain=1 << 30):     # the blocks before the cut
+            tiled.forward(q, k, v, scale=0.2, is_causal=causal, threads=1, block_k=block_k)
         # (causal: the diagonal's squares may all be narrower than a block)
         assert widths and (max(widths) == want if not causal else max(widths) <= want)
         with tiled.limits(plain_loop=False):

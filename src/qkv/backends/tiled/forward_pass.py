@@ -195,8 +195,10 @@ class _Task:
             # loop's, without the Python between them; with no per-block cost of its own, a causal diagonal in
             # smaller squares (less computed for nothing). The plan depends on the shapes alone: made once, kept.
             pbk = P.plain_block_k or block_k
-            self.loop_plan, room = _cached(("plain", P.is_causal, i0, i1, P.S, pbk, g, keys,
-                                            P.limits.diagonal_min_plain), lambda: _plain_plan(P, i0, i1, pbk, g, keys))
+            lim = P.limits
+            self.loop_plan, room = _cached(("plain", P.is_causal, i0, i1, P.S, pbk, g, keys, lim.diagonal_min_plain,
+                                            lim.band_rows_plain, lim.band_keys_plain),
+                                           lambda: _plain_plan(P, i0, i1, pbk, g, keys))
         else:
             self.loop_plan = None
         self.s_flat = _scratch(1, room, P.cdt).reshape(-1)

@@ -671,12 +671,41 @@ def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> tuple:
     blocks = P.key_blocks(i0, i1, None, block_k, diagonal_min=P.limits.diagonal_min_plain)
     if keys is not None:
         blocks = [b for b in blocks if keys[0] <= b[2] < keys[1]]
-    plan = np.empty((len(blocks), 6), np.int64)
-    added = []
-    for t, (r0, r1, j0, j1, kind) in enumerate(blocks):
-        plan[t] = (r0 * g, r1 * g, j0, j1, i0 + r0 - j0 if kind == "causal" else _NO_MASK,
-                   _first_rows(added, r0, r1))
+    rows = [(r0, r1, j0, j1, i0 + r0 - j0 if kind == "causal" else _NO_MASK) for r0, r1, j0, j1, kind in blocks]
+    plan = _banded(P, rows, g)
     return plan, int(((plan[:, 1] - plan[:, 0]) * (plan[:, 3] - plan[:, 2])).max(initial=1))
+
+
+def _banded(P: _Problem, blocks, g: int, extra=None) -> np.ndarray:
+    """``blocks`` ``(r0, r1, j0, j1, d)`` (positions, keys, the causal diagonal's offset or NO_MASK) cut into pieces
+    within row bands of ``band_rows_plain`` positions and at most ``band_keys_plain`` keys wide (pieces the
+    diagonal masks whole left out), band by band, as the compiled loops' plan rows ``(r0·g, r1·g, j0, j1, d,
+    fresh)`` — and ``extra``'s column per block (the tile loop's tile) after them, its blocks kept whole. In a
+    band the tallest pieces go first: the blocks' rows are nested or apart (halvings), so a piece's rows are
+    then either all new (``fresh``: its P·V written) or all seen."""
+    bh, bw = max(1, P.limits.band_rows_plain), max(1, P.limits.band_keys_plain)
+    out = []
+    for n, (r0, r1, j0, j1, d) in enumerate(blocks):
+        if extra is not None and extra[n] >= 0:                  # a tile: as it is (within one cell, one band)
+            out.append((r0, r1, j0, j1, d, extra[n]))
+            continue
+        a = r0
+        while a < r1:
+            b = min((a // bh + 1) * bh, r1)
+            for c in range(j0, j1, bw):
+                e = min(c + bw, j1)
+                dd = d if d == _NO_MASK else d + (a - r0) - (c - j0)
+                if dd == _NO_MASK or dd + (b - a) > 0:           # (else every row of it before its keys)
+                    out.append((a, b, c, e, dd, -1))
+            a = b
+    out.sort(key=lambda x: (x[0] // bh, x[0] - x[1], x[0], x[2]))
+    plan = np.empty((len(out), 6 if extra is None else 7), np.int64)
+    added: list = []
+    for t, (a, b, c, e, dd, x) in enumerate(out):
+        plan[t, :6] = (a * g, b * g, c, e, dd, _first_rows(added, a, b))
+        if extra is not None:
+            plan[t, 6] = x
+    return plan
 
 
 def _plain_backward_plan(P: _Problem, idx, j0: int, j1: int, block_q: int) -> np.ndarray:

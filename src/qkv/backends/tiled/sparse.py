@@ -18,7 +18,7 @@ import numpy as np
 
 from ...kernels import NO_MASK as _NO_MASK
 from ...mods import call_mask_mod
-from .plan import _first_rows
+from .plan import _banded
 
 #: A task whose tiles would exceed this many bytes keeps the other strategies (a mask with partial cells
 #: everywhere — a random one — gains nothing from tiles).
@@ -37,7 +37,8 @@ def masked_plan(P, idx, i0: int, i1: int, g: int, width: int):
     if P.mask is not None:
         return None
     b, h = P.bh(idx)
-    key = ("tiles", P.cell, P.is_causal, P.bm._bh(b, h), i0, i1, g, width)
+    key = ("tiles", P.cell, P.is_causal, P.bm._bh(b, h), i0, i1, g, width, P.limits.band_rows_plain,
+           P.limits.band_keys_plain)
     got = P._bm_cache.get(key)
     if got is None:
         got = _build(P, idx, i0, i1, g, width)
@@ -71,12 +72,8 @@ def _build(P, idx, i0: int, i1: int, g: int, width: int):
         t, (u0, u1, w0, w1) = got
         if t != -2:                                           # −2: nothing allowed in the cell
             blocks.append((a0 + u0, a0 + u1, j0 + w0, j0 + w1, t))
-    blocks.sort(key=lambda r: (r[0], r[2]))
-    plan = np.empty((len(blocks), 7), np.int64)
-    added: list = []
-    for n, (a0, a1, j0, j1, t) in enumerate(blocks):
-        r0, r1 = a0 - i0, a1 - i0
-        plan[n] = (r0 * g, r1 * g, j0, j1, _NO_MASK, _first_rows(added, r0, r1), t)
+    plan = _banded(P, [(a0 - i0, a1 - i0, j0, j1, _NO_MASK) for a0, a1, j0, j1, t in blocks], g,
+                   [t for *_, t in blocks])                  # full rectangles in the loop's small pieces
     stack = np.zeros((max(1, len(tiles)), c, c), np.float32)
     for t, tile in enumerate(tiles):
         stack[t, :tile.shape[0], :tile.shape[1]] = tile
