@@ -136,7 +136,7 @@ def _scaling(model, ids, threads: int, repeats: int, settle: float) -> None:
     qkv.set_num_threads(threads)
 
 
-def main() -> None:
+def _arguments():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
@@ -151,14 +151,17 @@ def main() -> None:
     unknown = only - {"generate", "prefill", "forward", "scaling"}
     if unknown:
         ap.error(f"--only: unknown {sorted(unknown)}; expected some of generate, prefill, forward, scaling")
+    return args, only
 
+
+def main() -> None:
+    args, only = _arguments()
     import numpy as np
     import torch
     import transformers
-    from threadpoolctl import threadpool_limits
 
     import qkv
-    from qkv.models.llama import default_model_path, load_llama
+    from qkv.models.llama import load_llama
 
     from qkv.bench import environment_line
     print(f"{environment_line()}; threads {args.threads} (torch, BLAS, qkv runtime); "
@@ -178,6 +181,18 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     qkv.set_num_threads(args.threads)
+    _side_by_side(args, only)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
+
+
+def _side_by_side(args, only) -> None:
+    """qkv and transformers on the same GGUF file: generation, prefill, forward, alternately timed."""
+    import numpy as np
+    import torch
+    import transformers
+    from threadpoolctl import threadpool_limits
+
+    from qkv.models.llama import default_model_path, load_llama
     path = default_model_path()
     model = load_llama()
     tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -238,7 +253,6 @@ def main() -> None:
               f"(best {min(th):.3f}); ratio of medians {mq / mh:.2f}x (target <= 1.0){extra}")
     if "scaling" in only:
         _scaling(model, long_ids, args.threads, args.repeats, args.settle)
-    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

@@ -43,28 +43,7 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
     scale = 1 / math.sqrt(dim)
 
     def window_case():
-        n = window_n
-        q, k, v = _inputs(n, heads, dim)
-        bm = create_block_mask(mods.sliding_window(window), None, None, n, n)
-        sw = create_block_mask(mods.or_masks(mods.sinks(sinks), mods.sliding_window(window)), None, None, n, n)
-        pre = prefix if prefix is not None else n // 8
-        plm = create_block_mask(mods.prefix_lm(pre), None, None, n, n)
-        calls = {"qkv window": lambda: tiled.forward(q, k, v, scale=scale, block_mask=bm),
-                 "qkv sinks + window": lambda: tiled.forward(q, k, v, scale=scale, block_mask=sw),
-                 "qkv prefix LM": lambda: tiled.forward(q, k, v, scale=scale, block_mask=plm),
-                 "qkv full causal": lambda: tiled.forward(q, k, v, scale=scale, is_causal=True),
-                 "qkv full non-causal": lambda: tiled.forward(q, k, v, scale=scale)}
-        if torch is not None:
-            F = torch.nn.functional
-            tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
-            dense = torch.from_numpy(np.array(np.broadcast_to(bm.dense((1, 1), n, n), (n, n))))
-            calls["torch dense mask"] = lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=dense)
-        causal = (n * (n + 1) // 2) / (n * n)
-        work = {"qkv window": _work(bm, n), "qkv sinks + window": _work(sw, n), "qkv prefix LM": _work(plm, n),
-                "qkv full causal": causal, "qkv full non-causal": 1.0, "torch dense mask": 1.0}
-        return "window", n, calls, f"sliding window {window}, causal (BLOCK_SIZE 128); {sinks} sinks or'ed with " \
-                                   f"it; a prefix LM of {pre}; torch gets the window as a dense (N, N) bool " \
-                                   "tensor", work
+        return _window_case(tiled, heads, dim, window_n, window, sinks, prefix, torch)
 
     def documents_case():
         n = docs * doc_len
@@ -119,6 +98,34 @@ def _variant_cases(heads, dim, window_n, window, docs, doc_len, mods_n, backward
             {"qkv flex backward": _work(bm, n), "torch autograd dense mask": 1.0}
 
     return [window_case, documents_case, mods_case, backward_case]
+
+
+def _window_case(tiled, heads, dim, n, window, sinks, prefix, torch):
+    """The window case of :func:`_variant_cases`: a sliding window, sinks or'ed with it and a prefix LM against
+    full causal and non-causal attention (and torch with the window as a dense mask)."""
+    from .. import mods
+    from ..blockmask import create_block_mask
+    scale = 1 / math.sqrt(dim)
+    q, k, v = _inputs(n, heads, dim)
+    bm = create_block_mask(mods.sliding_window(window), None, None, n, n)
+    sw = create_block_mask(mods.or_masks(mods.sinks(sinks), mods.sliding_window(window)), None, None, n, n)
+    pre = prefix if prefix is not None else n // 8
+    plm = create_block_mask(mods.prefix_lm(pre), None, None, n, n)
+    calls = {"qkv window": lambda: tiled.forward(q, k, v, scale=scale, block_mask=bm),
+             "qkv sinks + window": lambda: tiled.forward(q, k, v, scale=scale, block_mask=sw),
+             "qkv prefix LM": lambda: tiled.forward(q, k, v, scale=scale, block_mask=plm),
+             "qkv full causal": lambda: tiled.forward(q, k, v, scale=scale, is_causal=True),
+             "qkv full non-causal": lambda: tiled.forward(q, k, v, scale=scale)}
+    if torch is not None:
+        F = torch.nn.functional
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        dense = torch.from_numpy(np.array(np.broadcast_to(bm.dense((1, 1), n, n), (n, n))))
+        calls["torch dense mask"] = lambda: F.scaled_dot_product_attention(tq, tk, tv, attn_mask=dense)
+    causal = (n * (n + 1) // 2) / (n * n)
+    work = {"qkv window": _work(bm, n), "qkv sinks + window": _work(sw, n), "qkv prefix LM": _work(plm, n),
+            "qkv full causal": causal, "qkv full non-causal": 1.0, "torch dense mask": 1.0}
+    return "window", n, calls, f"sliding window {window}, causal (BLOCK_SIZE 128); {sinks} sinks or'ed with it; " \
+                               f"a prefix LM of {pre}; torch gets the window as a dense (N, N) bool tensor", work
 
 
 def _inputs(n: int, heads: int, dim: int, k: int = 3) -> list:
