@@ -678,8 +678,8 @@ def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> tuple:
 
 def _banded(P: _Problem, blocks, g: int, extra=None) -> np.ndarray:
     """``blocks`` ``(r0, r1, j0, j1, d)`` (positions, keys, the causal diagonal's offset or NO_MASK) cut into pieces
-    within row bands of ``band_rows_plain`` positions and at most ``band_keys_plain`` keys wide (pieces the
-    diagonal masks whole left out), band by band, as the compiled loops' plan rows ``(r0·g, r1·g, j0, j1, d,
+    within row bands of ``band_rows_plain`` positions (with ``extra``, a narrower block's in as many bands as
+    keep its pieces' scores) and at most ``band_keys_plain`` keys wide (pieces the diagonal masks whole left out), band by band, as the compiled loops' plan rows ``(r0·g, r1·g, j0, j1, d,
     fresh)`` — and ``extra``'s column per block (the tile loop's tile) after them, its blocks kept whole. In a
     band the tallest pieces go first: the blocks' rows are nested or apart (halvings), so a piece's rows are
     then either all new (``fresh``: its P·V written) or all seen."""
@@ -689,9 +689,12 @@ def _banded(P: _Problem, blocks, g: int, extra=None) -> np.ndarray:
         if extra is not None and extra[n] >= 0:                  # a tile: as it is (within one cell, one band)
             out.append((r0, r1, j0, j1, d, extra[n]))
             continue
+        # a block mask's narrow full block (a sink's column) in taller pieces of about as many scores (its rows
+        # may then be half new: the tile loop's acc and l_i start at zero, and a piece not fresh adds to them)
+        rh = bh * max(1, bw // max(1, j1 - j0)) if extra is not None and d == _NO_MASK else bh
         a = r0
         while a < r1:
-            b = min((a // bh + 1) * bh, r1)
+            b = min((a // rh + 1) * rh, r1)
             for c in range(j0, j1, bw):
                 e = min(c + bw, j1)
                 dd = d if d == _NO_MASK else d + (a - r0) - (c - j0)
