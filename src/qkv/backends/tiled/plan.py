@@ -676,6 +676,24 @@ def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> tuple:
     return plan, int(((plan[:, 1] - plan[:, 0]) * (plan[:, 3] - plan[:, 2])).max(initial=1))
 
 
+def _joined(pieces: list, width: int) -> list:
+    """Full pieces ``(a, b, c, e, NO_MASK, −1)`` of the same rows whose keys touch, joined while at most ``width``
+    keys wide (a block mask's staircase of small rectangles, fewer and wider products)."""
+    full = sorted((p for p in pieces if p[4] == _NO_MASK and p[5] == -1), key=lambda p: (p[0], p[1], p[2]))
+    out = [p for p in pieces if not (p[4] == _NO_MASK and p[5] == -1)]
+    run = None
+    for p in full:
+        if run is not None and run[:2] == p[:2] and run[3] == p[2] and p[3] - run[2] <= width:
+            run = (run[0], run[1], run[2], p[3], _NO_MASK, -1)
+            continue
+        if run is not None:
+            out.append(run)
+        run = p
+    if run is not None:
+        out.append(run)
+    return out
+
+
 def _banded(P: _Problem, blocks, g: int, extra=None) -> np.ndarray:
     """``blocks`` ``(r0, r1, j0, j1, d)`` (positions, keys, the causal diagonal's offset or NO_MASK) cut into pieces
     within row bands of ``band_rows_plain`` positions (with ``extra``, a narrower block's in as many bands as
@@ -701,6 +719,7 @@ def _banded(P: _Problem, blocks, g: int, extra=None) -> np.ndarray:
                 if dd == _NO_MASK or dd + (b - a) > 0:           # (else every row of it before its keys)
                     out.append((a, b, c, e, dd, -1))
             a = b
+    out = _joined(out, bw)
     out.sort(key=lambda x: (x[0] // bh, x[0] - x[1], x[0], x[2]))
     plan = np.empty((len(out), 6 if extra is None else 7), np.int64)
     added: list = []
