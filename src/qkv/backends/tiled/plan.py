@@ -719,7 +719,8 @@ def _banded(P: _Problem, blocks, g: int, extra=None) -> np.ndarray:
                 if dd == _NO_MASK or dd + (b - a) > 0:           # (else every row of it before its keys)
                     out.append((a, b, c, e, dd, -1))
             a = b
-    out = _joined(out, bw)
+    if extra is not None:                                        # a block mask's staircase of rectangles
+        out = _joined(out, bw)
     out.sort(key=lambda x: (x[0] // bh, x[0] - x[1], x[0], x[2]))
     plan = np.empty((len(out), 6 if extra is None else 7), np.int64)
     added: list = []
