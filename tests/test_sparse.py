@@ -75,3 +75,30 @@ def test_tiled_tasks_equal_the_float64_reference(case):
     fin = np.isfinite(rl)
     np.testing.assert_allclose(lse[fin], rl[fin], rtol=2e-6, atol=2e-6)
     assert np.array_equal(np.isfinite(lse), fin)                   # rows with nothing allowed: −inf, output 0
+
+
+def test_a_sinks_column_and_the_staircase_take_few_pieces():
+    """A sink's column of keys is a few tall pieces, not one per cell (each a pair of tiny products), and a band's
+    touching full pieces of the same rows are joined; the plan still covers each allowed score once."""
+    L = S = 2048
+    bm = qkv.create_block_mask(mods.or_masks(mods.sinks(4), mods.sliding_window(256)), None, None, L, S)
+    z = np.zeros((1, 1, L, 8), np.float32)
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
+    plan = sparse.masked_plan(P, (0, 0), 0, L, 1, 512)[0]
+    sink = plan[(plan[:, 2] == 0) & (plan[:, 3] == 4)]
+    assert 1 <= len(sink) <= 4 and (sink[:, 1] - sink[:, 0]).max() > 2 * 64     # was one a 32-row cell: 56
+    cover = np.zeros((L, S), np.int64)
+    for r0, r1, j0, j1, *_ in plan:
+        cover[r0:r1, j0:j1] += 1
+    assert cover.max() == 1
+    # a window's task off the first rows: no two full pieces of the same rows touch (715 pieces unjoined, 705)
+    L = S = 8192
+    bm = qkv.create_block_mask(mods.sliding_window(512), None, None, L, S)
+    z = np.zeros((1, 1, L, 8), np.float32)
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
+    plan = sparse.masked_plan(P, (0, 0), 4096, 8192, 1, 512)[0]
+    rows = {}
+    for r0, r1, j0, j1, *_ in plan[plan[:, 6] < 0]:
+        for c0, c1 in rows.get((r0, r1), []):
+            assert j1 != c0 and j0 != c1 or (j1 - j0) + (c1 - c0) > tiled.BAND_KEYS_PLAIN
+        rows.setdefault((r0, r1), []).append((j0, j1))
