@@ -112,10 +112,10 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
 
 
 def _tiles_likely(P, reads_scores: bool) -> bool:
-    """Whether a block-mask problem's tasks will run in the compiled loop with tiles (as
-    :meth:`qkv.backends.tiled.forward_pass._Task._bounds` decides per task, less the scores' bound)."""
-    return (P.limits.tile_loop and P.limits.plain_loop and P.mask is None and P.mod.kind == "none"
-            and not reads_scores and P.cdt == np.float32 and RUNTIME.kernels.get() == "numba"
+    """Whether a block-mask problem's tasks will run in the compiled loop with tiles: allowed
+    (:meth:`~qkv.backends.tiled.plan._Problem.tile_loop_allowed`), float32 with numba's kernels and a C sgemm
+    — all but each task's scores' bound, which :meth:`~qkv.backends.tiled.forward_pass._Task._bounds` checks."""
+    return (P.tile_loop_allowed(not reads_scores) and P.cdt == np.float32 and RUNTIME.kernels.get() == "numba"
             and _kernels.plain_available(RUNTIME.gemm.active()))
 
 

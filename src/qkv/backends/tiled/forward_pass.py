@@ -141,8 +141,7 @@ class _Task:
         bare = self.jit is not None and P.plain_scores and alone   # products, exponentials and row sums alone
         # a block mask's cells in the compiled loop (sparse.masked_plan): full cells plain, partial ones tiled
         self.tiles = None
-        if (shift_free and alone and P.plain_gemm is not None and P.bm is not None and sc.kind == "none"
-                and P.limits.plain_loop and P.limits.tile_loop):
+        if shift_free and P.plain_gemm is not None and P.tile_loop_allowed(alone):
             # one compiled call for the whole task: the kernels by the task's size, not its largest block's
             jit = RUNTIME.kernels.for_block(P.cdt, (i1 - i0) * self.g * P.S, P.limits.kernel_min)
             self.tiles = None if jit is None else masked_plan(P, idx, i0, i1, self.g, P.limits.block_k)

@@ -104,6 +104,15 @@ class _Problem:
         the problems whose blocks the compiled loops take (the forward also needs no weights, no dropout)."""
         return self.mod.kind == "none" and self.mask is None and self.bm is None
 
+    def tile_loop_allowed(self, alone: bool) -> bool:
+        """Whether this block-mask problem's tasks may run in the compiled loop with tiles
+        (:func:`qkv.backends.tiled.sparse.masked_plan`): no score mod, no ``attn_mask``, nothing but the output
+        reads the scores (``alone``: no weights, no dropout) and the limits allow the compiled loops. A task
+        then also needs its scores bounded (shift-free), the kernels and a C sgemm."""
+        lim = self.limits
+        return (self.bm is not None and self.mask is None and self.mod.kind == "none" and alone and lim.plain_loop
+                and lim.tile_loop)
+
     # leading index of the key/value head serving query lead index ``idx``
     def kv_index(self, idx: tuple) -> tuple:
         return shapes.kv_index(idx, self.n_rep)
@@ -204,8 +213,10 @@ class _Problem:
         (the kernels in use for the task's scores, float32 rows): returns the norm, else None (nothing
         written)."""
         jit = RUNTIME.kernels.for_block(self.cdt, (i1 - i0) * self.group * self.S, self.limits.kernel_min)
+        if jit is None or self.query.dtype != self.cdt or not out.flags.c_contiguous:
+            return None
         q = self.heads_view(self.query, idx, i0, i1, self.group)
-        if jit is None or q is None or self.query.dtype != self.cdt or not out.flags.c_contiguous:
+        if q is None:
             return None
         return math.sqrt(_kernels.q_prep(jit, q, out, self.cdt.type(self.qscale * factor))) * abs(self.qscale)
 
@@ -676,36 +687,48 @@ def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> tuple:
     return plan, int(((plan[:, 1] - plan[:, 0]) * (plan[:, 3] - plan[:, 2])).max(initial=1))
 
 
-def _joined(pieces: list, width: int) -> list:
-    """Full pieces ``(a, b, c, e, NO_MASK, −1)`` of the same rows whose keys touch, joined while at most ``width``
-    keys wide (a block mask's staircase of small rectangles, fewer and wider products)."""
-    full = sorted((p for p in pieces if p[4] == _NO_MASK and p[5] == -1), key=lambda p: (p[0], p[1], p[2]))
-    out = [p for p in pieces if not (p[4] == _NO_MASK and p[5] == -1)]
+def _joined(pieces: list, along: str, width: int = 0) -> list:
+    """Full pieces ``(a, b, c, e, NO_MASK, −1)`` that touch, joined: ``along="rows"`` those of the same keys (a
+    sink's column of cells: one block, not one a cell, whose tiny products cost more than their arithmetic),
+    ``along="keys"`` those of the same rows while at most ``width`` keys wide (a block mask's staircase of small
+    rectangles: fewer and wider products)."""
+    rows = along == "rows"
+
+    def full(p):
+        return p[4] == _NO_MASK and p[5] == -1
+
+    def touch(r, p):
+        if rows:
+            return r[2:4] == p[2:4] and r[1] == p[0]
+        return r[:2] == p[:2] and r[3] == p[2] and p[3] - r[2] <= width
+    out = [p for p in pieces if not full(p)]
     run = None
-    for p in full:
-        if run is not None and run[:2] == p[:2] and run[3] == p[2] and p[3] - run[2] <= width:
-            run = (run[0], run[1], run[2], p[3], _NO_MASK, -1)
+    for p in sorted(filter(full, pieces), key=(lambda p: (p[2], p[3], p[0])) if rows else (lambda p: p[:3])):
+        if run is not None and touch(run, p):
+            run = (run[0], p[1], run[2], run[3], _NO_MASK, -1) if rows else (run[0], run[1], run[2], p[3], _NO_MASK, -1)
             continue
         if run is not None:
             out.append(run)
         run = p
-    if run is not None:
-        out.append(run)
-    return out
+    return out if run is None else out + [run]
 
 
 def _banded(P: _Problem, blocks, g: int, extra=None) -> np.ndarray:
-    """``blocks`` ``(r0, r1, j0, j1, d)`` (positions, keys, the causal diagonal's offset or NO_MASK) cut into pieces
-    within row bands of ``band_rows_plain`` positions (with ``extra``, a narrower block's in as many bands as
-    keep its pieces' scores) and at most ``band_keys_plain`` keys wide (pieces the diagonal masks whole left out), band by band, as the compiled loops' plan rows ``(r0·g, r1·g, j0, j1, d,
-    fresh)`` — and ``extra``'s column per block (the tile loop's tile) after them, its blocks kept whole. In a
-    band the tallest pieces go first: the blocks' rows are nested or apart (halvings), so a piece's rows are
-    then either all new (``fresh``: its P·V written) or all seen."""
+    """``blocks`` ``(r0, r1, j0, j1, d)`` (positions, keys, the causal diagonal's offset or NO_MASK) cut into
+    pieces within row bands of ``band_rows_plain`` positions and at most ``band_keys_plain`` keys wide (pieces
+    the diagonal masks whole left out), band by band, as the compiled loops' plan rows ``(r0·g, r1·g, j0, j1, d,
+    fresh)``. With ``extra`` (the tile loop's tile per block, a column after them): tiles kept whole, the full
+    blocks joined where they touch (:func:`_joined`) and a narrower one cut in as many bands as keep its
+    pieces' scores. In a band the tallest pieces go first: the blocks' rows are nested or apart (halvings), so a
+    piece's rows are then either all new (``fresh``: its P·V written) or all seen."""
     bh, bw = max(1, P.limits.band_rows_plain), max(1, P.limits.band_keys_plain)
+    items = [(r0, r1, j0, j1, d, -1 if extra is None else extra[n]) for n, (r0, r1, j0, j1, d) in enumerate(blocks)]
+    if extra is not None:
+        items = _joined(items, "rows")                           # a sink's column of cells: one block
     out = []
-    for n, (r0, r1, j0, j1, d) in enumerate(blocks):
-        if extra is not None and extra[n] >= 0:                  # a tile: as it is (within one cell, one band)
-            out.append((r0, r1, j0, j1, d, extra[n]))
+    for r0, r1, j0, j1, d, x in items:
+        if x >= 0:                                               # a tile: as it is (within one cell, one band)
+            out.append((r0, r1, j0, j1, d, x))
             continue
         # a block mask's narrow full block (a sink's column) in taller pieces of about as many scores (its rows
         # may then be half new: the tile loop's acc and l_i start at zero, and a piece not fresh adds to them)
@@ -720,7 +743,7 @@ def _banded(P: _Problem, blocks, g: int, extra=None) -> np.ndarray:
                     out.append((a, b, c, e, dd, -1))
             a = b
     if extra is not None:                                        # a block mask's staircase of rectangles
-        out = _joined(out, bw)
+        out = _joined(out, "keys", bw)
     out.sort(key=lambda x: (x[0] // bh, x[0] - x[1], x[0], x[2]))
     plan = np.empty((len(out), 6 if extra is None else 7), np.int64)
     added: list = []
