@@ -58,6 +58,19 @@ def test_limits_move_the_thresholds_inside_the_block_only():
             pass
 
 
+@pytest.mark.parametrize("name", ["block_q", "block_k_plain", "band_rows_plain", "band_keys_plain", "block_q_tiles",
+                                  "grid_cell", "grid_cell_backward", "diagonal_min_plain"])
+def test_a_size_limit_must_be_a_positive_integer(name):
+    """A block, band or cell size of 0 would divide by zero or loop for ever in the planner: refused, named."""
+    for bad, err in ((0, ValueError), (-4, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(err, match=name):
+            with tiled.limits(**{name: bad}):
+                pass
+    assert tiled.current_limits() == tiled.Limits()              # nothing left set
+    with tiled.limits(**{name: 3}) as lim:
+        assert getattr(lim, name) == 3
+
+
 def test_limits_govern_the_calls_inside_the_block_and_only_in_this_thread():
     """A call reads the limits once, at its start: kernel_min=0 takes the fused kernels even for tiny blocks,
     block sizes change the tasks; another thread's calls meanwhile keep the defaults."""

@@ -19,6 +19,7 @@ import contextlib
 import contextvars
 import dataclasses
 
+from ... import _checks
 from ...kernels import KERNEL_MIN as _KERNEL_MIN
 
 #: Default query block of the forward (rows per task) and key block (columns per matmul). Measured on the
@@ -173,6 +174,11 @@ class Limits:
 
 _LIMITS: contextvars.ContextVar[Limits] = contextvars.ContextVar("qkv_tiled_limits", default=Limits())
 _NAMES = frozenset(f.name for f in dataclasses.fields(Limits))
+#: The limits that are sizes (rows, keys, cells): a positive integer each — 0 would divide by zero or loop
+#: for ever in the planner.
+_SIZES = frozenset({"block_q", "block_k", "block_q_plain", "block_k_plain", "band_rows_plain", "band_keys_plain",
+                    "block_q_backward", "block_k_backward", "diagonal_min", "diagonal_min_plain", "block_q_tiles",
+                    "grid_cell", "grid_cell_backward"})
 
 
 def current_limits() -> Limits:
@@ -189,6 +195,8 @@ def limits(**changes):
     bad = sorted(set(changes) - _NAMES)
     if bad:
         raise ValueError(f"limits: unknown {', '.join(bad)}; expected some of {', '.join(sorted(_NAMES))}")
+    for name in sorted(_SIZES & set(changes)):
+        changes[name] = _checks.positive_int(changes[name], name)
     new = dataclasses.replace(_LIMITS.get(), **changes)
     token = _LIMITS.set(new)
     try:
