@@ -107,13 +107,12 @@ def _scaling(model, ids, threads: int, repeats: int, settle: float) -> None:
     """``--only scaling``: the prefill on 1 worker against ``threads`` (see the module doc)."""
     import resource
 
-    from threadpoolctl import threadpool_limits
+    from _threads import set_threads                         # benchmarks/_threads.py, beside this script
 
     import qkv
 
     def prefill(n: int) -> tuple[float, int]:
-        qkv.set_num_threads(n)
-        with threadpool_limits(limits=n, user_api="blas"):
+        with set_threads(n):                                 # qkv, BLAS (and torch) on n threads
             waited.append(_wait_idle())
             before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
             t = _timed(lambda: model.step(ids, model.new_caches()), settle)
