@@ -3,20 +3,22 @@
     .venv/bin/python benchmarks/bench_workers.py [--repeats 7] [--workers 2]
 
 Times the tiled causal forward at N = 4096 (B = 1, H = 8, E = 64, float32) and SmolLM2's prefill attention
-(q (1, 9, 512, 64) over k, v (1, 3, 512, 64), causal, grouped-query) with ``threads=1`` and ``threads=--workers``,
-each call after a short pause and an untimed one, turns alternating; prints the medians and their ratio against
-the target (two workers at least 1.8× one). The decoder's whole prefill: ``bench_llama.py --only scaling``.
+(q (1, 9, 512, 64) over k, v (1, 3, 512, 64), causal, grouped-query) with ``threads=1`` and
+``threads=--workers``, turns alternating as ``qkv bench --variants`` takes them (a pause, an untimed call, a timed
+one); prints the medians and their ratio against the target (two workers at least 1.8× one). The decoder's whole
+prefill: ``bench_llama.py --only scaling``.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
-import time
 
 import numpy as np
 
 import qkv
 from qkv import backends
+from qkv.bench._variants import _variant_times         # qkv bench --variants' turns: warm-up, pause, untimed, timed
 
 
 def _cases():
@@ -39,21 +41,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     from qkv.bench import environment_line
-    print(f"{environment_line()}; load average {__import__('os').getloadavg()[0]:.2f} at start")
+    print(f"{environment_line()}; load average {os.getloadavg()[0]:.2f} at start")
     qkv.set_num_threads(args.workers)
     for name, (calls, fn) in _cases().items():
-        times = {1: [], args.workers: []}
-        for th in times:
-            fn(th)
-        for _ in range(args.repeats):
-            for th in times:
-                time.sleep(0.2)
-                fn(th)
-                t = time.perf_counter()
-                for _ in range(calls):
-                    fn(th)
-                times[th].append((time.perf_counter() - t) / calls)
-        one, many = statistics.median(times[1]), statistics.median(times[args.workers])
+        sides = (1, args.workers)
+        runs = {th: (lambda th=th: [fn(th) for _ in range(calls)]) for th in sides}
+        times = _variant_times(runs, args.repeats)
+        one, many = (statistics.median(times[th]) / calls for th in sides)
         print(f"{name}: 1 worker {one * 1e3:.2f} ms, {args.workers} workers {many * 1e3:.2f} ms, "
               f"{one / many:.2f}x (target >= 1.8x at 2)")
 
