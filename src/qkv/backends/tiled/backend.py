@@ -77,9 +77,10 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
     bq = _checks.positive_int(block_q, "block_q") if block_q is not None else lim.block_q
     bk = _checks.positive_int(block_k, "block_k") if block_k is not None else lim.block_k
     n_heads = math.prod(P.lead)
+    gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     if P.bm is not None:
         bs = P.bs
-        if block_q is None and _tiles_likely(P, reads_scores):
+        if block_q is None and _tiles_likely(P, reads_scores, gemm):
             bq = lim.block_q_tiles                           # one compiled call a task: taller tasks
         bq = min(_aligned(bq, bs), -(-P.L // bs) * bs)
         # the widest run of keys one matmul takes: block_k when given, else as many as keep a block of
@@ -99,7 +100,6 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
             n_heads //= P.group
             bq = max(1, bq // P.group) if block_q is None else bq
         bq = _rows_per_task(P, bq, n_heads, threads) if block_q is None else min(bq, P.L)
-    gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
     # …and load the fused kernels, if blocks use them
     jit = RUNTIME.kernels.for_call(P.cdt, bq * P.group * min(bk, P.S), lim.kernel_min)
     _plain_loops(P, jit, gemm)
@@ -111,12 +111,12 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
     return bq, bk
 
 
-def _tiles_likely(P, reads_scores: bool) -> bool:
+def _tiles_likely(P, reads_scores: bool, gemm) -> bool:
     """Whether a block-mask problem's tasks will run in the compiled loop with tiles: allowed
     (:meth:`~qkv.backends.tiled.plan._Problem.tile_loop_allowed`), float32 with numba's kernels and a C sgemm
     — all but each task's scores' bound, which :meth:`~qkv.backends.tiled.forward_pass._Task._bounds` checks."""
     return (P.tile_loop_allowed(not reads_scores) and P.cdt == np.float32 and RUNTIME.kernels.get() == "numba"
-            and _kernels.plain_available(RUNTIME.gemm.active()))
+            and _kernels.plain_available(gemm))
 
 
 class TiledBackend(Backend):

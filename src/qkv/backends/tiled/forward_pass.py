@@ -33,7 +33,9 @@ same numbers up to rounding; the tests drive each.
 
 In the compiled loops a block costs no Python of its own, so a causal diagonal is split down to squares of
 ``diagonal_min_plain`` (32) rows — 0.75 % of the computed scores thrown away at N = 4096, where 256-row squares
-threw 5.9 % — and a task is ``block_q_plain`` rows against key blocks of ``block_k_plain``; where the provider
+threw 5.9 % — and a task is ``block_q_plain`` rows against key blocks of ``block_k_plain``, which the plan cuts
+into pieces of ``band_rows_plain`` × ``band_keys_plain`` taken band by band (small products OpenBLAS multiplies
+without packing, a band's rows kept in cache: :func:`qkv.backends.tiled.plan._banded`); where the provider
 has no C sgemm qkv can find, the Python loop runs. With the fused kernels (:mod:`qkv.kernels`, numba) a
 Python-loop block's elementwise steps after ``Q·Kᵀ`` — softcap, the causal diagonal's mask, the shift, ``exp``
 and the row sums — are one compiled pass; without them, NumPy's passes (``forward.numpy_block``). Dropout
