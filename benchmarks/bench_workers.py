@@ -40,6 +40,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
+    if not 1 <= args.repeats <= 1000 or not 2 <= args.workers <= 1024:
+        ap.error(f"expected 1 <= --repeats <= 1000 and 2 <= --workers <= 1024, got {args.repeats} and {args.workers}")
     from qkv.bench import environment_line
     print(f"{environment_line()}; load average {os.getloadavg()[0]:.2f} at start")
     qkv.set_num_threads(args.workers)
