@@ -30,20 +30,35 @@ def test_the_plan_covers_each_allowed_score_once_and_nothing_else(case, rows):
     i0, i1 = rows
     got = sparse.masked_plan(P, (0, 0), i0, i1, 1, 512)
     assert got is not None
-    plan, tiles, room = got
+    plan, tiles, room, _ = got
     allowed = np.broadcast_to(bm.dense((1, 1), L, S), (L, S)).copy()
     if causal:
         allowed &= np.tril(np.ones((L, S), bool))
-    covered = np.zeros((i1 - i0, S), np.int64)
-    kept = np.zeros((i1 - i0, S))
-    for r0, r1, j0, j1, d, fresh, t in plan:
-        assert d == qkv.kernels.NO_MASK and (r1 - r0) * (j1 - j0) <= room
-        covered[r0:r1, j0:j1] += 1
-        kept[r0:r1, j0:j1] += 1.0 if t < 0 else tiles[t, :r1 - r0, :j1 - j0]
+    covered, kept = _coverage(plan, tiles, i1 - i0, S, room)
     want = allowed[i0:i1]
     assert covered.max() == 1                                      # no score computed twice
     np.testing.assert_array_equal(kept, want)                      # the allowed ones kept, the rest zeroed
     assert covered.sum() < 1.2 * want.sum() + 64 * 64 * 4 * (i1 - i0) / 64   # computed ≈ allowed + edge cells
+
+
+def _coverage(plan, tiles, rows: int, S: int, room: int):
+    """How often the plan computes each score, and what it keeps of it: 1 where the kernel's edges (``d``,
+    ``lo``: key ``j0 + c`` for row ``r0 + r`` where ``lo ≤ c − r ≤ d``) and the tile allow it."""
+    covered = np.zeros((rows, S), np.int64)
+    kept = np.zeros((rows, S))
+    for r0, r1, j0, j1, d, fresh, t, lo in plan:
+        assert (r1 - r0) * (j1 - j0) <= room
+        covered[r0:r1, j0:j1] += 1
+        r, c = np.indices((r1 - r0, j1 - j0))
+        keep = np.ones((r1 - r0, j1 - j0))
+        if d != qkv.kernels.NO_MASK:
+            keep *= c <= d + r
+        if lo != qkv.kernels.NO_LO:
+            keep *= c >= lo + r
+        if t >= 0:
+            keep *= tiles[t, :r1 - r0, :j1 - j0]
+        kept[r0:r1, j0:j1] += keep
+    return covered, kept
 
 
 def test_an_attn_mask_or_too_many_tiles_keep_the_other_strategies(monkeypatch):
@@ -53,6 +68,9 @@ def test_an_attn_mask_or_too_many_tiles_keep_the_other_strategies(monkeypatch):
     P = tiled.plan._Problem(z, z, z, np.ones((L, L), bool), False, 1.0, False, block_mask=bm)
     assert sparse.masked_plan(P, (0, 0), 0, L, 1, 512) is None
     monkeypatch.setattr(sparse, "MAX_TILE_BYTES", 1)
+    P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
+    assert sparse.masked_plan(P, (0, 0), 0, L, 1, 512) is not None      # a window's edges need no tiles
+    bm = qkv.create_block_mask(MASKS["a custom mask (not translation-invariant)"][0], None, None, L, L)
     P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
     assert sparse.masked_plan(P, (0, 0), 0, L, 1, 512) is None
 
@@ -77,28 +95,42 @@ def test_tiled_tasks_equal_the_float64_reference(case):
     assert np.array_equal(np.isfinite(lse), fin)                   # rows with nothing allowed: −inf, output 0
 
 
-def test_a_sinks_column_and_the_staircase_take_few_pieces():
-    """A sink's column of keys is a few tall pieces, not one per cell (each a pair of tiny products), and a band's
-    touching full pieces of the same rows are joined; the plan still covers each allowed score once."""
+def test_a_sinks_column_and_a_windows_strips_take_few_pieces():
+    """A sink's column of keys is a few tall pieces, not one per cell (each a pair of tiny products); a sliding
+    window's row of cells is one run of keys a strip (its two edges masked in the loop, no tiles), in two
+    pieces: its lower edge's triangle and the rest; the plan still covers each allowed score once."""
     L = S = 2048
     bm = qkv.create_block_mask(mods.or_masks(mods.sinks(4), mods.sliding_window(256)), None, None, L, S)
     z = np.zeros((1, 1, L, 8), np.float32)
     P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
-    plan = sparse.masked_plan(P, (0, 0), 0, L, 1, 512)[0]
+    plan, tiles, room, strips = sparse.masked_plan(P, (0, 0), 0, L, 1, 512)
     sink = plan[(plan[:, 2] == 0) & (plan[:, 3] == 4)]
     assert 1 <= len(sink) <= 4 and (sink[:, 1] - sink[:, 0]).max() > 2 * 64     # was one a 32-row cell: 56
-    cover = np.zeros((L, S), np.int64)
-    for r0, r1, j0, j1, *_ in plan:
-        cover[r0:r1, j0:j1] += 1
-    assert cover.max() == 1
-    # a window's task off the first rows: no two full pieces of the same rows touch (715 pieces unjoined, 705)
+    covered, kept = _coverage(plan, tiles, L, S, room)
+    assert covered.max() == 1
+    np.testing.assert_array_equal(kept, np.broadcast_to(bm.dense((1, 1), L, S), (L, S)))
+    # a window's task off the first rows: two pieces a strip, no tiles, 1/32 of the scores computed for nothing
     L = S = 8192
     bm = qkv.create_block_mask(mods.sliding_window(512), None, None, L, S)
     z = np.zeros((1, 1, L, 8), np.float32)
     P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
-    plan = sparse.masked_plan(P, (0, 0), 4096, 8192, 1, 512)[0]
-    rows = {}
-    for r0, r1, j0, j1, *_ in plan[plan[:, 6] < 0]:
-        for c0, c1 in rows.get((r0, r1), []):
-            assert j1 != c0 and j0 != c1 or (j1 - j0) + (c1 - c0) > tiled.BAND_KEYS_PLAIN
-        rows.setdefault((r0, r1), []).append((j0, j1))
+    strip = tiled.STRIP_ROWS_TILES
+    plan, tiles, room, strips = sparse.masked_plan(P, (0, 0), 4096, 8192, 1, 512)
+    assert strips and len(plan) == 2 * 4096 // strip and (plan[:, 6] < 0).all()
+    assert ((plan[:, 1] - plan[:, 0]) * (plan[:, 3] - plan[:, 2])).sum() == 4096 * (512 + strip)
+    with tiled.limits(strip_rows_tiles=32):                        # (a call's limits: read by its problem)
+        P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
+        plan32 = sparse.masked_plan(P, (0, 0), 4096, 8192, 1, 512)[0]
+    assert len(plan32) == 3 * 4096 // 32            # its triangle and two of 256 keys (the limit is in the key)
+
+
+def test_a_band_cell_is_recognised_and_only_a_band():
+    """A cell whose allowed scores are ``lo ≤ j − i ≤ hi`` is a band (its edges the loop's ``lo`` and ``d``);
+    a block of documents, a strided pattern or a rectangle that is not one is not."""
+    i, j = np.indices((8, 8))
+    assert sparse._band((j - i >= -3) & (j - i <= 2)) == (-3, 2)
+    assert sparse._band(j <= i) == (None, 0)                       # a causal diagonal: its upper edge alone
+    assert sparse._band(j - i >= 5) == (5, None)
+    assert sparse._band((i < 4) == (j < 4)) is None                # two documents meet
+    assert sparse._band(j < 3) is None                             # a sink's keys
+    assert sparse._band(np.ones((8, 8), bool)) is None             # nothing binds: a full cell

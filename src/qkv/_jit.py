@@ -144,6 +144,7 @@ _B0, _B2, _B4, _B6 = (_F(4.89352518554385e-03), _F(2.26843463243900e-03), _F(1.1
 _TANH_CLAMP = _F(7.90531110763549805)
 _XLO, _XHI = _F(-88.0296919311), _F(88.7228391117)           # −127·ln 2, 128·ln 2: 2^n's bits 0, inf
 _HALF, _ONE, _ZERO, _INF = _F(0.5), _F(1.0), _F(0.0), _F(np.inf)
+_NO_LO = -(1 << 62)                                          # plain_rows' lower edge that masks nothing
 
 
 @njit(inline="always", **_OPTS)
@@ -445,6 +446,26 @@ def _tile_rows(s, tile, sums, rep):
         sums[r] = total
 
 
+@njit(inline="always", **_OPTS)
+def _exp2_band_rows(s, sums, d, lo, rep):
+    """:func:`_exp2_rows` without a row term, for a block of a band in i − j: row ``r`` keeps columns ``c`` with
+    ``lo + r // rep ≤ c ≤ d + r // rep`` (a sliding window's two edges in one block), 0 elsewhere."""
+    rows, width = s.shape
+    for r in range(rows):
+        row = s[r]
+        hi = _limit(d, r, rep, width)
+        a = lo + r // rep
+        a = 0 if a < 0 else (hi if a > hi else a)
+        row[:a] = _ZERO
+        acc = _ZERO
+        for c in range(a, hi):
+            y = _exp2f_bounded(row[c])
+            row[c] = y
+            acc += y
+        row[hi:] = _ZERO
+        sums[r] = acc
+
+
 @njit(**_OPTS)
 def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, tiles, s_flat, acc, l_i, sums, zeros, rep):
     """The engine's shift-free blocks of plain scores (no mod, no mask but the causal diagonal; scores carry
@@ -462,15 +483,19 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, tiles, s_flat
     A block mask's partial cells: a seventh column ``t`` of ``blocks`` (−1: none) names the tile
     ``tiles[t]`` (0/1 per query position and key, (positions, keys) of the block at least) that multiplies
     the block's probabilities — the mask applied after the exponential (every score is within the shift-free
-    bound, masked or not), the row sums taken again. Blocks of six columns have no tiles."""
+    bound, masked or not), the row sums taken again. Blocks of six columns have no tiles. An eighth column
+    ``lo`` (−2⁶², ``qkv.kernels.NO_LO``: none) is a lower edge as ``d`` is the upper one: key ``j0 + c`` allowed for row ``r`` where
+    ``c ≥ lo + r // rep`` (:func:`_exp2_band_rows`: a band in i − j, a sliding window's, without tiles)."""
     E = k_t.shape[0] - 1
     ev, lda, ldk, ldv, lacc, qp, kp, vp, ap, sp, ts = _forward_layout(qs, k_t, v, acc, s_flat)
     spent = flops = 0.0
     tiled = blocks.shape[1] > 6
+    banded = blocks.shape[1] > 7
     for b in range(blocks.shape[0]):
         r0, r1, j0, j1, d, fresh = (blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4],
                                     blocks[b, 5])
         t = blocks[b, 6] if tiled else -1
+        lo = blocks[b, 7] if banded else _NO_LO
         if not _fits(r0, r1, j0, j1, qs.shape[0], k_t.shape[1], s_flat.shape[0]) or not (
                 t < 0 or (t < tiles.shape[0] and (r1 - r0 - 1) // rep < tiles.shape[1] and j1 - j0 <= tiles.shape[2])):
             raise ValueError("plain_rows: a block outside its buffers")     # the GEMM writes raw memory
@@ -478,7 +503,10 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, tiles, s_flat
         spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, w, E,
                        qp + 4 * r0 * lda, lda, kp + 4 * j0, ldk, _ZERO, sp, w)                    # s = Q·Kᵀ
         s = s_flat[:m * w].reshape(m, w)
-        _exp2_rows(s, zeros, sums, d, rep)                # exp_rows' base 2, compiled in alone
+        if lo != _NO_LO:
+            _exp2_band_rows(s, sums, d, lo, rep)          # a band's lower edge as well
+        else:
+            _exp2_rows(s, zeros, sums, d, rep)            # exp_rows' base 2, compiled in alone
         if t >= 0:
             _tile_rows(s, tiles[t], sums, rep)            # the partial cell's mask, the row sums again
         for r in range(m):                                   # (a loop: as an array expression it tripled

@@ -43,6 +43,8 @@ KERNEL_MIN = 1 << 14
 _INSTALL = "pip install 'qkv[jit]'"
 #: ``d`` (the causal diagonal's offset) that masks nothing.
 NO_MASK = 1 << 62
+#: ``lo`` (a band's lower edge, :func:`qkv._jit.plain_rows`' eighth column) that masks nothing.
+NO_LO = -NO_MASK
 _KIND = {"exp": 0, "poly": 1, "tanh": 2}                  # the kernels' kinds of score function f
 _NO_COEF = np.zeros(7, np.float32)
 

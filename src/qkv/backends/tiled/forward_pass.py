@@ -69,6 +69,8 @@ _R = _paths.register
 F_PLAIN = _R("forward.plain_loop", "a task's plain blocks in one compiled loop, shift-free, base 2")
 F_TILES = _R("forward.tile_loop", "a block-mask task's cells in the compiled loop: full cells plain, partial "
                                   "cells by their tiles")
+F_STRIPS = _R("forward.tile_loop.strips", "a block-mask task's band cells (a window's edges) in strips, both "
+                                          "edges masked in the compiled loop")
 F_PLAIN_LAZY = _R("forward.plain_loop_lazy", "a task's plain blocks in one compiled loop, lazy rescaling")
 F_BANDS = _R("forward.bands", "a run of a block mask's bands batched into one call per step")
 F_SHIFT_FREE = _R("forward.shift_free", "a block with no running max (scores provably bounded)")
@@ -245,8 +247,11 @@ def _compiled_base2(P, T) -> None:
 
 def _compiled_tiles(P, T) -> None:
     """A block-mask task in the compiled loop (:mod:`qkv.backends.tiled.sparse`): its full cells as plain blocks,
-    its partial cells with their 0/1 tiles, its empty cells not at all — shift-free, base 2."""
+    its band cells in strips with their edges, other partial cells with their 0/1 tiles, its empty cells not
+    at all — shift-free, base 2."""
     _paths.hit(F_TILES)
+    if T.tiles[3]:
+        _paths.hit(F_STRIPS)
     _kernels.run_tiles(T.jit, P.plain_gemm, T.qs, T.K_T, T.V, T.loop_plan, T.tiles[1], T.s_flat, T.acc, T.l_i,
                        T.l_blk, T.sc.zeros, T.g)
 

@@ -687,70 +687,30 @@ def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> tuple:
     return plan, int(((plan[:, 1] - plan[:, 0]) * (plan[:, 3] - plan[:, 2])).max(initial=1))
 
 
-def _joined(pieces: list, along: str, width: int = 0) -> list:
-    """Full pieces ``(a, b, c, e, NO_MASK, −1)`` that touch, joined: ``along="rows"`` those of the same keys (a
-    sink's column of cells: one block, not one a cell, whose tiny products cost more than their arithmetic),
-    ``along="keys"`` those of the same rows while at most ``width`` keys wide (a block mask's staircase of small
-    rectangles: fewer and wider products)."""
-    rows = along == "rows"
-
-    def full(p):
-        return p[4] == _NO_MASK and p[5] == -1
-
-    def touch(r, p):
-        if rows:
-            return r[2:4] == p[2:4] and r[1] == p[0]
-        return r[:2] == p[:2] and r[3] == p[2] and p[3] - r[2] <= width
-    out = [p for p in pieces if not full(p)]
-    run = None
-    for p in sorted(filter(full, pieces), key=(lambda p: (p[2], p[3], p[0])) if rows else (lambda p: p[:3])):
-        if run is not None and touch(run, p):
-            run = (run[0], p[1], run[2], run[3], _NO_MASK, -1) if rows else (run[0], run[1], run[2], p[3], _NO_MASK, -1)
-            continue
-        if run is not None:
-            out.append(run)
-        run = p
-    return out if run is None else out + [run]
-
-
-def _banded(P: _Problem, blocks, g: int, extra=None) -> np.ndarray:
+def _banded(P: _Problem, blocks, g: int) -> np.ndarray:
     """``blocks`` ``(r0, r1, j0, j1, d)`` (positions, keys, the causal diagonal's offset or NO_MASK) cut into
     pieces within row bands of ``band_rows_plain`` positions and at most ``band_keys_plain`` keys wide (pieces
     the diagonal masks whole left out), band by band, as the compiled loops' plan rows ``(r0·g, r1·g, j0, j1, d,
-    fresh)``. With ``extra`` (the tile loop's tile per block, a column after them): tiles kept whole, the full
-    blocks joined where they touch (:func:`_joined`) and a narrower one cut in as many bands as keep its
-    pieces' scores. In a band the tallest pieces go first: the blocks' rows are nested or apart (halvings), so a
-    piece's rows are then either all new (``fresh``: its P·V written) or all seen."""
+    fresh)``. In a band the tallest pieces go first: the blocks' rows are nested or apart (halvings), so a
+    piece's rows are then either all new (``fresh``: its P·V written) or all seen. (A block mask's tile loop
+    plans its own: :mod:`qkv.backends.tiled.sparse`.)"""
     bh, bw = max(1, P.limits.band_rows_plain), max(1, P.limits.band_keys_plain)
-    items = [(r0, r1, j0, j1, d, -1 if extra is None else extra[n]) for n, (r0, r1, j0, j1, d) in enumerate(blocks)]
-    if extra is not None:
-        items = _joined(items, "rows")                           # a sink's column of cells: one block
     out = []
-    for r0, r1, j0, j1, d, x in items:
-        if x >= 0:                                               # a tile: as it is (within one cell, one band)
-            out.append((r0, r1, j0, j1, d, x))
-            continue
-        # a block mask's narrow full block (a sink's column) in taller pieces of about as many scores (its rows
-        # may then be half new: the tile loop's acc and l_i start at zero, and a piece not fresh adds to them)
-        rh = bh * max(1, bw // max(1, j1 - j0)) if extra is not None and d == _NO_MASK else bh
+    for r0, r1, j0, j1, d in blocks:
         a = r0
         while a < r1:
-            b = min((a // rh + 1) * rh, r1)
+            b = min((a // bh + 1) * bh, r1)
             for c in range(j0, j1, bw):
                 e = min(c + bw, j1)
                 dd = d if d == _NO_MASK else d + (a - r0) - (c - j0)
                 if dd == _NO_MASK or dd + (b - a) > 0:           # (else every row of it before its keys)
-                    out.append((a, b, c, e, dd, -1))
+                    out.append((a, b, c, e, dd))
             a = b
-    if extra is not None:                                        # a block mask's staircase of rectangles
-        out = _joined(out, "keys", bw)
     out.sort(key=lambda x: (x[0] // bh, x[0] - x[1], x[0], x[2]))
-    plan = np.empty((len(out), 6 if extra is None else 7), np.int64)
+    plan = np.empty((len(out), 6), np.int64)
     added: list = []
-    for t, (a, b, c, e, dd, x) in enumerate(out):
-        plan[t, :6] = (a * g, b * g, c, e, dd, _first_rows(added, a, b))
-        if extra is not None:
-            plan[t, 6] = x
+    for t, (a, b, c, e, dd) in enumerate(out):
+        plan[t] = (a * g, b * g, c, e, dd, _first_rows(added, a, b))
     return plan
 
 

@@ -135,6 +135,13 @@ TILE_LOOP = True
 #: spent 17 ms of its 68 in it with tasks of 1024 rows, 8 with 4096, against the full causal forward 0.20×,
 #: 0.166× with 2048, 0.157× with 4096 (Zen 4, paired turns).
 BLOCK_Q_TILES = 4096
+#: …and plan a block mask's cell rows in strips of this many query positions: a cell row's full cells and the
+#: edge cells of a band in i − j (a sliding window's) one run of keys a strip, the edges masked in the loop
+#: (:mod:`qkv.backends.tiled.sparse`). The strip's two edge triangles are what it computes for nothing
+#: (1/16 of a window of 512's scores in 32-row strips, 1/32 in 16): a sliding window 512 at N = 8192 (H = 8,
+#: two workers) took 0.1476–0.1482× the full causal forward in 16-row strips, 0.1494–0.1552× in 32-row and
+#: 0.155–0.157× in 8-row ones (paired turns, Zen 4).
+STRIP_ROWS_TILES = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,6 +163,7 @@ class Limits:
     plain_loop: bool = PLAIN_LOOP
     tile_loop: bool = TILE_LOOP
     block_q_tiles: int = BLOCK_Q_TILES
+    strip_rows_tiles: int = STRIP_ROWS_TILES
     group_gqa: bool = GROUP_GQA
     shift_free_bound: float = SHIFT_FREE_BOUND
     lazy_bound: float = LAZY_BOUND
@@ -178,7 +186,7 @@ _NAMES = frozenset(f.name for f in dataclasses.fields(Limits))
 #: for ever in the planner.
 _SIZES = frozenset({"block_q", "block_k", "block_q_plain", "block_k_plain", "band_rows_plain", "band_keys_plain",
                     "block_q_backward", "block_k_backward", "diagonal_min", "diagonal_min_plain", "block_q_tiles",
-                    "grid_cell", "grid_cell_backward"})
+                    "strip_rows_tiles", "grid_cell", "grid_cell_backward"})
 
 
 def current_limits() -> Limits:
