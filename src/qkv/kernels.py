@@ -174,6 +174,7 @@ _P_TILES = paths.register("kernel.plain_rows.tiles", "compiled forward loop of a
 _NO_TILES = np.zeros((1, 1, 1), np.float32)               # plain_rows' tiles where the blocks name none
 _P_PLAIN_LAZY = paths.register("kernel.plain_lazy_rows", "compiled forward loop of a task, lazy rescaling")
 _P_PLAIN_BWD = paths.register("kernel.plain_backward_rows", "compiled backward loop of a head's key block")
+_P_KT = paths.register("kernel.kt_prep", "a key head's Kᵀ and its rows' largest norm in one compiled pass")
 _P_Q = paths.register("kernel.q_prep", "a task's scaled query rows and their largest norm in one compiled pass")
 _P_FINISH = paths.register("kernel.finish_rows", "a shift-free task's output division and lse, compiled")
 
@@ -302,6 +303,13 @@ def q_prep(jit, q: np.ndarray, out: np.ndarray, scale) -> float:
     (:func:`qkv._jit.q_prep`)."""
     paths.hit(_P_Q)
     return jit.q_prep(q, out, np.float32(scale))
+
+
+def kt_prep(jit, k: np.ndarray, k_t: np.ndarray) -> float:
+    """``k_t[:E] = kᵀ`` (k (S, E) contiguous) and the largest ``|k[j]|²`` in one compiled pass
+    (:func:`qkv._jit.kt_prep`)."""
+    paths.hit(_P_KT)
+    return jit.kt_prep(k, k_t)
 
 
 def finish_rows(jit, acc: np.ndarray, l_i: np.ndarray, out: np.ndarray, lse) -> None:
