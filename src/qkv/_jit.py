@@ -51,7 +51,7 @@ from numba.extending import intrinsic
 from ._cblas import NO_TRANS as _NO_TRANS, ROW_MAJOR as _ROW_MAJOR, TRANS as _TRANS   # as qkv.gemm passes them
 
 __all__ = ["ds_rows", "exp_rows", "finish_rows", "gelu_rows", "max_exp_rows", "pattern_exp_rows",
-           "plain_backward_rows", "plain_lazy_rows", "plain_rows", "q_prep", "swiglu_rows"]
+           "kt_prep", "plain_backward_rows", "plain_lazy_rows", "plain_rows", "q_prep", "swiglu_rows"]
 
 
 @intrinsic
@@ -675,11 +675,11 @@ def kt_prep(k, k_t):
 
 
 @njit(**_EXACT)
-def finish_rows(acc, l_i, out, lse, want_lse):
-    """A shift-free task's end (``m_i = 0``): ``out[h, r] = acc[r·g + h] / l_i[r·g + h]`` (out (g, n, Ev): the
-    task's heads, rows interleaved in acc) and, with ``want_lse``, ``lse[h, r] = log l_i[r·g + h]``; a row with
-    ``l_i = 0`` (nothing allowed) gets zeros and −inf. As the engine's NumPy steps: ``1 / l_i`` once, then a
-    product."""
+def finish_rows(acc, l_i, m_i, out, lse, want_lse):
+    """A task's end: ``out[h, r] = acc[r·g + h] / l_i[r·g + h]`` (out (g, n, Ev): the task's heads, rows
+    interleaved in acc) and, with ``want_lse``, ``lse[h, r] = m_i[r·g + h] + log l_i[r·g + h]`` (``m_i`` the
+    shift subtracted: 0 in a shift-free task); a row with ``l_i = 0`` (nothing allowed) gets zeros and −inf.
+    As the engine's NumPy steps: ``1 / l_i`` once, then a product; the log, then the sum."""
     g, n, ev = out.shape
     for r in range(n):
         for h in range(g):
@@ -690,7 +690,7 @@ def finish_rows(acc, l_i, out, lse, want_lse):
                 for c in range(ev):
                     out[h, r, c] = acc[row, c] * inv
                 if want_lse:
-                    lse[h, r] = np.log(l)
+                    lse[h, r] = m_i[row] + np.log(l)
             else:
                 for c in range(ev):
                     out[h, r, c] = 0.0

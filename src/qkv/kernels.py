@@ -176,7 +176,7 @@ _P_PLAIN_LAZY = paths.register("kernel.plain_lazy_rows", "compiled forward loop 
 _P_PLAIN_BWD = paths.register("kernel.plain_backward_rows", "compiled backward loop of a head's key block")
 _P_KT = paths.register("kernel.kt_prep", "a key head's Kᵀ and its rows' largest norm in one compiled pass")
 _P_Q = paths.register("kernel.q_prep", "a task's scaled query rows and their largest norm in one compiled pass")
-_P_FINISH = paths.register("kernel.finish_rows", "a shift-free task's output division and lse, compiled")
+_P_FINISH = paths.register("kernel.finish_rows", "a task's output division and lse, compiled")
 
 
 def _args(kind: str, arg):
@@ -312,9 +312,9 @@ def kt_prep(jit, k: np.ndarray, k_t: np.ndarray) -> float:
     return jit.kt_prep(k, k_t)
 
 
-def finish_rows(jit, acc: np.ndarray, l_i: np.ndarray, out: np.ndarray, lse) -> None:
-    """``out[h, r] = acc[r·g + h] / l_i[r·g + h]`` and ``lse[h, r] = log l_i[r·g + h]`` (when not None) of a
-    shift-free task's rows (out (g, n, Ev), lse (g, n); :func:`qkv._jit.finish_rows`): zeros and −inf where
-    ``l_i = 0``."""
+def finish_rows(jit, acc: np.ndarray, l_i: np.ndarray, m_i: np.ndarray, out: np.ndarray, lse) -> None:
+    """``out[h, r] = acc[r·g + h] / l_i[r·g + h]`` and ``lse[h, r] = m_i[r·g + h] + log l_i[r·g + h]`` (when
+    not None) of a task's rows (out (g, n, Ev), lse (g, n); :func:`qkv._jit.finish_rows`): zeros and −inf
+    where ``l_i = 0``."""
     paths.hit(_P_FINISH)
-    jit.finish_rows(acc, l_i, out, out[:, :, 0] if lse is None else lse, lse is not None)
+    jit.finish_rows(acc, l_i, m_i, out, out[:, :, 0] if lse is None else lse, lse is not None)

@@ -125,8 +125,10 @@ class _Task:
         rows scaled accordingly (``alone``: nothing but the output reads the scores — no weights, no dropout)."""
         idx, i0, i1, sc, E = self.idx, self.i0, self.i1, self.sc, P.E
         # max |Q·scale| of the rows, before they are scaled: with the kernels, in the pass that scales them,
-        # by the factor the task most likely takes (log₂ e where its scores may be plain; redone if not)
-        guess = _LOG2E if alone and sc.kind == "none" and (P.plain_scores or P.bm is not None) else 1.0
+        # by the factor the task most likely takes (log₂ e where its scores may be plain — unless the problem's
+        # last task planned took e: a model's scores are rarely shift-free; redone if wrong)
+        may = alone and sc.kind == "none" and (P.plain_scores or P.bm is not None)
+        guess = _LOG2E if may and P.base2_seen is not False else 1.0
         q_norm = P.q_prep(idx, i0, i1, self.qs, guess)
         scaled = q_norm is not None
         if not scaled:
@@ -152,9 +154,12 @@ class _Task:
             if self.tiles is not None:
                 self.jit = jit
         self.base2 = (bare or self.tiles is not None) and shift_free
+        P.base2_seen = self.base2                           # (tasks on other workers may read either: a guess)
         factor = _LOG2E if self.base2 else 1.0
-        if not scaled or factor != guess:
+        if not scaled:
             P.q_rows_group(idx, i0, i1, self.qs[:, :E], factor)
+        elif factor != guess:                               # the guess was wrong: the compiled pass again
+            P.q_prep(idx, i0, i1, self.qs, factor)
         k_poly = sc.use_poly(q_norm * k_norm)               # softcap: |s/cap| ≤ q_norm·k_norm (qs holds 1/cap)
         if k_poly != 1.0:
             self.qs[:, :E] *= P.cdt.type(k_poly)
@@ -501,9 +506,9 @@ def _finish(P, T, out, lse, weights: bool):
     the rows' lse (None when nothing needs it)."""
     idx, i0, i1, g, l_i, acc = T.idx, T.i0, T.i1, T.g, T.l_i, T.acc
     jit = RUNTIME.kernels.for_block(P.cdt, (i1 - i0) * g * P.S, P.limits.kernel_min)
-    if (jit is not None and T.shift_free and T.keys is None and P.sinks is None and not weights
-            and out.dtype == acc.dtype):                 # m_i = 0: the division and lse in one compiled pass
-        _kernels.finish_rows(jit, acc, l_i, P.heads_view(out, idx, i0, i1, g),
+    if (jit is not None and T.keys is None and P.sinks is None and not weights
+            and out.dtype == acc.dtype):                 # the division and lse in one compiled pass
+        _kernels.finish_rows(jit, acc, l_i, T.m_i, P.heads_view(out, idx, i0, i1, g),
                              None if lse is None else P.heads_view(lse[..., None], idx, i0, i1, g)[..., 0])
         return None
     nz = l_i > 0                                             # l_i = 0: a query that may attend to nothing
