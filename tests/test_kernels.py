@@ -541,3 +541,23 @@ def test_kernels_compiled_inside_the_tasks_keep_every_openblas_at_one_thread_the
     assert any("scipy_openblas-" in f for f, _ in seen[0])                  # SciPy's, loaded by numba, too
     assert all(n > 1 for _, n in after) or os.cpu_count() == 1, after     # …and back after
     assert any(p.suffix == ".nbi" for p in tmp_path.rglob("*"))            # numba compiled into this cache
+
+
+def test_q_prep_reads_a_models_strided_query_rows_exactly():
+    """A model's Q is a strided view (heads side by side in each row of the projection's output): the compiled
+    pass reads it through a 1-D view of its memory, and writes NumPy's products (one rounding), rows
+    interleaved by head; the largest squared norm in float64; NaN kept; a reversed axis left to NumPy."""
+    L, H, E = 96, 6, 16
+    rng = np.random.default_rng(3)
+    proj = rng.standard_normal((L, 3 * H * E), dtype=np.float32)
+    q = proj[:, :H * E].reshape(L, H, E).transpose(1, 0, 2)[2:5, 10:70]        # (g, n, E), not contiguous
+    out = np.full((3 * 60, E + 1), 7.0, np.float32)
+    m = kernels.q_prep(jit, q, out, 0.3)
+    want = (q * np.float32(0.3)).transpose(1, 0, 2).reshape(-1, E)
+    np.testing.assert_array_equal(out[:, :E], want)
+    assert (out[:, E] == 0).all()
+    assert m == pytest.approx((q.astype(np.float64) ** 2).sum(-1).max(), rel=1e-12)
+    bad = q.copy()
+    bad[1, 7, 3] = np.nan
+    assert np.isnan(kernels.q_prep(jit, bad, out, 0.3))
+    assert kernels.q_prep(jit, q[:, ::-1], out, 0.3) is None

@@ -298,11 +298,27 @@ def run_bands(jit, s: np.ndarray, sums: np.ndarray, kind: str, arg, pattern: np.
     jit.pattern_exp_rows(s, *_args(kind, arg), pattern, sums)
 
 
-def q_prep(jit, q: np.ndarray, out: np.ndarray, scale) -> float:
+def q_prep(jit, q: np.ndarray, out: np.ndarray, scale):
     """``out[r·g + h, :E] = q[h, r]·scale``, ``out[:, E] = 0`` (q (g, n, E)); returns the largest ``|q[h, r]|²``
-    (:func:`qkv._jit.q_prep`)."""
+    (:func:`qkv._jit.q_prep`), or None where q's rows are not contiguous rows at non-negative strides (the
+    caller's NumPy pass then)."""
+    flat = _flat(q)
+    if flat is None:
+        return None
     paths.hit(_P_Q)
-    return jit.q_prep(q, out, np.float32(scale))
+    size = q.itemsize
+    return jit.q_prep(flat, q.shape[0], q.shape[1], q.shape[2], q.strides[0] // size, q.strides[1] // size, out,
+                      np.float32(scale))
+
+
+def _flat(a: np.ndarray):
+    """A C-contiguous 1-D view of the memory a 3-D ``a`` spans (from its first element), where its last axis is
+    contiguous and its other strides are non-negative multiples of its item size; else None."""
+    size = a.itemsize
+    if a.size == 0 or a.strides[2] != size or any(s < 0 or s % size for s in a.strides[:2]):
+        return None
+    span = sum((n - 1) * s for n, s in zip(a.shape, a.strides)) // size + 1
+    return np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(size,))
 
 
 def kt_prep(jit, k: np.ndarray, k_t: np.ndarray) -> float:

@@ -227,7 +227,8 @@ class _Problem:
         q = self.heads_view(self.query, idx, i0, i1, self.group)
         if q is None:
             return None
-        return math.sqrt(_kernels.q_prep(jit, q, out, self.cdt.type(self.qscale * factor))) * abs(self.qscale)
+        m = _kernels.q_prep(jit, q, out, self.cdt.type(self.qscale * factor))
+        return None if m is None else math.sqrt(m) * abs(self.qscale)
 
     def heads_view(self, a: np.ndarray, idx: tuple, i0: int, i1: int, g: int):
         """Rows i0 … i1 of the ``g`` heads from ``idx`` on of ``a`` (…, H, L, ·) — the query (broadcast lead
