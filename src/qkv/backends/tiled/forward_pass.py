@@ -125,10 +125,12 @@ class _Task:
         rows scaled accordingly (``alone``: nothing but the output reads the scores — no weights, no dropout)."""
         idx, i0, i1, sc, E = self.idx, self.i0, self.i1, self.sc, P.E
         # max |Q·scale| of the rows, before they are scaled: with the kernels, in the pass that scales them,
-        # by the factor the task most likely takes (log₂ e where its scores may be plain — unless the problem's
-        # last task planned took e: a model's scores are rarely shift-free; redone if wrong)
+        # by the factor the task most likely takes (log₂ e where its scores may be plain — unless the last task
+        # planned, the problem's or else the last call's, took e: a model's scores are rarely shift-free, and
+        # each of its layers is a call; redone if wrong)
         may = alone and sc.kind == "none" and (P.plain_scores or P.bm is not None)
-        guess = _LOG2E if may and P.base2_seen is not False else 1.0
+        seen = P.base2_seen if P.base2_seen is not None else _BASE2_SEEN[0]
+        guess = _LOG2E if may and seen is not False else 1.0
         q_norm = P.q_prep(idx, i0, i1, self.qs, guess)
         scaled = q_norm is not None
         if not scaled:
@@ -154,7 +156,7 @@ class _Task:
             if self.tiles is not None:
                 self.jit = jit
         self.base2 = (bare or self.tiles is not None) and shift_free
-        P.base2_seen = self.base2                           # (tasks on other workers may read either: a guess)
+        P.base2_seen = _BASE2_SEEN[0] = self.base2          # (tasks on other workers may read either: a guess)
         factor = _LOG2E if self.base2 else 1.0
         if not scaled:
             P.q_rows_group(idx, i0, i1, self.qs[:, :E], factor)
@@ -219,6 +221,10 @@ class _Task:
         self.m_i = np.zeros(Bq, P.cdt)                           # running max (the shift actually subtracted)
         self.seen = np.full(Bq, self.shift_free)                 # m_i is a max some block attained
         self.added = []                                          # (r0, r1) of the shift-free steps accumulated
+
+
+#: Whether the last task planned, in any call, took base 2 (the next call's first guess: see _Task._bounds).
+_BASE2_SEEN: list = [None]
 
 
 def _dropout_rng(seed, lead, idx, i0):

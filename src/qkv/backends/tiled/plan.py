@@ -143,24 +143,24 @@ class _Problem:
                 got = self._kv.get(src)
                 if got is None:
                     k = np.ascontiguousarray(self.key[src[0]], dtype=self.cdt)                # (S, E)
-                    k_t = _kt_buffer(self.E, self.S, self.cdt)                              # (E+1, S)
-                    k_norm = self._kt_prep(k, k_t)
-                    k_t[self.E] = 1.0
                     v = np.ascontiguousarray(self.value[src[1]], dtype=self.cdt)              # (S, Ev)
-                    v_max = float(max(v.max(), -v.min()))
+                    k_t = _kt_buffer(self.E, self.S, self.cdt)                              # (E+1, S)
+                    k_norm, v_max = self._kv_prep(k, v, k_t)
                     got = (k, v, k_norm, v_max, k_t)
                     self._kv[src] = got
         return got
 
-    def _kt_prep(self, k: np.ndarray, k_t: np.ndarray) -> float:
-        """``k_t[:E] = kᵀ`` and the largest norm of k's rows: in one compiled pass where the kernels run for a
-        head's keys (:func:`qkv.kernels.kt_prep`), else NumPy's transpose in chunks and its norms."""
+    def _kv_prep(self, k: np.ndarray, v: np.ndarray, k_t: np.ndarray) -> tuple:
+        """``k_t = [kᵀ; 1]``, the largest norm of k's rows and max |v|: in one compiled pass where the kernels run
+        for a head's keys (:func:`qkv.kernels.kv_prep`), else NumPy's transpose in chunks and its passes."""
         jit = RUNTIME.kernels.for_block(self.cdt, self.S * self.E, self.limits.kernel_min)
         if jit is not None:
-            return math.sqrt(_kernels.kt_prep(jit, k, k_t))
+            k_sq, v_max = _kernels.kv_prep(jit, k, v, k_t)
+            return math.sqrt(k_sq), float(v_max)
         for j in range(0, self.S, _KT_CHUNK):                # Q·Kᵀ blocks read contiguous rows
             k_t[:self.E, j:j + _KT_CHUNK] = k[j:j + _KT_CHUNK].T
-        return float(np.sqrt(np.einsum("se,se->s", k, k).max())) if len(k) else 0.0
+        k_t[self.E] = 1.0
+        return float(np.sqrt(np.einsum("se,se->s", k, k).max())), float(max(v.max(), -v.min()))
 
     def prepare_kv_split(self, idxs, bounds: list, threads: int) -> None:
         """What :meth:`kv` prepares, for the key/value heads of lead indices ``idxs``, by key ranges ``bounds``
