@@ -174,8 +174,7 @@ _P_TILES = paths.register("kernel.plain_rows.tiles", "compiled forward loop of a
 _NO_TILES = np.zeros((1, 1, 1), np.float32)               # plain_rows' tiles where the blocks name none
 _P_PLAIN_LAZY = paths.register("kernel.plain_lazy_rows", "compiled forward loop of a task, lazy rescaling")
 _P_PLAIN_BWD = paths.register("kernel.plain_backward_rows", "compiled backward loop of a head's key block")
-_P_KV = paths.register("kernel.kv_prep", "a key/value head's [Kᵀ; 1], its keys' largest norm and V's extent in one "
-                                         "compiled pass")
+_P_KT = paths.register("kernel.kt_prep", "a key head's [Kᵀ; 1] and its rows' largest norm in one compiled pass")
 _P_Q = paths.register("kernel.q_prep", "a task's scaled query rows and their largest norm in one compiled pass")
 _P_FINISH = paths.register("kernel.finish_rows", "a task's output division and lse, compiled")
 
@@ -322,11 +321,11 @@ def _flat(a: np.ndarray):
     return np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(size,))
 
 
-def kv_prep(jit, k: np.ndarray, v: np.ndarray, k_t: np.ndarray) -> tuple:
-    """``k_t = [kᵀ; 1]`` (k (S, E), v (S, Ev) contiguous) and ``(max |k[j]|², max |v|)`` in one compiled pass
-    (:func:`qkv._jit.kv_prep`)."""
-    paths.hit(_P_KV)
-    return jit.kv_prep(k, v, k_t)
+def kt_prep(jit, k: np.ndarray, k_t: np.ndarray) -> float:
+    """``k_t = [kᵀ; 1]`` (k (S, E) contiguous) and the largest ``|k[j]|²`` in one compiled pass
+    (:func:`qkv._jit.kt_prep`)."""
+    paths.hit(_P_KT)
+    return jit.kt_prep(k, k_t)
 
 
 def finish_rows(jit, acc: np.ndarray, l_i: np.ndarray, m_i: np.ndarray, out: np.ndarray, lse) -> None:

@@ -151,16 +151,17 @@ class _Problem:
         return got
 
     def _kv_prep(self, k: np.ndarray, v: np.ndarray, k_t: np.ndarray) -> tuple:
-        """``k_t = [kᵀ; 1]``, the largest norm of k's rows and max |v|: in one compiled pass where the kernels run
-        for a head's keys (:func:`qkv.kernels.kv_prep`), else NumPy's transpose in chunks and its passes."""
+        """``k_t = [kᵀ; 1]``, the largest norm of k's rows and max |v|: Kᵀ and the norms in one compiled pass
+        where the kernels run for a head's keys (:func:`qkv.kernels.kt_prep`), else NumPy's transpose in chunks
+        and its norms; V's extent by NumPy's max and min."""
+        v_max = float(max(v.max(), -v.min()))
         jit = RUNTIME.kernels.for_block(self.cdt, self.S * self.E, self.limits.kernel_min)
         if jit is not None:
-            k_sq, v_max = _kernels.kv_prep(jit, k, v, k_t)
-            return math.sqrt(k_sq), float(v_max)
+            return math.sqrt(_kernels.kt_prep(jit, k, k_t)), v_max
         for j in range(0, self.S, _KT_CHUNK):                # Q·Kᵀ blocks read contiguous rows
             k_t[:self.E, j:j + _KT_CHUNK] = k[j:j + _KT_CHUNK].T
         k_t[self.E] = 1.0
-        return float(np.sqrt(np.einsum("se,se->s", k, k).max())), float(max(v.max(), -v.min()))
+        return float(np.sqrt(np.einsum("se,se->s", k, k).max())), v_max
 
     def prepare_kv_split(self, idxs, bounds: list, threads: int) -> None:
         """What :meth:`kv` prepares, for the key/value heads of lead indices ``idxs``, by key ranges ``bounds``
