@@ -58,8 +58,8 @@ def test_limits_move_the_thresholds_inside_the_block_only():
             pass
 
 
-@pytest.mark.parametrize("name", ["block_q", "block_k_plain", "band_rows_plain", "band_keys_plain", "block_q_tiles", "strip_rows_tiles",
-                                  "grid_cell", "grid_cell_backward", "diagonal_min_plain"])
+@pytest.mark.parametrize("name", ["block_q", "block_k_plain", "band_rows_plain", "band_keys_plain", "block_q_tiles",
+                                  "strip_rows_tiles", "grid_cell", "grid_cell_backward", "diagonal_min_plain"])
 def test_a_size_limit_must_be_a_positive_integer(name):
     """A block, band or cell size of 0 would divide by zero or loop for ever in the planner: refused, named."""
     for bad, err in ((0, ValueError), (-4, ValueError), (1.5, TypeError), (True, TypeError)):

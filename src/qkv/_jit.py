@@ -457,13 +457,7 @@ def _exp2_band_rows(s, sums, d, lo, rep):
         a = lo + r // rep
         a = 0 if a < 0 else (hi if a > hi else a)
         row[:a] = _ZERO
-        acc = _ZERO
-        for c in range(a, hi):
-            y = _exp2f_bounded(row[c])
-            row[c] = y
-            acc += y
-        row[hi:] = _ZERO
-        sums[r] = acc
+        sums[r] = _exp_row(row[a:], hi - a, _ZERO, _exp2f_bounded)     # 2^s on a … hi, zeros after
 
 
 @njit(**_OPTS)
@@ -484,8 +478,9 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, tiles, s_flat
     ``tiles[t]`` (0/1 per query position and key, (positions, keys) of the block at least) that multiplies
     the block's probabilities — the mask applied after the exponential (every score is within the shift-free
     bound, masked or not), the row sums taken again. Blocks of six columns have no tiles. An eighth column
-    ``lo`` (−2⁶², ``qkv.kernels.NO_LO``: none) is a lower edge as ``d`` is the upper one: key ``j0 + c`` allowed for row ``r`` where
-    ``c ≥ lo + r // rep`` (:func:`_exp2_band_rows`: a band in i − j, a sliding window's, without tiles)."""
+    ``lo`` (−2⁶², ``qkv.kernels.NO_LO``: none) is a lower edge as ``d`` is the upper one: key ``j0 + c``
+    allowed for row ``r`` where ``c ≥ lo + r // rep`` (:func:`_exp2_band_rows`: a band in i − j, a sliding
+    window's, without tiles)."""
     E = k_t.shape[0] - 1
     ev, lda, ldk, ldv, lacc, qp, kp, vp, ap, sp, ts = _forward_layout(qs, k_t, v, acc, s_flat)
     spent = flops = 0.0

@@ -239,7 +239,8 @@ LIMIT_OPTIONS = {
     "shift_free_bound": (30.0, 0.0), "lazy_bound": (40.0, 0.5),
     "grid_call_cost": (0.75, 0.0, 8.0), "grid_call_cost_backward": (2.0, 0.0),
     "band_group_scores": (1 << 20, 256), "grid_cell": (64, 8, 16), "grid_cell_backward": (64, 8, 16),
-    "band_rows_plain": (8, 64, 2), "band_keys_plain": (16, 128, 4), "block_q_tiles": (64, 16, 4096), "strip_rows_tiles": (16, 3, 64),
+    "band_rows_plain": (8, 64, 2), "band_keys_plain": (16, 128, 4), "block_q_tiles": (64, 16, 4096),
+    "strip_rows_tiles": (16, 3, 64),
     "split_k_min_blocks": (2, 1), "split_k_min_part_keys": (8, 1 << 16),
 }
 

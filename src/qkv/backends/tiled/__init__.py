@@ -38,15 +38,16 @@ from . import backend, backward_pass, forward_pass, plan, scoring, split, thresh
 from .backend import TILED, TiledBackend, backward, forward, tiled_attention
 from .thresholds import (AUTO_MIN_KEYS, AUTO_TILED_MIN_HEAD_SCORES, AUTO_TILED_MIN_SCORES, BAND_GROUP_SCORES,
                          BAND_KEYS_PLAIN, BAND_ROWS_PLAIN, BLOCK_K, BLOCK_K_BACKWARD, BLOCK_K_PLAIN, BLOCK_Q,
-                         BLOCK_Q_BACKWARD, BLOCK_Q_PLAIN, BLOCK_Q_TILES, STRIP_ROWS_TILES, DIAGONAL_MIN, DIAGONAL_MIN_PLAIN,
+                         BLOCK_Q_BACKWARD, BLOCK_Q_PLAIN, BLOCK_Q_TILES, DIAGONAL_MIN, DIAGONAL_MIN_PLAIN,
                          GRID_CALL_COST, GRID_CALL_COST_BACKWARD, GRID_CELL, GRID_CELL_BACKWARD, GROUP_GQA,
                          LAZY_BOUND, PLAIN_LOOP, SERIAL_BELOW_FLOPS, SHIFT_FREE_BOUND, SPLIT_K_MIN_BLOCKS,
-                         SPLIT_K_MIN_PART_KEYS, Limits, current_limits, limits)
+                         SPLIT_K_MIN_PART_KEYS, STRIP_ROWS_TILES, Limits, current_limits, limits)
 
 __all__ = ["forward", "backward", "TiledBackend", "TILED", "tiled_attention", "Limits", "limits", "current_limits",
            "RUNTIME", "default_num_threads", "get_num_threads", "set_num_threads",
            "AUTO_MIN_KEYS", "AUTO_TILED_MIN_HEAD_SCORES", "AUTO_TILED_MIN_SCORES", "BAND_GROUP_SCORES",
            "BAND_KEYS_PLAIN", "BAND_ROWS_PLAIN", "BLOCK_K", "BLOCK_K_BACKWARD", "BLOCK_K_PLAIN", "BLOCK_Q",
-           "BLOCK_Q_BACKWARD", "BLOCK_Q_PLAIN", "BLOCK_Q_TILES", "STRIP_ROWS_TILES", "DIAGONAL_MIN", "DIAGONAL_MIN_PLAIN",
+           "BLOCK_Q_BACKWARD", "BLOCK_Q_PLAIN", "BLOCK_Q_TILES", "DIAGONAL_MIN", "DIAGONAL_MIN_PLAIN",
            "GRID_CALL_COST", "GRID_CALL_COST_BACKWARD", "GRID_CELL", "GRID_CELL_BACKWARD", "GROUP_GQA", "LAZY_BOUND",
-           "PLAIN_LOOP", "SERIAL_BELOW_FLOPS", "SHIFT_FREE_BOUND", "SPLIT_K_MIN_BLOCKS", "SPLIT_K_MIN_PART_KEYS"]
+           "PLAIN_LOOP", "SERIAL_BELOW_FLOPS", "SHIFT_FREE_BOUND", "SPLIT_K_MIN_BLOCKS", "SPLIT_K_MIN_PART_KEYS",
+           "STRIP_ROWS_TILES"]

@@ -126,11 +126,10 @@ class _Task:
         idx, i0, i1, sc, E = self.idx, self.i0, self.i1, self.sc, P.E
         # max |Q·scale| of the rows, before they are scaled: with the kernels, in the pass that scales them,
         # by the factor the task most likely takes (log₂ e where its scores may be plain — unless the last task
-        # planned, the problem's or else the last call's, took e: a model's scores are rarely shift-free, and
-        # each of its layers is a call; redone if wrong)
+        # planned, in this call or an earlier one, took e: a model's scores are rarely shift-free, and each of
+        # its layers is a call; redone if wrong)
         may = alone and sc.kind == "none" and (P.plain_scores or P.bm is not None)
-        seen = P.base2_seen if P.base2_seen is not None else _BASE2_SEEN[0]
-        guess = _LOG2E if may and seen is not False else 1.0
+        guess = _LOG2E if may and _BASE2_SEEN[0] is not False else 1.0
         q_norm = P.q_prep(idx, i0, i1, self.qs, guess)
         scaled = q_norm is not None
         if not scaled:
@@ -156,7 +155,7 @@ class _Task:
             if self.tiles is not None:
                 self.jit = jit
         self.base2 = (bare or self.tiles is not None) and shift_free
-        P.base2_seen = _BASE2_SEEN[0] = self.base2          # (tasks on other workers may read either: a guess)
+        _BASE2_SEEN[0] = self.base2                         # (tasks on other workers may read either: a guess)
         factor = _LOG2E if self.base2 else 1.0
         if not scaled:
             P.q_rows_group(idx, i0, i1, self.qs[:, :E], factor)

@@ -96,7 +96,6 @@ class _Problem:
         self.fwd_budget = None                               # forward: scores per block (see grid_blocks)
         self.group = 1                                       # forward: query heads per task (see forward)
         self.plain_gemm = None                               # the provider of the compiled plain loops (_plain_loops)
-        self.base2_seen = None                               # whether the last task planned took base 2 (its guess)
         self.plain_block_k = None                            # …and their key block (None: the call's)
 
     @property

@@ -32,9 +32,9 @@ def masked_plan(P, idx, i0: int, i1: int, g: int, width: int):
 
     ``plan`` (n, 8) int64 rows ``(r0, r1, j0, j1, d, fresh, tile, lo)`` as :func:`qkv._jit.plain_rows` takes
     them (rows of the task's ``qs``: positions × ``g``), ``tiles`` (T, cell, cell) float32, ``room`` the largest
-    piece's scores, ``strips`` whether any piece masks a band's edge. The cells are covered by :func:`_quad` (full rectangles at most ``width`` keys wide). None
-    where an ``attn_mask`` takes part (a float one may add, not only remove) or the
-    tiles would pass :data:`MAX_TILE_BYTES`.
+    piece's scores, ``strips`` whether any piece masks a band's edge. The cells are covered by :func:`_quad`
+    (full rectangles at most ``width`` keys wide). None where an ``attn_mask`` takes part (a float one may add,
+    not only remove) or the tiles would pass :data:`MAX_TILE_BYTES`.
     """
     if P.mask is not None:
         return None
@@ -74,7 +74,8 @@ def _build(P, idx, i0: int, i1: int, g: int, width: int):
             return None, None, 0, False
         t, (u0, u1, w0, w1) = got
         if t == -3:                                           # a band in i − j: its edges, no tile
-            segs.append((a0, a1, j0, j1, -1, None if u0 is None else u0 + j0 - a0, None if u1 is None else u1 + j0 - a0))
+            lo, hi = (None if e is None else e + j0 - a0 for e in (u0, u1))       # key − position, absolute
+            segs.append((a0, a1, j0, j1, -1, lo, hi))
         elif t != -2:                                         # −2: nothing allowed in the cell
             segs.append((a0 + u0, a0 + u1, j0 + w0, j0 + w1, t, None, None))
     plan = _assemble(P, _pieces(P, segs, c), i0, g)
@@ -118,7 +119,6 @@ def _pieces(P, segs: list, cell: int) -> list:
         if run is not None:
             out += _cut(a, b, run, strip, area, P.S)
     return out
-
 
 
 def _joins(left: tuple, right: tuple, a: int, b: int) -> bool:
