@@ -28,7 +28,9 @@ def float_array(x, name: str, *, min_ndim: int = 0, ndim: int | None = None, fin
     Lists of numbers are accepted and become float64; integer/bool arrays are rejected (attention is
     defined on real numbers, and torch rejects them too). ``extents`` (with ``finite``): the finiteness is
     read from the array's max and min (NaN and ±inf reach them), and ``extents[name]`` = max |x| is kept for
-    :func:`range_check`, which needs exactly that — two reductions for both checks, no temporary.
+    :func:`range_check`, which needs exactly that — two reductions for both checks, no temporary. Where
+    ``extents`` holds ``name`` already, the caller read those two as it made the array (finite: checked
+    there), and they are not read again.
     """
     if isinstance(x, np.ndarray):
         arr = x
@@ -47,6 +49,8 @@ def float_array(x, name: str, *, min_ndim: int = 0, ndim: int | None = None, fin
     if arr.ndim < min_ndim:
         raise ValueError(f"{name}: expected at least {min_ndim} dimensions, got {arr.ndim} (shape {arr.shape})")
     if finite and extents is not None and arr.size:
+        if name in extents:                      # read by the caller as it made the array (finite, max |x|)
+            return arr
         hi, lo = float(np.max(arr)), float(np.min(arr))
         if math.isfinite(hi) and math.isfinite(lo):
             extents[name] = max(hi, -lo)

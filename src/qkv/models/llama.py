@@ -39,16 +39,17 @@ import numpy as np
 from .. import gemm, masks
 from ..backends.runtime import RUNTIME
 from ..cache import KVCache
-from ..kernels import KERNELS
 from ..mha import MultiHeadAttention
 from ..positions import RoPE
-from ..sdpa import scaled_dot_product_attention
+from ..sdpa import attention_with_extents, scaled_dot_product_attention
 from ..tracing import Trace
 from . import _gguf
 from ._common import (NotebookView, check_utf8, installed_file, pad_ids, path_arg, record_layers, text_and_layer,
                       texts_arg)
 from ._generate import Generation, Pieces, check_sampling, choose
 from ._gguf import INSTALL_HINT
+from ._rowwise import (_extent, _heads_to_rows, _Scratch, _view, rms_norm, rope_neox_,  # noqa: F401 (silu_: kept
+                       silu_, swiglu_)                                               # importable from here)
 from ._tokenizer import byte_alphabet, gguf_tokenizer
 
 # Kept importable from here, under their old names (tests and callers use them).
@@ -144,102 +145,6 @@ class _Layer:
     w_o: np.ndarray           # (H·E, D)
     w_gate_up: np.ndarray     # (D, 2F): [W_gate | W_up], one matmul
     w_down: np.ndarray        # (F, D)
-
-
-# ---------------------------------------------------------------------------------------------- math
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, *, out: np.ndarray | None = None) -> np.ndarray:
-    """RMSNorm over the last axis: ``x · (1 / √(mean(x²) + eps)) · weight`` (Llama's, as transformers writes
-    it: ``x * rsqrt(variance + eps) * weight``; float32 in, float32 out). ``out``: where to write it."""
-    ms = np.einsum("...d,...d->...", x, x)[..., None]             # Σ x², (..., 1)
-    ms *= x.dtype.type(1.0 / x.shape[-1])
-    ms += x.dtype.type(eps)
-    np.sqrt(ms, out=ms)
-    np.divide(1, ms, out=ms)                                       # 1 / rms, (..., 1)
-    out = np.multiply(x, ms, out=out)
-    out *= weight
-    return out
-
-
-def silu_(h: np.ndarray) -> np.ndarray:
-    """SiLU in place, ``h · sigmoid(h) = h / (1 + e^(−h))``."""
-    with np.errstate(over="ignore"):                               # e^(−h) = inf for h < −88: h / inf = −0
-        e = np.exp(-h)
-    e += 1
-    h /= e
-    return h
-
-
-def swiglu_(gate_up: np.ndarray, e: np.ndarray | None = None) -> np.ndarray:
-    """``silu(g) ⊙ u`` from ``gate_up`` = [g | u] (N, 2F), written over g, which it returns (N, F), as
-    ``(g ⊙ u) / (1 + e^(−g))``: four passes over (N, F), no temporary when ``e`` (N, F) is given — or one, by
-    the engine's compiled kernels (:mod:`qkv.kernels`) where they are loaded and the block is large."""
-    F = gate_up.shape[-1] // 2
-    g, u = gate_up[..., :F], gate_up[..., F:]
-    jit = KERNELS.for_block(gate_up.dtype, g.size) if gate_up.ndim == 2 and gate_up.flags.c_contiguous else None
-    if jit is not None:                                            # one compiled pass (qkv.kernels)
-        jit.swiglu_rows(gate_up, F)
-        return g
-    e = np.negative(g, out=e)
-    with np.errstate(over="ignore"):                               # e^(−g) = inf for g < −88: g·u / inf = ±0
-        np.exp(e, out=e)
-    e += 1
-    g *= u
-    g /= e
-    return g
-
-
-def rope_neox_(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, tmp: np.ndarray | None = None) -> np.ndarray:
-    """RoPE ("neox" pairs i, i + E/2) in place on x (..., E) float32, cos/sin broadcastable to (..., E/2):
-    ``a' = a·cos − b·sin``, ``b' = b·cos + a·sin`` — the same operations, in the same order, as
-    :func:`qkv.stages.rope` (bit for bit equal), without its four temporaries. ``tmp``: (2, …, E/2) scratch."""
-    half = x.shape[-1] // 2
-    a, b = x[..., :half], x[..., half:]                            # (..., E/2) each, views of x
-    if tmp is None:
-        tmp = np.empty((2,) + a.shape, x.dtype)
-    bs = np.multiply(b, sin, out=tmp[0])                           # b·sin
-    as_ = np.multiply(a, sin, out=tmp[1])                          # a·sin
-    a *= cos
-    a -= bs
-    b *= cos
-    b += as_
-    return x
-
-
-def _view(a: np.ndarray, shape: tuple) -> np.ndarray:
-    """``a`` reshaped without a copy (an error, not a silent copy, if its strides do not allow it)."""
-    v = a.view()
-    v.shape = shape
-    return v
-
-
-def _heads_to_rows(o: np.ndarray, rows: slice, out: np.ndarray) -> np.ndarray:
-    """Rows ``rows`` of the flattened (B·L) tokens of o (B, H, L, E), heads side by side: out (len(rows), H·E)."""
-    B, H, L, E = o.shape
-    out3 = _view(out, (out.shape[0], H, E))
-    i = rows.start
-    while i < rows.stop:                                           # one piece per text the rows touch
-        b, t = divmod(i, L)
-        j = min(rows.stop, (b + 1) * L)
-        np.copyto(out3[i - rows.start:j - rows.start], o[b, :, t:t + j - i].transpose(1, 0, 2))
-        i = j
-    return out
-
-
-class _Scratch(threading.local):
-    """Work arrays kept per thread (the caller's and each runtime worker's) and reused from call to call:
-    a fresh multi-megabyte NumPy array costs its page faults every time (measured 0.75 ms for a product of
-    two (256, 1536) float32 arrays into a new array, 0.18 ms into an existing one)."""
-
-    def __init__(self):
-        self.arrays: dict = {}
-
-    def get(self, name: str, shape: tuple, dtype=np.float32) -> np.ndarray:
-        size = math.prod(shape)
-        a = self.arrays.get(name)
-        if a is None or a.size < size or a.dtype != dtype:
-            a = self.arrays[name] = np.empty(size, dtype)
-        return _view(a[:size], shape)
-
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -384,57 +289,91 @@ class LlamaModel:
             pass
         return out
 
-    def _attention(self, q, k, v, mask, causal: bool) -> np.ndarray:
+    def _attention(self, q, k, v, mask, causal: bool, known: dict | None = None) -> np.ndarray:
         """:func:`qkv.scaled_dot_product_attention` of q (B, H, L, E) over k, v (B, Hk, S, E), grouped-query
-        heads, in one call (the auto backend: the tiled engine, on the runtime's workers, for long prompts).
+        heads, in one call (the auto backend: the tiled engine, on the runtime's workers, for long prompts);
+        ``known``: their extents as the row-wise step read them (:func:`qkv.sdpa.attention_with_extents`).
 
         (Spreading the heads or the key/value groups over the runtime's workers myself was measured no faster
         at 512 tokens on 2 cores: 1.60–1.81 s against 1.68 s for the whole prefill.)
         """
-        return scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                            enable_gqa=k.shape[1] != q.shape[1])
+        gqa = k.shape[1] != q.shape[1]
+        if known is not None:
+            return attention_with_extents(q, k, v, known, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+        return scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
 
-    def _fast_layer(self, x: np.ndarray, layer: _Layer, cache: KVCache | None, key_mask) -> np.ndarray:
-        """One decoder layer on the decoding path: the arithmetic of its :class:`~qkv.MultiHeadAttention`
-        (tests hold them equal) in fewer steps per call. x (B, L, D) → (B, L, D).
+    def _decode(self, x: np.ndarray, caches, key_mask, layers=None) -> np.ndarray:
+        """Decoder layers (``layers``, default all) on the decoding path: the arithmetic of each layer's
+        :class:`~qkv.MultiHeadAttention` (tests hold them equal) in fewer steps per call. x (B, L, D) →
+        (B, L, D); ``caches``: one :class:`qkv.KVCache` per layer, or None.
 
-        Row-wise (tokens independent): RMSNorm, one matmul for Q, K and V, and RoPE on Q and K in place
-        (:func:`rope_neox_`, bit for bit :func:`qkv.stages.rope`) with the precomputed
-        :func:`qkv.positions.cos_sin` at positions ``cache.offset`` + 0 … L−1.
-        Then the keys and values go into the :class:`qkv.KVCache`, and :func:`qkv.scaled_dot_product_attention`
-        (grouped-query heads) attends over every cached token, causal, padding keys masked. Row-wise again:
-        concat · W_O, + x, RMSNorm, SwiGLU, + residual. The row-wise steps write into the output and into
-        work arrays kept per thread (:class:`_Scratch`), not into new arrays.
+        Per layer, row-wise (tokens independent), the head (:meth:`_head`): RMSNorm, one matmul for Q, K and
+        V, RoPE on Q and K in place. Then the attention (:meth:`_attend`) over the layer's cache. Row-wise
+        again, the tail (:meth:`_tail`): concat · W_O, + x, RMSNorm, SwiGLU, + residual. A layer's tail and
+        the next layer's head run as one row-wise step — the same rows, one task per row block — so that the
+        workers are handed work twice a layer, not three times (each hand-off costs a wake-up, a wait for the
+        slower block and the GIL back and forth). The steps write into the output and into work arrays kept
+        per thread (:class:`_Scratch`), not into new arrays.
         """
         c = self.config
+        layers = self._layers if layers is None else layers
         B, L, D = x.shape
-        H, Hk, E = c.num_heads, c.num_kv_heads, c.head_dim
-        eps = c.rms_norm_eps
-        offset = 0 if cache is None else cache.offset
+        offset = 0 if caches is None else caches[0].offset
+        if caches is not None and any(cache.offset != offset for cache in caches):
+            raise ValueError(f"caches: expected one offset for every layer, got {sorted({k.offset for k in caches})}")
         if offset + L > c.context_length:
             raise ValueError(f"ids: positions up to {offset + L - 1}, beyond the model's context of "
                              f"{c.context_length} tokens")
-        x2 = x.reshape(B * L, D)
+        n = B * L
         pos = np.tile(np.arange(offset, offset + L), B)                # (B·L,) each row's position
         cos, sin = self._cos[pos][:, None, :], self._sin[pos][:, None, :]           # (B·L, 1, E/2)
+        width = layers[0].w_qkv.shape[1]
+        qkv_ = self._scratch.get("qkv", (n, width))   # (B·L, (H + 2·Hk)·E), Q and K rotated: dead once attended
+        x2 = x.reshape(n, D)
+        ext: list = []                                                 # per row block: Q's, K's, V's max |x|
+        self._rows(lambda r, out: self._head(layers[0], x2[r], out, cos[r], sin[r], ext), n, width, out=qkv_)
+        for i, layer in enumerate(layers):
+            o = self._attend(qkv_, B, L, None if caches is None else caches[i], key_mask, ext)   # (B, H, L, E)
+            nxt = layers[i + 1] if i + 1 < len(layers) else None
+            ext = []
+
+            def tail_head(r, out, layer=layer, o=o, res=x2, nxt=nxt, ext=ext):   # out: (rows, D)
+                self._tail(layer, o, res[r], r, out)
+                if nxt is not None:                                    # the next layer's head, on these rows
+                    self._head(nxt, out, qkv_[r], cos[r], sin[r], ext)
+
+            x2 = self._rows(tail_head, n, D)
+        return x2.reshape(B, L, D)
+
+    def _head(self, layer: _Layer, x: np.ndarray, out: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+              ext: list) -> None:
+        """A layer's head on some rows x (rows, D): RMSNorm, x · [W_Q W_K W_V] into out (rows, (H + 2·Hk)·E),
+        then RoPE (:func:`rope_neox_`, bit for bit :func:`qkv.stages.rope`) on Q and K side by side, in place
+        (one rotation for both: same positions; cos, sin (rows, 1, E/2), :func:`qkv.positions.cos_sin`); the
+        extents of the rows' Q, K and V appended to ``ext`` (max |x| each; inf where one is not finite)."""
+        c = self.config
+        H, Hk, E = c.num_heads, c.num_kv_heads, c.head_dim
+        n = out.shape[0]
+        h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, out=self._scratch.get("h", (n, x.shape[1])))
+        gemm.matmul(h, layer.w_qkv, out=out)                           # (rows, D) x (D, (H + 2·Hk)·E)
+        rope_neox_(_view(out[:, :(H + Hk) * E], (n, H + Hk, E)), cos, sin,
+                   self._scratch.get("rope", (2, n, H + Hk, E // 2)))
+        ext.append(tuple(_extent(out[:, a:b]) for a, b in ((0, H * E), (H * E, (H + Hk) * E), ((H + Hk) * E, None))))
+
+    def _attend(self, qkv_: np.ndarray, B: int, L: int, cache: KVCache | None, key_mask, ext: list) -> np.ndarray:
+        """A layer's attention from its heads' rows qkv_ (B·L, (H + 2·Hk)·E): the keys and values into the
+        cache (if any), then :meth:`_attention` over every cached token, causal, padding keys masked; with
+        the rows' extents (``ext``, :meth:`_head`'s) where the keys are these rows alone and all are finite
+        (else the attention's own checks read them, and name what is not finite)."""
+        c = self.config
+        H, Hk, E = c.num_heads, c.num_kv_heads, c.head_dim
         nq, nk = H * E, (H + Hk) * E
-        F = layer.w_down.shape[0]
-        scratch = self._scratch                                        # the running thread's work arrays
-
-        def head_rows(r, out):                                         # out: (rows, (H + 2·Hk)·E)
-            n = out.shape[0]
-            h = rms_norm(x2[r], layer.attn_norm, eps, out=scratch.get("h", (n, D)))
-            gemm.matmul(h, layer.w_qkv, out=out)                       # (rows, D) x (D, (H + 2·Hk)·E)
-            # Q and K side by side, (rows, H + Hk, E): one rotation for both (same positions)
-            rope_neox_(_view(out[:, :nk], (n, H + Hk, E)), cos[r], sin[r],
-                       scratch.get("rope", (2, n, H + Hk, E // 2)))
-
-        width = layer.w_qkv.shape[1]
-        qkv_ = self._rows(head_rows, B * L, width,                     # (B·L, (H + 2·Hk)·E), Q and K rotated
-                          out=scratch.get("qkv", (B * L, width)))     # (dead once the attention has run)
         q = qkv_[:, :nq].reshape(B, L, H, E).transpose(0, 2, 1, 3)                 # (B, H, L, E)
         k = qkv_[:, nq:nk].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)              # (B, Hk, L, E)
         v = qkv_[:, nk:].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)                # (B, Hk, L, E)
+        top = [max(e[i] for e in ext) for i in range(3)]
+        known = (dict(zip(("query", "key", "value"), top))
+                 if (cache is None or cache.offset == 0) and all(math.isfinite(t) for t in top) else None)
         if cache is not None:
             k, v = cache.append(k, v)                                  # (B, Hk, S, E), S = offset + L (copies)
         S = k.shape[2]
@@ -445,28 +384,29 @@ class LlamaModel:
             mask = masks.causal(L, S, align="bottom-right")            # (L, S): the last L of S positions
         if key_mask is not None:
             mask = masks.combine(mask, key_mask.reshape(B, 1, 1, S))  # (B, 1, L, S)
-        o = self._attention(q, k, v, mask, causal)                     # (B, H, L, E)
+        return self._attention(q, k, v, mask, causal, known)           # (B, H, L, E)
 
-        def tail(r, out):                                              # out: (rows, D)
-            n = out.shape[0]
-            concat = _heads_to_rows(o, r, scratch.get("concat", (n, H * E)))        # (rows, H·E)
-            gemm.matmul(concat, layer.w_o, out=out)                    # (rows, H·E) x (H·E, D)
-            out += x2[r]                                               # residual
-            h = rms_norm(out, layer.ffn_norm, eps, out=scratch.get("h", (n, D)))
-            gu = gemm.matmul(h, layer.w_gate_up, out=scratch.get("gate_up", (n, 2 * F)))  # (rows, 2F)
-            g = swiglu_(gu, scratch.get("silu", (n, F)))               # (rows, F), a view of gu
-            out += gemm.matmul(g, layer.w_down, out=scratch.get("down", (n, D)))        # residual
-            return out
-
-        return self._rows(tail, B * L, D).reshape(B, L, D)
+    def _tail(self, layer: _Layer, o: np.ndarray, x: np.ndarray, r: slice, out: np.ndarray) -> None:
+        """A layer's tail on rows ``r``: concat(o) · W_O + x, then RMSNorm, SwiGLU, + residual, into out
+        (rows, D); o (B, H, L, E) the attention's output, x (rows, D) the layer's input rows."""
+        c = self.config
+        n, F = out.shape[0], layer.w_down.shape[0]
+        scratch = self._scratch
+        concat = _heads_to_rows(o, r, scratch.get("concat", (n, c.num_heads * c.head_dim)))   # (rows, H·E)
+        gemm.matmul(concat, layer.w_o, out=out)                        # (rows, H·E) x (H·E, D)
+        out += x                                                       # residual
+        h = rms_norm(out, layer.ffn_norm, c.rms_norm_eps, out=scratch.get("h", (n, out.shape[1])))
+        gu = gemm.matmul(h, layer.w_gate_up, out=scratch.get("gate_up", (n, 2 * F)))      # (rows, 2F)
+        g = swiglu_(gu, scratch.get("silu", (n, F)))                   # (rows, F), a view of gu
+        out += gemm.matmul(g, layer.w_down, out=scratch.get("down", (n, out.shape[1])))  # residual
 
     def _layer(self, x: np.ndarray, layer: _Layer, *, key_mask=None, cache: KVCache | None = None,
                trace: Trace | None = None) -> np.ndarray:
         """One decoder layer: x (B, L, D) → (B, L, D). With a cache, the L new tokens attend to every cached
         token too (positions continue from ``cache.offset``). With a trace, the attention runs through the
-        layer's :class:`~qkv.MultiHeadAttention` and records every stage; without, :meth:`_fast_layer`."""
+        layer's :class:`~qkv.MultiHeadAttention` and records every stage; without, :meth:`_decode`."""
         if trace is None:
-            return self._fast_layer(x, layer, cache, key_mask)
+            return self._decode(x, None if cache is None else [cache], key_mask, [layer])
         eps = self.config.rms_norm_eps
         h = rms_norm(x, layer.attn_norm, eps)
         a, _ = layer.attention.forward(h, key_mask=key_mask, is_causal=True, cache=cache, trace=trace)
@@ -520,9 +460,7 @@ class LlamaModel:
         ids = self._ids(ids)
         if not isinstance(caches, (list, tuple)) or len(caches) != self.config.num_layers:
             raise ValueError(f"caches: expected a list of one qkv.KVCache per layer ({self.config.num_layers})")
-        x = self.embed(ids)                                            # (B, L, D)
-        for layer, cache in zip(self._layers, caches):
-            x = self._layer(x, layer, cache=cache)
+        x = self._decode(self.embed(ids), caches, None)                # (B, L, D)
         return self._logits(x[:, -1] if last_only else x)
 
     def new_caches(self) -> list[KVCache]:
@@ -540,10 +478,7 @@ class LlamaModel:
                 raise ValueError(f"attention_mask: expected a bool array of shape {ids.shape} (True = real "
                                  f"token), got {key_mask.dtype} {key_mask.shape}")
             key_mask = None if key_mask.all() else key_mask
-        x = self.embed(ids)
-        for layer in self._layers:
-            x = self._layer(x, layer, key_mask=key_mask)
-        return self._logits(x)
+        return self._logits(self._decode(self.embed(ids), None, key_mask))
 
     # ------------------------------------------------------------------ public
     def run(self, texts) -> LlamaOutput:
