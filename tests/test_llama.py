@@ -236,6 +236,36 @@ def test_cached_decoding_equals_the_full_forward_one_token_per_step(tiny, monkey
     assert np.abs(np.concatenate([first, np.stack(rest)]) - full).max() < 1e-4
 
 
+def test_the_attention_gets_the_extents_the_row_blocks_read_where_the_keys_are_theirs(tiny, monkeypatch):
+    """A prefill (or a forward) hands each layer's attention Q's, K's and V's max |x| as the row blocks read
+    them — exactly the arrays' — and decoding, whose keys include cached rows, leaves the checks to read them;
+    a mismatched cache (layers at different offsets) is a ValueError naming the caches."""
+    from qkv.models import llama
+
+    model, _, _ = tiny
+    ids = model.encode("hello the world, hello! " * 2)
+    got, plain = [], []
+    real_with, real_plain = llama.attention_with_extents, llama.scaled_dot_product_attention
+
+    def spy(q, k, v, extents, **kw):
+        got.append((extents, {n: float(np.abs(a).max()) for n, a in (("query", q), ("key", k), ("value", v))}))
+        return real_with(q, k, v, extents, **kw)
+    monkeypatch.setattr(llama, "attention_with_extents", spy)
+    monkeypatch.setattr(llama, "scaled_dot_product_attention", lambda *a, **kw: (plain.append(1), real_plain(*a, **kw))[1])
+    monkeypatch.setattr(model, "ROW_BLOCK", 4)                        # several row blocks, each its extents
+    monkeypatch.setattr(model, "MIN_PARALLEL_ROWS", 2)
+    monkeypatch.setattr(qkv.backends.runtime.RUNTIME, "threads", 2)
+    caches = model.new_caches()
+    model.step(ids, caches)
+    assert len(got) == LAYERS and not plain
+    assert all(e == want for e, want in got)
+    model.step(ids[:1], caches)                                         # decoding: cached keys too
+    assert len(got) == LAYERS and len(plain) == LAYERS
+    caches[0].append(*(np.zeros((1, model.config.num_kv_heads, 1, model.config.head_dim), np.float32),) * 2)
+    with pytest.raises(ValueError, match="caches: expected one offset"):
+        model.step(ids[:1], caches)
+
+
 def test_generate_prefills_once_then_one_token_per_step(tiny, monkeypatch):
     model, _, _ = tiny
     calls = []

@@ -143,3 +143,23 @@ def test_lists_are_accepted_as_float64():
     assert out.dtype == np.float64
     w = np.exp([1 / math.sqrt(2), 0]) / np.exp([1 / math.sqrt(2), 0]).sum()
     np.testing.assert_allclose(out, [[w[0]]])
+
+
+def test_attention_with_extents_takes_the_callers_extents_and_equals_sdpa(rng, monkeypatch):
+    """qkv.sdpa.attention_with_extents: the caller's max |x| stands for the checks' own passes — the same output
+    as scaled_dot_product_attention and no max over the inputs; an extent too large for the rough bound has the
+    checks read the rows' norms, as a read one would."""
+    from qkv import sdpa
+
+    q, k, v = (rng.standard_normal((2, 3, 40, 8)).astype(np.float32) for _ in range(3))
+    ext = {n: float(np.abs(a).max()) for n, a in (("query", q), ("key", k), ("value", v))}
+    want = qkv.scaled_dot_product_attention(q, k, v, is_causal=True)
+    reads = []
+    real_max = np.max
+    monkeypatch.setattr(np, "max", lambda a, *x, **kw: (reads.append(a.shape), real_max(a, *x, **kw))[1])
+    got = sdpa.attention_with_extents(q, k, v, ext, is_causal=True)
+    monkeypatch.setattr(np, "max", real_max)
+    assert not [r for r in reads if r == q.shape]
+    np.testing.assert_array_equal(got, want)
+    big = sdpa.attention_with_extents(q, k, v, dict(ext, query=1e20, key=1e20), is_causal=True)
+    np.testing.assert_array_equal(big, want)       # a rough bound past float32's: the rows' norms read, as ever
