@@ -215,12 +215,13 @@ def test_the_compiled_loops_key_blocks_are_block_k_plain_unless_block_k_is_given
 
 
 @needs_sgemm
-@pytest.mark.parametrize("H,L,threads,block_q,tasks", [(2, 4096, 1, None, 4), (1, 4096, 2, None, 4), (2, 4096, 1, 1024, 8),
+@pytest.mark.parametrize("H,L,threads,block_q,tasks", [(2, 4096, 1, None, 4), (1, 4096, 2, None, 2), (2, 4096, 1, 1024, 8),
                                                        (2, 1500, 1, None, 2), (4, 256, 2, None, 4)])
 def test_plain_tasks_take_block_q_plain_rows_unless_block_q_is_given(rng, plain_calls, H, L, threads, block_q,
                                                                      tasks):
-    """Where every task runs the compiled loop, a task is BLOCK_Q_PLAIN query rows (halved while there are fewer
-    than two a worker); a given ``block_q`` is kept; a masked problem keeps the Python loop's BLOCK_Q."""
+    """Where every task runs the compiled loop, a task is BLOCK_Q_PLAIN query rows — or, where there would be
+    fewer than two a worker, one share of equal work a worker (one head of 4096 rows on 2: two tasks); a given
+    ``block_q`` is kept; a masked problem keeps the Python loop's BLOCK_Q."""
     q, k, v = _inputs(rng, H=H, L=L, S=L, E=16, Ev=16)
     got = tiled.forward(q, k, v, scale=0.2, is_causal=True, threads=threads, block_q=block_q)[0]
     assert len(plain_calls) == tasks

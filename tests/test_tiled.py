@@ -421,3 +421,46 @@ def test_memory_stays_linear_never_the_score_matrix():
         finally:
             tracemalloc.stop()
         assert peak < scores_bytes / 16, peak                         # < 16 MB
+
+
+@settings(max_examples=60, deadline=None)
+@given(heads=st.integers(1, 6), L=st.integers(1, 700), S=st.integers(1, 900), threads=st.integers(2, 5),
+       causal=st.booleans())
+def test_row_shares_cover_every_row_once_in_shares_of_equal_work(heads, L, S, threads, causal):
+    """Few heads on several workers: the pieces cover each head's rows once, cut at multiples of 16, largest
+    first; laid end to end, a cut (or a head's end) lies within 8 rows' work (+ one row) of each equal share."""
+    from qkv.backends.tiled.backend import _row_shares
+
+    class P:
+        pass
+    P.L, P.S, P.is_causal = L, S, causal
+    pieces = _row_shares(P, heads, threads)
+    seen = np.minimum(np.arange(1, L + 1), S) if causal else np.full(L, S)
+    cum = np.concatenate(([0], np.cumsum(seen)))
+    ends = set()
+    for h in range(heads):
+        mine = sorted((a, b) for g, a, b in pieces if g == h)
+        assert [a for a, _ in mine] == [0] + [b for _, b in mine[:-1]] and mine[-1][1] == L
+        assert all(a % 16 == 0 for a, _ in mine)
+        ends |= {h * int(cum[-1]) + int(cum[a]) for a, _ in mine} | {(h + 1) * int(cum[-1])}
+    work = [int(cum[b] - cum[a]) for _, a, b in pieces]
+    assert work == sorted(work, reverse=True)
+    total = heads * int(cum[-1])
+    for t in range(1, threads):
+        assert min(abs(e - t * total / threads) for e in ends) <= 9 * S, (t, sorted(ends))
+
+
+def test_few_heads_on_two_workers_run_in_one_share_a_worker_and_equal_the_reference(rng):
+    """SmolLM2's prefill shapes (9 query heads on 3 key/value heads, 512 rows, causal): 4 tasks where halving
+    made 6, and the same output as the reference."""
+    q, k, v = (rng.standard_normal((1, h, 512, 32)).astype(np.float32) for h in (9, 3, 3))
+    rows = []
+    real = tiled.forward_pass._forward_task
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(tiled.forward_pass, "_forward_task",
+                  lambda P, idx, i0, i1, *a, **kw: (rows.append((i0, i1)), real(P, idx, i0, i1, *a, **kw)))
+        got = tiled.forward(q, k, v, scale=0.2, is_causal=True, enable_gqa=True, threads=2)[0]
+    assert sorted(rows) == [(0, 368), (0, 512), (0, 512), (368, 512)]
+    want = REF.forward(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale=0.2, is_causal=True,
+                       enable_gqa=True)[0]
+    np.testing.assert_allclose(got, want, **TOL[np.float32])

@@ -4,7 +4,8 @@ A call builds the problem (:class:`qkv.backends.tiled.plan._Problem`, which read
 sizes its tasks — the forward's: query blocks of ``block_q`` rows per head (``block_q_tiles`` for a block mask
 in the tile loop), grouped-query heads a group per task (:data:`qkv.backends.tiled.thresholds.GROUP_GQA`),
 BLOCK_Q_PLAIN rows where the compiled loops run, halved while
-there are fewer than two tasks a worker; the backward's: key blocks per key/value head, chunked among the
+there are fewer than two tasks a worker — or, for so few heads without a block mask, the heads' rows cut into
+one share of equal work per worker (:func:`_row_shares`); the backward's: key blocks per key/value head, chunked among the
 workers — and runs them on the runtime's pool (:mod:`qkv.backends.runtime`: :func:`get_num_threads` workers,
 each pinned to its own CPU, BLAS limited to one thread each while they run; NumPy releases the GIL inside its
 matmuls and ufunc loops). Tasks too small to pay for the GIL hand-offs (``serial_below_flops``) run on the
@@ -18,7 +19,7 @@ import math
 
 import numpy as np
 
-from ... import _checks, kernels as _kernels, shapes
+from ... import _checks, kernels as _kernels, paths as _paths, shapes
 from ..base import Backend
 from ..runtime import RUNTIME
 from . import backward_pass as _bp, forward_pass as _fp, split as _split
@@ -26,6 +27,8 @@ from .plan import _Problem, _aligned, _plain_loops, _rows_per_task
 from .thresholds import current_limits
 
 _sum_to_shape = shapes.sum_to_shape
+F_SHARES = _paths.register("forward.row_shares", "few heads on several workers: their rows cut into one share "
+                                                  "of equal work per worker")
 
 
 def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False, scale, enable_gqa=False,
@@ -41,18 +44,23 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     """
     threads = RUNTIME.resolve_threads(threads)
     P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits)
-    bq, bk = _forward_blocks(P, block_q, block_k, threads, dropout_p > 0 or return_weights)
+    bq, bk, few = _forward_blocks(P, block_q, block_k, threads, dropout_p > 0 or return_weights)
     out = np.empty(P.lead + (P.L, P.Ev), P.cdt)
     lse = np.empty(P.lead + (P.L,), P.cdt) if return_lse else None
     weights = np.zeros(P.lead + (P.L, P.S), P.cdt) if return_weights else None
     if dropout_p > 0 and rng is None:
         rng = np.random.default_rng()
     seed = int(rng.integers(2**63)) if dropout_p > 0 else 0
-    starts = list(range(0, P.L, bq))
-    if is_causal:
-        starts.reverse()                                     # the longest rows first: better balance
-    tasks = [(P, idx, i0, min(i0 + bq, P.L), bk, out, lse, weights, dropout_p, seed)
-             for i0 in starts for idx in np.ndindex(*P.lead) if not idx or idx[-1] % P.group == 0]
+    heads = [idx for idx in np.ndindex(*P.lead) if not idx or idx[-1] % P.group == 0]
+    if few and threads > 1 and P.bm is None:
+        _paths.hit(F_SHARES)
+        rows = [(heads[h], i0, i1) for h, i0, i1 in _row_shares(P, len(heads), threads)]
+    else:
+        starts = list(range(0, P.L, bq))
+        if is_causal:
+            starts.reverse()                                 # the longest rows first: better balance
+        rows = [(idx, i0, min(i0 + bq, P.L)) for i0 in starts for idx in heads]
+    tasks = [(P, idx, i0, i1, bk, out, lse, weights, dropout_p, seed) for idx, i0, i1 in rows]
     if block_mask is not None:                               # the most cells first: better balance
         work = {}
         for idx in np.ndindex(*P.lead):
@@ -70,14 +78,16 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
 
 
 def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tuple:
-    """The forward's ``(block_q, block_k)``: the given sizes or the limits', aligned to a block mask's cells; the
-    heads grouped where they may be (``P.group``), the compiled loops' provider and key block set where they
-    run (``reads_scores``: dropout or weights, which the compiled loops do not do)."""
+    """The forward's ``(block_q, block_k, few)``: the given sizes or the limits', aligned to a block mask's
+    cells; the heads grouped where they may be (``P.group``), the compiled loops' provider and key block set
+    where they run (``reads_scores``: dropout or weights, which the compiled loops do not do); ``few``: the
+    default block_q was halved for want of tasks (few heads: :func:`_row_shares` then, without a block mask)."""
     lim = P.limits                                           # this call's limits, read once
     bq = _checks.positive_int(block_q, "block_q") if block_q is not None else lim.block_q
     bk = _checks.positive_int(block_k, "block_k") if block_k is not None else lim.block_k
     n_heads = math.prod(P.lead)
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
+    few = False
     if P.bm is not None:
         bs = P.bs
         if block_q is None and _tiles_likely(P, reads_scores, gemm):
@@ -99,7 +109,10 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
             P.group = P.n_rep
             n_heads //= P.group
             bq = max(1, bq // P.group) if block_q is None else bq
-        bq = _rows_per_task(P, bq, n_heads, threads) if block_q is None else min(bq, P.L)
+        if block_q is None:
+            bq, few = _rows_per_task(P, bq, n_heads, threads), _rows_per_task(P, bq, n_heads, 1) > bq
+        else:
+            bq = min(bq, P.L)
     # …and load the fused kernels, if blocks use them
     jit = RUNTIME.kernels.for_call(P.cdt, bq * P.group * min(bk, P.S), lim.kernel_min)
     _plain_loops(P, jit, gemm)
@@ -107,8 +120,33 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
         if block_k is None and P.S > bk:                     # (keys of one block_k block stay one block)
             P.plain_block_k = lim.block_k_plain
         if block_q is None:
-            bq = _rows_per_task(P, max(1, lim.block_q_plain // P.group), n_heads, threads)
-    return bq, bk
+            b0 = max(1, lim.block_q_plain // P.group)
+            bq, few = _rows_per_task(P, b0, n_heads, threads), _rows_per_task(P, b0, n_heads, 1) > bq
+    return bq, bk, few
+
+
+def _row_shares(P, n_heads: int, threads: int, align: int = 16) -> list:
+    """``(head, i0, i1)`` pieces for few heads on several workers: the heads' rows laid end to end and cut into
+    ``threads`` shares of equal work — a row's work the keys it may see, ``min(i + 1, S)`` under the causal
+    mask, S otherwise — at multiples of ``align`` rows; the pieces largest first, so that the runtime's queue
+    hands each worker about one share. SmolLM2's prefill (3 key/value heads of 512 rows, causal, 2 workers):
+    4 tasks, two heads whole and one cut at row 368, where blocks halved until each worker had two tasks made
+    6 of work 3:1 (each task's setup, 0.15–0.3 ms, paid 6 times, and more of them on both workers at once)."""
+    L, S = P.L, P.S
+    seen = np.minimum(np.arange(1, L + 1), S) if P.is_causal else np.full(L, S)
+    cum = np.concatenate(([0], np.cumsum(seen, dtype=np.int64)))    # cum[i]: the work of rows 0 … i − 1
+    per = int(cum[-1])
+    cuts: list = [set() for _ in range(n_heads)]
+    for t in range(1, threads):
+        h, rest = divmod(t * n_heads * per // threads, per)
+        i = min(L, int(round(int(np.searchsorted(cum, rest)) / align)) * align)
+        if h < n_heads and 0 < i < L:
+            cuts[h].add(i)
+    pieces = []
+    for h in range(n_heads):
+        edges = [0, *sorted(cuts[h]), L]
+        pieces += [(h, a, b) for a, b in zip(edges[:-1], edges[1:])]
+    return sorted(pieces, key=lambda p: -int(cum[p[2]] - cum[p[1]]))
 
 
 def _tiles_likely(P, reads_scores: bool, gemm) -> bool:
