@@ -51,9 +51,9 @@ def float_array(x, name: str, *, min_ndim: int = 0, ndim: int | None = None, fin
     if finite and extents is not None and arr.size:
         if name in extents:                      # read by the caller as it made the array (finite, max |x|)
             return arr
-        hi, lo = float(np.max(arr)), float(np.min(arr))
-        if math.isfinite(hi) and math.isfinite(lo):
-            extents[name] = max(hi, -lo)
+        m = finite_max_abs(arr)
+        if m is not None:
+            extents[name] = m
             return arr
     if finite and not np.all(np.isfinite(arr)):
         bad = np.argwhere(~np.isfinite(arr))[0]
@@ -179,6 +179,13 @@ _LOG10_LIMIT = {np.dtype(np.float32): 37.0, np.dtype(np.float64): 300.0}
 #: log10 of how far the tiled engine lets a row's Σ exp(s − m_i) grow per key block before it rescales,
 #: exp(LAZY_BOUND = 40): its running sums of p·v reach S·e^40·max |v| before the final division.
 _LOG10_SUM_GROWTH = 40.0 / math.log(10.0)
+
+
+def finite_max_abs(x) -> float | None:
+    """max |x| as a Python float from x's max and min (NaN and ±inf reach them; no temporary the size of
+    ``x``), or None where either is not finite."""
+    hi, lo = float(np.max(x)), float(np.min(x))
+    return max(hi, -lo) if math.isfinite(hi) and math.isfinite(lo) else None
 
 
 def _max_abs(x) -> float:

@@ -1,5 +1,5 @@
 """The Llama decoder's row-wise arithmetic (:mod:`qkv.models.llama`): RMSNorm, SiLU, SwiGLU and RoPE in place,
-a row block's extent, the heads' rows side by side, and the work arrays kept per thread."""
+the heads' rows side by side, and the work arrays kept per thread."""
 from __future__ import annotations
 
 import math
@@ -66,12 +66,6 @@ def rope_neox_(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, tmp: np.ndarray 
     b *= cos
     b += as_
     return x
-
-
-def _extent(a: np.ndarray) -> float:
-    """max |x| of ``a`` from its max and min (as the attention's checks read it); inf where one is not finite."""
-    hi, lo = float(np.max(a)), float(np.min(a))
-    return max(hi, -lo) if math.isfinite(hi) and math.isfinite(lo) else math.inf
 
 
 def _view(a: np.ndarray, shape: tuple) -> np.ndarray:

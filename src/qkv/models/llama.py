@@ -28,7 +28,6 @@ checks are in :mod:`._gguf`, the tokenizer in :mod:`._tokenizer`, sampling and :
 """
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import gemm, masks
+from .. import _checks, gemm, masks
 from ..backends.runtime import RUNTIME
 from ..cache import KVCache
 from ..mha import MultiHeadAttention
@@ -48,7 +47,7 @@ from ._common import (NotebookView, check_utf8, installed_file, pad_ids, path_ar
                       texts_arg)
 from ._generate import Generation, Pieces, check_sampling, choose
 from ._gguf import INSTALL_HINT
-from ._rowwise import (_extent, _heads_to_rows, _Scratch, _view, rms_norm, rope_neox_,  # noqa: F401 (silu_: kept
+from ._rowwise import (_heads_to_rows, _Scratch, _view, rms_norm, rope_neox_,  # noqa: F401 (silu_: kept
                        silu_, swiglu_)                                               # importable from here)
 from ._tokenizer import byte_alphabet, gguf_tokenizer
 
@@ -350,7 +349,7 @@ class LlamaModel:
         """A layer's head on some rows x (rows, D): RMSNorm, x · [W_Q W_K W_V] into out (rows, (H + 2·Hk)·E),
         then RoPE (:func:`rope_neox_`, bit for bit :func:`qkv.stages.rope`) on Q and K side by side, in place
         (one rotation for both: same positions; cos, sin (rows, 1, E/2), :func:`qkv.positions.cos_sin`); the
-        extents of the rows' Q, K and V appended to ``ext`` (max |x| each; inf where one is not finite)."""
+        extents of the rows' Q, K and V appended to ``ext`` (max |x| each; None where one is not finite)."""
         c = self.config
         H, Hk, E = c.num_heads, c.num_kv_heads, c.head_dim
         n = out.shape[0]
@@ -358,7 +357,8 @@ class LlamaModel:
         gemm.matmul(h, layer.w_qkv, out=out)                           # (rows, D) x (D, (H + 2·Hk)·E)
         rope_neox_(_view(out[:, :(H + Hk) * E], (n, H + Hk, E)), cos, sin,
                    self._scratch.get("rope", (2, n, H + Hk, E // 2)))
-        ext.append(tuple(_extent(out[:, a:b]) for a, b in ((0, H * E), (H * E, (H + Hk) * E), ((H + Hk) * E, None))))
+        ext.append(tuple(_checks.finite_max_abs(out[:, a:b])
+                         for a, b in ((0, H * E), (H * E, (H + Hk) * E), ((H + Hk) * E, None))))
 
     def _attend(self, qkv_: np.ndarray, B: int, L: int, cache: KVCache | None, key_mask, ext: list) -> np.ndarray:
         """A layer's attention from its heads' rows qkv_ (B·L, (H + 2·Hk)·E): the keys and values into the
@@ -371,9 +371,9 @@ class LlamaModel:
         q = qkv_[:, :nq].reshape(B, L, H, E).transpose(0, 2, 1, 3)                 # (B, H, L, E)
         k = qkv_[:, nq:nk].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)              # (B, Hk, L, E)
         v = qkv_[:, nk:].reshape(B, L, Hk, E).transpose(0, 2, 1, 3)                # (B, Hk, L, E)
-        top = [max(e[i] for e in ext) for i in range(3)]
-        known = (dict(zip(("query", "key", "value"), top))
-                 if (cache is None or cache.offset == 0) and all(math.isfinite(t) for t in top) else None)
+        known = None
+        if (cache is None or cache.offset == 0) and all(m is not None for e in ext for m in e):
+            known = dict(zip(("query", "key", "value"), (max(e[i] for e in ext) for i in range(3))))
         if cache is not None:
             k, v = cache.append(k, v)                                  # (B, Hk, S, E), S = offset + L (copies)
         S = k.shape[2]

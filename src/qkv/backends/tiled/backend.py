@@ -110,7 +110,7 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
             n_heads //= P.group
             bq = max(1, bq // P.group) if block_q is None else bq
         if block_q is None:
-            bq, few = _rows_per_task(P, bq, n_heads, threads), _rows_per_task(P, bq, n_heads, 1) > bq
+            bq, few = _halved(P, bq, n_heads, threads)
         else:
             bq = min(bq, P.L)
     # …and load the fused kernels, if blocks use them
@@ -120,9 +120,15 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
         if block_k is None and P.S > bk:                     # (keys of one block_k block stay one block)
             P.plain_block_k = lim.block_k_plain
         if block_q is None:
-            b0 = max(1, lim.block_q_plain // P.group)
-            bq, few = _rows_per_task(P, b0, n_heads, threads), _rows_per_task(P, b0, n_heads, 1) > bq
+            bq, few = _halved(P, max(1, lim.block_q_plain // P.group), n_heads, threads)
     return bq, bk, few
+
+
+def _halved(P, bq: int, n_heads: int, threads: int) -> tuple:
+    """:func:`~qkv.backends.tiled.plan._rows_per_task`'s query block from ``bq``, and whether it is smaller
+    than ``bq`` (or L) — halved for want of tasks."""
+    got = _rows_per_task(P, bq, n_heads, threads)
+    return got, got < min(bq, P.L)
 
 
 def _row_shares(P, n_heads: int, threads: int, align: int = 16) -> list:
