@@ -450,17 +450,24 @@ def test_row_shares_cover_every_row_once_in_shares_of_equal_work(heads, L, S, th
         assert min(abs(e - t * total / threads) for e in ends) <= 9 * S, (t, sorted(ends))
 
 
-def test_few_heads_on_two_workers_run_in_one_share_a_worker_and_equal_the_reference(rng):
-    """SmolLM2's prefill shapes (9 query heads on 3 key/value heads, 512 rows, causal): 4 tasks where halving
-    made 6, and the same output as the reference."""
-    q, k, v = (rng.standard_normal((1, h, 512, 32)).astype(np.float32) for h in (9, 3, 3))
+@pytest.mark.parametrize("provider,heads,want", [
+    ("auto", (9, 3, 3), [(0, 368), (0, 512), (0, 512), (368, 512)]),      # SmolLM2's: 4 tasks, halving made 6
+    ("auto", (3, 1, 1), [(0, 368), (368, 512)]),
+    ("numpy", (3, 1, 1), [(0, 368), (368, 512)])])                         # NumPy's passes, BLOCK_Q halved
+def test_few_heads_on_two_workers_run_in_one_share_a_worker_and_equal_the_reference(rng, provider, heads, want):
+    """Grouped heads, 512 rows, causal, where the query block would be halved for want of tasks: one share of
+    equal work a worker, and the same output as the reference, on either block-kernel provider."""
+    from qkv import kernels
+
+    q, k, v = (rng.standard_normal((1, h, 512, 32)).astype(np.float32) for h in heads)
     rows = []
     real = tiled.forward_pass._forward_task
     with pytest.MonkeyPatch.context() as m:
+        m.setattr(kernels.KERNELS, "choice", provider)
         m.setattr(tiled.forward_pass, "_forward_task",
                   lambda P, idx, i0, i1, *a, **kw: (rows.append((i0, i1)), real(P, idx, i0, i1, *a, **kw)))
         got = tiled.forward(q, k, v, scale=0.2, is_causal=True, enable_gqa=True, threads=2)[0]
-    assert sorted(rows) == [(0, 368), (0, 512), (0, 512), (368, 512)]
-    want = REF.forward(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale=0.2, is_causal=True,
-                       enable_gqa=True)[0]
-    np.testing.assert_allclose(got, want, **TOL[np.float32])
+    assert sorted(rows) == want
+    want_out = REF.forward(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), scale=0.2,
+                           is_causal=True, enable_gqa=True)[0]
+    np.testing.assert_allclose(got, want_out, **TOL[np.float32])
