@@ -420,6 +420,61 @@ def test_swiglu_kernel_equals_numpy(rng, monkeypatch):
     assert got[0, 0] == 0 and got[0, 1] == 200 and got[0, 2] == 0      # e^(100) = inf: ±0; e^(−100) = 0
 
 
+def test_rms_norm_kernel_equals_numpy_and_float64(rng, monkeypatch):
+    # the decoder's RMSNorm in one pass where the kernels are loaded and the rows are many: float64 Σ x²
+    from qkv.models.llama import rms_norm
+    kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
+    x = (rng.standard_normal((64, 576)) * 30).astype(np.float32)
+    x[1] = 0.0                                                         # eps alone: zeros out
+    x[2, 5] = 1e30                                                     # x² overflows float32, not float64
+    w = rng.standard_normal(576).astype(np.float32)
+    with np.errstate(over="ignore"):
+        got, base, calls = _kernel_and_numpy(monkeypatch, "rms_norm_rows", lambda a: rms_norm(a, w, 1e-6), x)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-6) * w
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-30)
+    np.testing.assert_allclose(got[[0, *range(3, 64)]], base[[0, *range(3, 64)]], rtol=1e-6, atol=1e-30)
+    assert np.all(got[1] == 0) and np.isfinite(got[2]).all() and got[2, 5] != 0   # NumPy's Σ x²: inf there
+    out = np.empty_like(x)
+    assert rms_norm(x, w, 1e-6, out=out) is out and len(calls) == 2
+    nan = x.copy()
+    nan[3, 7] = np.nan
+    assert np.isnan(rms_norm(nan, w, 1e-6)[3]).all() and np.isfinite(rms_norm(nan, w, 1e-6)[4]).all()
+
+
+def test_rope_kernel_is_bit_for_bit_numpys_rope(rng, monkeypatch):
+    # RoPE on Q and K side by side in [Q | K | V] rows, one pass: each product rounded as NumPy's (no FMA)
+    from qkv.models.llama import rope_rows_
+    kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
+    rows = (rng.standard_normal((300, 15 * 64)) * 3).astype(np.float32)   # 9 Q + 3 K heads rotated, 3 V not
+    cos, sin = qkv.positions.cos_sin(np.arange(7, 307), 64, theta=100000.0, dtype=np.float32)   # (300, 32)
+    got, base, _ = _kernel_and_numpy(monkeypatch, "rope_rows", lambda a: rope_rows_(a, 12, cos, sin, 64), rows)
+    heads = rows[:, :12 * 64].reshape(300, 12, 64)
+    want = qkv.stages.rope(heads, cos[:, None], sin[:, None], style="neox")
+    np.testing.assert_array_equal(got[:, :12 * 64].reshape(300, 12, 64), want)
+    np.testing.assert_array_equal(got, base)
+    np.testing.assert_array_equal(got[:, 12 * 64:], rows[:, 12 * 64:])  # V untouched
+
+
+def test_col_extents_kernel_equals_the_checks_extents(rng, monkeypatch):
+    # max |x| of Q's, K's and V's columns in one pass; None where a range holds NaN or ±inf, as the checks'
+    from qkv.models.llama import col_extents
+    kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
+    x = (rng.standard_normal((200, 960)) * 5).astype(np.float32)
+    x[17, 3] = -40.0                                                   # the extent from a negative value
+    edges = (0, 576, 768, 960)
+    for bad in (None, np.inf, -np.inf, np.nan):
+        y = x.copy()
+        if bad is not None:
+            y[150, 700] = bad                                          # in K's columns only
+        got, base, _ = _kernel_and_numpy(monkeypatch, "col_extents", lambda a: col_extents(a, edges), y)
+        want = [float(np.abs(y[:, a:b]).max()) for a, b in zip(edges[:-1], edges[1:])]
+        assert got == base
+        assert got[0] == 40.0 and got[2] == want[2]
+        assert got[1] == (want[1] if bad is None else None)
+        monkeypatch.undo()
+
+
 def test_gelu_kernel_equals_numpy_and_erf(rng, monkeypatch):
     # MiniLM's exact GELU, h·½(1 + erf(h/√2)), in one pass where the kernels are loaded and the block is large
     import math

@@ -7,12 +7,21 @@ import threading
 
 import numpy as np
 
+from .. import _checks
 from ..kernels import KERNELS
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, *, out: np.ndarray | None = None) -> np.ndarray:
     """RMSNorm over the last axis: ``x · (1 / √(mean(x²) + eps)) · weight`` (Llama's, as transformers writes
-    it: ``x * rsqrt(variance + eps) * weight``; float32 in, float32 out). ``out``: where to write it."""
+    it: ``x * rsqrt(variance + eps) * weight``; float32 in, float32 out). ``out``: where to write it.
+
+    Rows (n, D) of float32 in one compiled pass where the engine's kernels are loaded and the rows are many
+    (:func:`qkv._jit.rms_norm_rows`: ``1 / √(mean(x²) + eps)`` in float64); else NumPy's passes."""
+    jit = _kernels_for(x) if x.ndim == 2 and weight.dtype == x.dtype else None
+    if jit is not None and (out is None or (out.shape == x.shape and out.dtype == x.dtype)):
+        out = np.empty_like(x) if out is None else out
+        jit.rms_norm_rows(x, weight, float(eps), out)
+        return out
     ms = np.einsum("...d,...d->...", x, x)[..., None]             # Σ x², (..., 1)
     ms *= x.dtype.type(1.0 / x.shape[-1])
     ms += x.dtype.type(eps)
@@ -66,6 +75,40 @@ def rope_neox_(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, tmp: np.ndarray 
     b *= cos
     b += as_
     return x
+
+
+def rope_rows_(x: np.ndarray, heads: int, cos: np.ndarray, sin: np.ndarray, e: int,
+               tmp: np.ndarray | None = None) -> np.ndarray:
+    """:func:`rope_neox_` in place on the first ``heads`` heads of e numbers at the start of each row of x
+    (n, W) (a model's [Q | K | V] rows: Q and K rotated together), cos, sin (n, e/2) — bit for bit, in one
+    compiled pass where the kernels are loaded and the rows are many (:func:`qkv._jit.rope_rows`)."""
+    n = x.shape[0]
+    jit = _kernels_for(x)
+    if jit is not None and x.flags.c_contiguous:
+        jit.rope_rows(x, heads, e, cos, sin)
+    else:
+        rope_neox_(_view(x[:, :heads * e], (n, heads, e)), cos[:, None], sin[:, None], tmp)
+    return x
+
+
+def col_extents(x: np.ndarray, edges: tuple) -> tuple:
+    """max |x[:, a:b]| of x (n, W) for each range ``a, b`` of consecutive ``edges``, None where one is not
+    finite (:func:`qkv._checks.finite_max_abs`) — in one compiled pass where the kernels are loaded and the
+    rows are many (:func:`qkv._jit.col_extents`)."""
+    jit = _kernels_for(x)
+    if jit is None or not x.flags.c_contiguous:
+        return tuple(_checks.finite_max_abs(x[:, a:b]) for a, b in zip(edges[:-1], edges[1:]))
+    got = np.empty(len(edges) - 1)
+    jit.col_extents(x, np.asarray(edges, np.int64), got)
+    return tuple(float(m) if math.isfinite(m) else None for m in got)
+
+
+def _kernels_for(x: np.ndarray):
+    """The engine's compiled kernels (:mod:`qkv._jit`) for float32 rows x (n, ·) with contiguous columns, where
+    loaded and x is large enough to pay for them (:meth:`qkv.kernels.Kernels.for_block`); else None."""
+    if x.ndim != 2 or x.strides[1] != x.itemsize:
+        return None
+    return KERNELS.for_block(x.dtype, x.size)
 
 
 def _view(a: np.ndarray, shape: tuple) -> np.ndarray:

@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import _checks, gemm, masks
+from .. import gemm, masks
 from ..backends.runtime import RUNTIME
 from ..cache import KVCache
 from ..mha import MultiHeadAttention
@@ -47,8 +47,8 @@ from ._common import (NotebookView, check_utf8, installed_file, pad_ids, path_ar
                       texts_arg)
 from ._generate import Generation, Pieces, check_sampling, choose
 from ._gguf import INSTALL_HINT
-from ._rowwise import (_heads_to_rows, _Scratch, _view, rms_norm, rope_neox_,  # noqa: F401 (silu_: kept
-                       silu_, swiglu_)                                               # importable from here)
+from ._rowwise import (_heads_to_rows, _Scratch, _view, col_extents, rms_norm,  # noqa: F401 (silu_,
+                       rope_neox_, rope_rows_, silu_, swiglu_)           # rope_neox_: kept importable from here)
 from ._tokenizer import byte_alphabet, gguf_tokenizer
 
 # Kept importable from here, under their old names (tests and callers use them).
@@ -325,7 +325,7 @@ class LlamaModel:
                              f"{c.context_length} tokens")
         n = B * L
         pos = np.tile(np.arange(offset, offset + L), B)                # (B·L,) each row's position
-        cos, sin = self._cos[pos][:, None, :], self._sin[pos][:, None, :]           # (B·L, 1, E/2)
+        cos, sin = self._cos[pos], self._sin[pos]                     # (B·L, E/2)
         width = layers[0].w_qkv.shape[1]
         qkv_ = self._scratch.get("qkv", (n, width))   # (B·L, (H + 2·Hk)·E), Q and K rotated: dead once attended
         x2 = x.reshape(n, D)
@@ -347,18 +347,17 @@ class LlamaModel:
     def _head(self, layer: _Layer, x: np.ndarray, out: np.ndarray, cos: np.ndarray, sin: np.ndarray,
               ext: list) -> None:
         """A layer's head on some rows x (rows, D): RMSNorm, x · [W_Q W_K W_V] into out (rows, (H + 2·Hk)·E),
-        then RoPE (:func:`rope_neox_`, bit for bit :func:`qkv.stages.rope`) on Q and K side by side, in place
-        (one rotation for both: same positions; cos, sin (rows, 1, E/2), :func:`qkv.positions.cos_sin`); the
-        extents of the rows' Q, K and V appended to ``ext`` (max |x| each; None where one is not finite)."""
+        then RoPE (:func:`rope_rows_`, bit for bit :func:`qkv.stages.rope`) on Q and K side by side, in place
+        (one rotation for both: same positions; cos, sin (rows, E/2), :func:`qkv.positions.cos_sin`); the
+        extents of the rows' Q, K and V appended to ``ext`` (:func:`col_extents`: max |x| each; None where
+        one is not finite)."""
         c = self.config
         H, Hk, E = c.num_heads, c.num_kv_heads, c.head_dim
         n = out.shape[0]
         h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, out=self._scratch.get("h", (n, x.shape[1])))
         gemm.matmul(h, layer.w_qkv, out=out)                           # (rows, D) x (D, (H + 2·Hk)·E)
-        rope_neox_(_view(out[:, :(H + Hk) * E], (n, H + Hk, E)), cos, sin,
-                   self._scratch.get("rope", (2, n, H + Hk, E // 2)))
-        ext.append(tuple(_checks.finite_max_abs(out[:, a:b])
-                         for a, b in ((0, H * E), (H * E, (H + Hk) * E), ((H + Hk) * E, None))))
+        rope_rows_(out, H + Hk, cos, sin, E, self._scratch.get("rope", (2, n, H + Hk, E // 2)))
+        ext.append(col_extents(out, (0, H * E, (H + Hk) * E, out.shape[1])))
 
     def _attend(self, qkv_: np.ndarray, B: int, L: int, cache: KVCache | None, key_mask, ext: list) -> np.ndarray:
         """A layer's attention from its heads' rows qkv_ (B·L, (H + 2·Hk)·E): the keys and values into the
