@@ -230,6 +230,8 @@ def counted(monkeypatch):
     monkeypatch.setattr(kernels, "run_plain", lambda j, *a: (calls.extend(("plain", "exp2")), real_plain(j, *a)))
     real_tiles = kernels.run_tiles                           # …with a block mask's partial cells as tiles
     monkeypatch.setattr(kernels, "run_tiles", lambda j, *a: (calls.extend(("tiles", "exp2")), real_tiles(j, *a)))
+    real_mods = kernels.run_mods                             # …with ALiBi, a softcap or both
+    monkeypatch.setattr(kernels, "run_mods", lambda j, *a: (calls.extend(("mods", "exp2")), real_mods(j, *a)))
     real_lazy = kernels.run_plain_lazy                       # …its lazy rescaling (the max pass compiled in)
     monkeypatch.setattr(kernels, "run_plain_lazy", lambda j, *a: (calls.append("plain lazy"), real_lazy(j, *a)))
     real_plain_bw = kernels.run_plain_backward               # …and the backward's (exp_rows, ds_rows compiled in)
@@ -302,6 +304,7 @@ def test_sdpa_forward_and_backward_with_kernels(rng, counted, monkeypatch, case)
 
 FLEX = {
     "softcap, polynomial": dict(score_mod=mods.softcap(20.0)),
+    "softcap, polynomial (the Python loop)": dict(score_mod=mods.softcap(20.0), limits=dict(plain_loop=False)),
     "softcap, tanh (large bound)": dict(score_mod=mods.softcap(20.0), amp=6.0),
     "softcap causal": dict(score_mod=mods.softcap(20.0), mask=mods.causal()),
     "alibi causal": dict(score_mod=mods.alibi(mods.alibi_slopes(2)), mask=mods.causal()),

@@ -100,9 +100,12 @@ EXPLICIT = [
           limits=_limits(tile_loop=False)),
     _spec(api="flex", L=64, S=64, mask_mod="sliding_window", mod_arg=9, block_size=8, kernels="numpy"),
     _spec(api="flex", L=64, S=64, mask_mod="causal", block_size=16, score_mod="alibi", lead=(2,)),  # ALiBi fold
-    _spec(api="flex", score_mod="softcap", cap=20.0),                          # softcap's polynomial, fused
+    _spec(api="flex", score_mod="softcap", cap=20.0, limits=_limits(plain_loop=False)),  # softcap's polynomial, fused
     _spec(api="flex", score_mod="softcap", cap=20.0, kernels="numpy"),         # …by NumPy's passes
-    _spec(api="flex", score_mod="softcap", cap=1.0, sinks=True),               # tanh; sinks
+    _spec(api="flex", score_mod="softcap", cap=1.0, sinks=True, limits=_limits(plain_loop=False)),   # tanh; sinks
+    _spec(api="flex", score_mod="softcap", cap=20.0),                          # the compiled loop's mods
+    _spec(api="engine", mask="causal", score_mod="alibi", L=64, S=64),
+    _spec(api="engine", mask="causal", score_mod="alibi_softcap", cap=1.0, L=64, S=64, sinks=True),
     _spec(api="flex", score_mod="custom_grad", mask_mod="document", mod_arg=4, block_size=8, amp=3.0),
     _spec(api="flex", score_mod="custom_vjp", mask_mod="causal", block_size=8, kv_heads=1),    # the mod's vjp
     _spec(api="sdpa", mask="bool", dropout=0.25, weights=True),                # dropout

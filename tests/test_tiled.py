@@ -186,8 +186,9 @@ def test_a_task_runs_the_first_strategy_that_supports_it(rng, monkeypatch):
     """The forward's strategies in their order; each task takes the first whose supports() holds."""
     from qkv import kernels
     fp = tiled.forward_pass
-    assert [s.name for s in fp.STRATEGIES] == ["compiled loop, tiles", "compiled loop, base 2", "compiled loop, lazy",
-                                               "batched bands", "shift-free blocks", "rescaled blocks"]
+    assert [s.name for s in fp.STRATEGIES] == ["compiled loop, tiles", "compiled loop, mods", "compiled loop, base 2",
+                                               "compiled loop, lazy", "batched bands", "shift-free blocks",
+                                               "rescaled blocks"]
     taken = []
     real = fp._strategy
     monkeypatch.setattr(fp, "_strategy", lambda P, T: taken.append(real(P, T).name) or real(P, T))
@@ -206,6 +207,10 @@ def test_a_task_runs_the_first_strategy_that_supports_it(rng, monkeypatch):
             for amp, want in ((1, "compiled loop, base 2"), (6, "compiled loop, lazy")):
                 taken.clear()
                 tiled.forward(q * amp, k, v, scale=0.25, threads=1)
+                assert set(taken) == {want}, (amp, taken)
+            for amp, want in ((1, "compiled loop, mods"), (6, "compiled loop, mods")):   # a softcap: bounded
+                taken.clear()
+                tiled.forward(q * amp, k, v, scale=0.25, threads=1, score_mod=qkv.mods.softcap(20.0))
                 assert set(taken) == {want}, (amp, taken)
             for amp, want in ((1, "compiled loop, tiles"), (6, "rescaled blocks")):   # a block mask's cells
                 taken.clear()

@@ -172,6 +172,8 @@ _P_PLAIN = paths.register("kernel.plain_rows", "compiled forward loop of a task,
 _P_TILES = paths.register("kernel.plain_rows.tiles", "compiled forward loop of a task with a block mask's "
                                                      "partial cells as tiles")
 _NO_TILES = np.zeros((1, 1, 1), np.float32)               # plain_rows' tiles where the blocks name none
+_P_MODS = paths.register("kernel.mod_rows", "compiled forward loop of a task under ALiBi or a softcap, shift-free, "
+                                            "base 2")
 _P_PLAIN_LAZY = paths.register("kernel.plain_lazy_rows", "compiled forward loop of a task, lazy rescaling")
 _P_PLAIN_BWD = paths.register("kernel.plain_backward_rows", "compiled backward loop of a head's key block")
 _P_KT = paths.register("kernel.kt_prep", "a key head's [Kᵀ; 1] and its rows' largest norm in one compiled pass")
@@ -245,6 +247,18 @@ def run_tiles(jit, gemm, qs, k_t, v, blocks, tiles, s_flat, acc, l_i, sums, zero
     ``tiles`` (T, positions, keys) float32 that masks a partial cell (−1: a full one)."""
     paths.hit(_P_TILES)
     _run_loop(jit.plain_rows, gemm, qs, k_t, v, blocks, tiles, s_flat, acc, l_i, sums, zeros, rep)
+
+
+def run_mods(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, rep: int, a0: int, kind: int, coef, cap: float,
+             slope: float) -> None:
+    """A task's shift-free blocks under ALiBi (``slope``, NaN: none) and/or a softcap (``kind``, ``coef``,
+    ``cap`` as :func:`qkv._jit._f_row`'s, log₂ e in them) in one compiled loop (:func:`qkv._jit_mods.mod_rows`),
+    as :func:`run_plain`; ``a0`` the task's first query position. (``jit``, :mod:`qkv._jit`, is loaded: so is
+    numba for its companion module.)"""
+    from ._jit_mods import mod_rows
+    paths.hit(_P_MODS)
+    _run_loop(mod_rows, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, sums, np.empty(k_t.shape[1], np.float32), rep,
+              a0, kind, coef, np.float32(cap), float(slope))
 
 
 def run_plain_lazy(jit, gemm, qs, k_t, v, blocks, s_flat, acc, l_i, m_i, seen, sums, zeros, rep: int, lazy: bool,

@@ -116,7 +116,7 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
     # …and load the fused kernels, if blocks use them
     jit = RUNTIME.kernels.for_call(P.cdt, bq * P.group * min(bk, P.S), lim.kernel_min)
     _plain_loops(P, jit, gemm)
-    if P.plain_gemm is not None and P.plain_scores and not reads_scores:   # the compiled loops
+    if P.plain_gemm is not None and (P.plain_scores or P.mod_loop) and not reads_scores:   # the compiled loops
         if block_k is None and P.S > bk:                     # (keys of one block_k block stay one block)
             P.plain_block_k = lim.block_k_plain
         if block_q is None:

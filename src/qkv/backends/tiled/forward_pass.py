@@ -15,7 +15,9 @@ compiled loop, base 2* (``forward.plain_loop``) takes plain blocks — no mod, n
 weights or dropout — whose scores are provably small: the whole task runs in numba, its products by the GEMM
 provider's C sgemm, P·V accumulated by the GEMM's beta, ``m_i = 0`` and log₂ e folded into the query rows so
 that the exponential is 2^s. *The compiled loop, lazy* (``forward.plain_loop_lazy``) takes the same blocks with
-larger scores, the lazy rescaling compiled in. *Batched bands* (``forward.bands``) take a block mask's runs of
+larger scores, the lazy rescaling compiled in. *The compiled loop, mods* (``forward.mod_loop``) takes the
+shift-free tasks under ALiBi (causal), a softcap or both, no mask: the plain loop with the mod in its row pass
+(:mod:`qkv._jit_mods`), in base 2 as well. *Batched bands* (``forward.bands``) take a block mask's runs of
 bands (a sliding window's cell rows) when the scores are small: each run is one batched product, pattern, exp
 and P·V over strided views. *Shift-free blocks* (``forward.shift_free``) take any other task whose scores are
 provably within ``±shift_free_bound`` (Cauchy–Schwarz on the rows' norms; softcap by its cap; ALiBi under a
@@ -64,6 +66,7 @@ from .scoring import _Scorer, _apply_poly, _cached, _scratch
 from .sparse import masked_plan
 
 _LOG2E = 1.4426950408889634                                 # log₂ e: 2^(s·log₂ e) = e^s
+_NO_COEF = np.zeros(7, np.float32)                          # the compiled loop's polynomial where it has none
 
 # Every strategy, counted where it runs (qkv.paths): the differential matrix proves it walks each one.
 _R = _paths.register
@@ -72,6 +75,8 @@ F_TILES = _R("forward.tile_loop", "a block-mask task's cells in the compiled loo
                                   "cells by their tiles")
 F_STRIPS = _R("forward.tile_loop.strips", "a block-mask task's band cells (a window's edges) in strips, both "
                                           "edges masked in the compiled loop")
+F_MODS = _R("forward.mod_loop", "a task's blocks under ALiBi, a softcap or both in one compiled loop, shift-free, "
+                                "base 2")
 F_PLAIN_LAZY = _R("forward.plain_loop_lazy", "a task's plain blocks in one compiled loop, lazy rescaling")
 F_BANDS = _R("forward.bands", "a run of a block mask's bands batched into one call per step")
 F_SHIFT_FREE = _R("forward.shift_free", "a block with no running max (scores provably bounded)")
@@ -94,8 +99,8 @@ class _Task:
     ``seen`` whether ``m_i`` is a max some block attained; all (Bq,) or (Bq, Ev), Bq = (i1 − i0)·g."""
 
     __slots__ = ("idx", "i0", "i1", "g", "keys", "K", "V", "K_T", "qs", "sc", "jit", "blocks", "widest", "tallest",
-                 "shift_free", "bounded", "base2", "lazy", "row_limit", "fold_col", "loop_plan", "s_flat", "ones",
-                 "tmp", "v_buf", "l_blk", "m_i", "l_i", "acc", "seen", "added", "gen", "dropout_p", "keep_scale",
+                 "shift_free", "bounded", "base2", "mod_loop", "lazy", "row_limit", "fold_col", "loop_plan", "s_flat",
+                 "ones", "tmp", "v_buf", "l_blk", "m_i", "l_i", "acc", "seen", "added", "gen", "dropout_p", "keep_scale",
                  "tiles")
 
     def __init__(self, P, idx, i0, i1, block_k, weights, dropout_p, seed, keys):
@@ -129,7 +134,8 @@ class _Task:
         # by the factor the task most likely takes (log₂ e where its scores may be plain — unless the last task
         # planned, in this call or an earlier one, took e: a model's scores are rarely shift-free, and each of
         # its layers is a call; redone if wrong)
-        may = alone and sc.kind == "none" and (P.plain_scores or P.bm is not None)
+        may = alone and (sc.kind == "none" and (P.plain_scores or P.bm is not None)
+                         or sc.kind == "alibi" and P.mod_loop and P.plain_gemm is not None)
         guess = _LOG2E if may and _BASE2_SEEN[0] is not False else 1.0
         q_norm = P.q_prep(idx, i0, i1, self.qs, guess)
         scaled = q_norm is not None
@@ -155,7 +161,11 @@ class _Task:
             self.tiles = None if jit is None else masked_plan(P, idx, i0, i1, self.g, P.limits.block_k)
             if self.tiles is not None:
                 self.jit = jit
-        self.base2 = (bare or self.tiles is not None) and shift_free
+        # ALiBi, a softcap or both in the compiled loop (qkv.kernels.run_mods), in base 2: log₂ e in the rows
+        # for ALiBi alone, in the softcap's coefficients otherwise
+        self.mod_loop = (shift_free and sc.kind != "none" and alone and self.jit is not None
+                         and P.plain_gemm is not None and P.mod_loop)
+        self.base2 = (bare or self.tiles is not None or self.mod_loop and sc.cap is None) and shift_free
         _BASE2_SEEN[0] = self.base2                         # (tasks on other workers may read either: a guess)
         factor = _LOG2E if self.base2 else 1.0
         if not scaled:
@@ -175,8 +185,9 @@ class _Task:
         self.row_limit = math.exp(P.limits.lazy_bound)
         # ALiBi's column term folded into V: only shift-free (m_i = 0 for good), where a factor e^{c_j} ≤ 1
         # cannot hide a row's max from a running-max update
-        self.fold_col = shift_free and sc.kind == "alibi" and sc.slope is not None and sc.slope >= 0
-        self.loop_plan = bare and P.plain_gemm is not None       # the compiled loops' plan: see _buffers
+        self.fold_col = (shift_free and sc.kind == "alibi" and sc.slope is not None and sc.slope >= 0
+                         and not self.mod_loop)
+        self.loop_plan = bare and P.plain_gemm is not None or self.mod_loop   # the compiled loops' plan: _buffers
 
     def _blocks(self, P, got) -> None:
         """The task's blocks, the widest's keys and the tallest's rows, and the fused block kernels for them
@@ -267,6 +278,22 @@ def _compiled_tiles(P, T) -> None:
                        T.l_blk, T.sc.zeros, T.g)
 
 
+def _compiled_mods(P, T) -> None:
+    """A shift-free task under ALiBi, a softcap or both in one compiled loop (:func:`qkv.kernels.run_mods`), in
+    base 2: log₂ e in the query rows and the slope for ALiBi alone, in the softcap's polynomial or cap
+    otherwise; the bias as the Python loop rounds it."""
+    _paths.hit(F_MODS)
+    sc = T.sc
+    kind, coef, cap = 0, _NO_COEF, 0.0
+    if sc.poly is not None:                                  # the fitted polynomial (its top coefficient ±1)
+        kind, coef = 1, (sc.poly_coef.astype(np.float64) * _LOG2E).astype(np.float32)
+    elif sc.cap is not None:
+        kind, cap = 2, float(sc.cap) * _LOG2E
+    slope = math.nan if sc.slope is None else sc.slope * (_LOG2E if T.base2 else 1.0)
+    _kernels.run_mods(T.jit, P.plain_gemm, T.qs, T.K_T, T.V, T.loop_plan, T.s_flat, T.acc, T.l_i, T.l_blk, T.g,
+                      T.i0, kind, coef, cap, slope)
+
+
 def _compiled_lazy(P, T) -> None:
     """The task's plain blocks with larger scores in one compiled loop (:func:`qkv.kernels.run_plain_lazy`):
     the lazy rescaling and the max pass of :func:`_lazy_block` / :func:`_max_pass_block`, compiled."""
@@ -313,8 +340,10 @@ def _rescaled_blocks(P, T) -> None:
 #: The forward's strategies, in the order they are tried: a task runs the first that supports it.
 STRATEGIES = (
     Strategy("compiled loop, tiles", lambda P, T: T.tiles is not None, _compiled_tiles),
-    Strategy("compiled loop, base 2", lambda P, T: T.loop_plan is not None and T.shift_free, _compiled_base2),
-    Strategy("compiled loop, lazy", lambda P, T: T.loop_plan is not None, _compiled_lazy),
+    Strategy("compiled loop, mods", lambda P, T: T.loop_plan is not None and T.mod_loop, _compiled_mods),
+    Strategy("compiled loop, base 2", lambda P, T: T.loop_plan is not None and T.shift_free and T.sc.kind == "none",
+             _compiled_base2),
+    Strategy("compiled loop, lazy", lambda P, T: T.loop_plan is not None and T.sc.kind == "none", _compiled_lazy),
     Strategy("batched bands", _bands_supported, _banded_blocks),
     Strategy("shift-free blocks", lambda P, T: T.shift_free, _shift_free_blocks),
     Strategy("rescaled blocks", lambda P, T: True, _rescaled_blocks),

@@ -104,6 +104,15 @@ class _Problem:
         the problems whose blocks the compiled loops take (the forward also needs no weights, no dropout)."""
         return self.mod.kind == "none" and self.mask is None and self.bm is None
 
+    @property
+    def mod_loop(self) -> bool:
+        """ALiBi (causal, the diagonal allowed: as plain scores), a softcap or both, and no mask, no block mask: the
+        mods the compiled loop carries (:func:`qkv.kernels.run_mods`; a forward task also needs no weights, no
+        dropout, the kernels, a C sgemm and its scores bounded — shift-free)."""
+        kind = self.mod.kind
+        return (self.mask is None and self.bm is None and self.limits.plain_loop
+                and (kind in ("softcap", "alibi_softcap") or (kind == "alibi" and self.alibi_causal)))
+
     def tile_loop_allowed(self, alone: bool) -> bool:
         """Whether this block-mask problem's tasks may run in the compiled loop with tiles
         (:func:`qkv.backends.tiled.sparse.masked_plan`): no score mod, no ``attn_mask``, nothing but the output
