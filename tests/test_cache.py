@@ -73,3 +73,23 @@ def test_cache_bad_input(rng):
     mha = qkv.MultiHeadAttention(8, 2, seed=0)
     with pytest.raises(TypeError, match="cache"):
         mha(np.zeros((1, 3, 8), np.float32), cache={})
+
+
+def test_reserve_hands_out_the_new_tokens_views_and_checks_as_append(rng):
+    cache = qkv.KVCache()
+    k, v = cache.reserve((1, 2, 3, 4), (1, 2, 3, 5), np.float32)
+    assert k.shape == (1, 2, 3, 4) and v.shape == (1, 2, 3, 5) and cache.offset == 3
+    k[...], v[...] = 1.0, 2.0
+    more = rng.standard_normal((1, 2, 30, 4)).astype(np.float32), rng.standard_normal((1, 2, 30, 5)).astype(np.float32)
+    K, V = cache.append(*more)                                          # grows past the first capacity: kept
+    assert (K[:, :, :3] == 1).all() and (V[:, :, :3] == 2).all()
+    np.testing.assert_array_equal(K[:, :, 3:], more[0])
+    with pytest.raises(ValueError, match="key/value"):
+        cache.reserve((1, 3, 1, 4), (1, 3, 1, 5), np.float32)
+    with pytest.raises(TypeError, match="dtype"):
+        cache.reserve((1, 2, 1, 4), (1, 2, 1, 5), np.float64)
+    with pytest.raises(TypeError, match="value: expected dtype"):
+        qkv.KVCache().reserve((1, 2, 1, 4), (1, 2, 1, 5), np.float32, np.float64)
+    with pytest.raises(ValueError, match="4 dimensions"):
+        qkv.KVCache().reserve((2, 1, 4), (2, 1, 4), np.float32)
+    assert cache.offset == 33                                           # the refused reservations took nothing

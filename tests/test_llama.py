@@ -222,18 +222,36 @@ def test_cached_decoding_equals_the_full_forward_one_token_per_step(tiny, monkey
     full = model.forward(ids)[0]                                        # (T, V)
     caches = model.new_caches()
     seen = []
-    orig = qkv.KVCache.append
+    orig = qkv.KVCache.reserve                                          # (append reserves, then copies)
 
-    def counting(self, k, v):
-        seen.append(k.shape[2])
-        return orig(self, k, v)
+    def counting(self, key_shape, *a):
+        seen.append(key_shape[2])
+        return orig(self, key_shape, *a)
 
-    monkeypatch.setattr(qkv.KVCache, "append", counting)
+    monkeypatch.setattr(qkv.KVCache, "reserve", counting)
     first = model.step(ids[:4], caches, last_only=False)[0]
     rest = [model.step([i], caches)[0] for i in ids[4:]]
     assert seen == [4] * LAYERS + [1] * (LAYERS * (len(ids) - 4))
     assert caches[0].offset == len(ids)
     assert np.abs(np.concatenate([first, np.stack(rest)]) - full).max() < 1e-4
+
+
+def test_a_prompt_fills_its_cache_row_block_by_row_block(tiny, monkeypatch):
+    """A prompt into empty caches: the row-wise step after each layer's attention copies the keys and values of
+    its rows into the cache (row blocks that cut across texts too); they equal the keys and values one token
+    at a time puts there, and decoding after them equals the full forward."""
+    model, _, _ = tiny
+    ids = np.array([model.encode("hello the world")[:5], model.encode("the world, hello")[:5]])
+    monkeypatch.setattr(model, "ROW_BLOCK", 3)                         # blocks of 3 rows: across the two texts
+    caches = model.new_caches()
+    model.step(ids, caches)
+    one = model.new_caches()
+    for t in range(ids.shape[1]):
+        model.step(ids[:, t:t + 1], one)
+    for got, want in zip(caches, one):
+        assert got.offset == want.offset == ids.shape[1]
+        np.testing.assert_allclose(got.keys, want.keys, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got.values, want.values, rtol=1e-5, atol=1e-6)
 
 
 def test_the_attention_gets_the_extents_the_row_blocks_read_where_the_keys_are_theirs(tiny, monkeypatch):

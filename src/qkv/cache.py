@@ -65,25 +65,35 @@ class KVCache:
         """Append the new tokens' keys (B, Hk, T, E) and values (B, Hk, T, Ev); return all (B, Hk, S, ·)."""
         key = _checks.float_array(key, "key", ndim=4)
         value = _checks.float_array(value, "value", ndim=4)
-        if key.shape[:3] != value.shape[:3]:
-            raise ValueError(f"value: expected batch, heads and length {key.shape[:3]} (as key), got "
-                             f"{value.shape[:3]}")
-        if key.dtype != value.dtype:
-            raise TypeError(f"value: expected dtype {key.dtype} (as key), got {value.dtype}")
-        B, H, T, E = key.shape
-        Ev = value.shape[-1]
+        k_new, v_new = self.reserve(key.shape, value.shape, key.dtype, value.dtype)
+        k_new[...] = key
+        v_new[...] = value
+        return self.keys, self.values
+
+    def reserve(self, key_shape: tuple, value_shape: tuple, dtype, value_dtype=None) -> tuple[np.ndarray, np.ndarray]:
+        """Room for T new tokens: the cache's views (B, Hk, T, E) and (B, Hk, T, Ev) where their keys and values
+        go, for the caller to fill before anything reads the cache; :attr:`offset` moves past them now. (A
+        decoder's prefill: its row-wise workers write the rows each made, where :meth:`append` copies them all
+        on one thread.) ``dtype`` the keys', ``value_dtype`` the values' (default: the same); the same checks
+        as :meth:`append`."""
+        value_dtype = dtype if value_dtype is None else value_dtype
+        key_shape, value_shape = tuple(key_shape), tuple(value_shape)
+        if len(key_shape) != 4 or len(value_shape) != 4:
+            raise ValueError(f"key/value: expected 4 dimensions (B, Hk, T, ·), got key {key_shape}, value "
+                             f"{value_shape}")
+        if key_shape[:3] != value_shape[:3]:
+            raise ValueError(f"value: expected batch, heads and length {key_shape[:3]} (as key), got "
+                             f"{value_shape[:3]}")
+        if np.dtype(dtype) != np.dtype(value_dtype):
+            raise TypeError(f"value: expected dtype {np.dtype(dtype)} (as key), got {np.dtype(value_dtype)}")
+        B, H, T, E = key_shape
+        Ev = value_shape[-1]
         if self._k is None:
             cap = max(16, T)
-            self._k = np.empty((B, H, cap, E), key.dtype)
-            self._v = np.empty((B, H, cap, Ev), value.dtype)
+            self._k = np.empty((B, H, cap, E), dtype)
+            self._v = np.empty((B, H, cap, Ev), dtype)
         else:
-            b, h, _, e = self._k.shape
-            if (B, H, E, Ev) != (b, h, e, self._v.shape[-1]):
-                raise ValueError(f"key/value: expected (B, Hk, ·, E) = ({b}, {h}, ·, {e}) and Ev = "
-                                 f"{self._v.shape[-1]} as the cached tokens, got key {key.shape}, value "
-                                 f"{value.shape}")
-            if key.dtype != self._k.dtype:
-                raise TypeError(f"key: expected dtype {self._k.dtype} (as the cached tokens), got {key.dtype}")
+            self._check_like(key_shape, value_shape, dtype)
             if self._len + T > self._k.shape[2]:
                 cap = max(2 * self._k.shape[2], self._len + T)
                 for name in ("_k", "_v"):
@@ -91,10 +101,20 @@ class KVCache:
                     new = np.empty(old.shape[:2] + (cap,) + old.shape[3:], old.dtype)
                     new[:, :, :self._len] = old[:, :, :self._len]
                     setattr(self, name, new)
-        self._k[:, :, self._len:self._len + T] = key
-        self._v[:, :, self._len:self._len + T] = value
+        got = self._k[:, :, self._len:self._len + T], self._v[:, :, self._len:self._len + T]
         self._len += T
-        return self.keys, self.values
+        return got
+
+    def _check_like(self, key_shape: tuple, value_shape: tuple, dtype) -> None:
+        """New tokens must match the cached ones' batch, heads, widths and dtype."""
+        B, H, _, E = key_shape
+        b, h, _, e = self._k.shape
+        if (B, H, E, value_shape[-1]) != (b, h, e, self._v.shape[-1]):
+            raise ValueError(f"key/value: expected (B, Hk, ·, E) = ({b}, {h}, ·, {e}) and Ev = "
+                             f"{self._v.shape[-1]} as the cached tokens, got key {key_shape}, value "
+                             f"{value_shape}")
+        if np.dtype(dtype) != self._k.dtype:
+            raise TypeError(f"key: expected dtype {self._k.dtype} (as the cached tokens), got {np.dtype(dtype)}")
 
     def __repr__(self) -> str:
         shape = None if self._k is None else self.keys.shape

@@ -131,6 +131,19 @@ def _heads_to_rows(o: np.ndarray, rows: slice, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def _rows_to_heads(src: np.ndarray, rows: slice, dst: np.ndarray) -> None:
+    """:func:`_heads_to_rows` the other way: src (len(rows), H·E), heads side by side, into dst (B, H, L, E) at
+    rows ``rows`` of its flattened (B·L) tokens."""
+    B, H, L, E = dst.shape
+    src3 = _view(src, (src.shape[0], H, E))
+    i = rows.start
+    while i < rows.stop:                                           # one piece per text the rows touch
+        b, t = divmod(i, L)
+        j = min(rows.stop, (b + 1) * L)
+        np.copyto(dst[b, :, t:t + j - i], src3[i - rows.start:j - rows.start].transpose(1, 0, 2))
+        i = j
+
+
 class _Scratch(threading.local):
     """Work arrays kept per thread (the caller's and each runtime worker's) and reused from call to call:
     a fresh multi-megabyte NumPy array costs its page faults every time (measured 0.75 ms for a product of
