@@ -120,27 +120,30 @@ def _view(a: np.ndarray, shape: tuple) -> np.ndarray:
 
 def _heads_to_rows(o: np.ndarray, rows: slice, out: np.ndarray) -> np.ndarray:
     """Rows ``rows`` of the flattened (B·L) tokens of o (B, H, L, E), heads side by side: out (len(rows), H·E)."""
-    B, H, L, E = o.shape
-    out3 = _view(out, (out.shape[0], H, E))
-    i = rows.start
-    while i < rows.stop:                                           # one piece per text the rows touch
-        b, t = divmod(i, L)
-        j = min(rows.stop, (b + 1) * L)
-        np.copyto(out3[i - rows.start:j - rows.start], o[b, :, t:t + j - i].transpose(1, 0, 2))
-        i = j
+    _between(o, rows, out, into_heads=False)
     return out
 
 
 def _rows_to_heads(src: np.ndarray, rows: slice, dst: np.ndarray) -> None:
     """:func:`_heads_to_rows` the other way: src (len(rows), H·E), heads side by side, into dst (B, H, L, E) at
     rows ``rows`` of its flattened (B·L) tokens."""
-    B, H, L, E = dst.shape
-    src3 = _view(src, (src.shape[0], H, E))
+    _between(dst, rows, src, into_heads=True)
+
+
+def _between(heads: np.ndarray, rows: slice, flat: np.ndarray, into_heads: bool) -> None:
+    """Copy between rows ``rows`` of heads (B, H, L, E)'s flattened tokens and flat (len(rows), H·E), one piece
+    per text the rows touch."""
+    B, H, L, E = heads.shape
+    flat3 = _view(flat, (flat.shape[0], H, E))
     i = rows.start
-    while i < rows.stop:                                           # one piece per text the rows touch
+    while i < rows.stop:
         b, t = divmod(i, L)
         j = min(rows.stop, (b + 1) * L)
-        np.copyto(dst[b, :, t:t + j - i], src3[i - rows.start:j - rows.start].transpose(1, 0, 2))
+        h, f = heads[b, :, t:t + j - i], flat3[i - rows.start:j - rows.start].transpose(1, 0, 2)
+        if into_heads:
+            np.copyto(h, f)
+        else:
+            np.copyto(f, h)
         i = j
 
 
