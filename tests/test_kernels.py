@@ -619,3 +619,25 @@ def test_q_prep_reads_a_models_strided_query_rows_exactly():
     bad[1, 7, 3] = np.nan
     assert np.isnan(kernels.q_prep(jit, bad, out, 0.3))
     assert kernels.q_prep(jit, q[:, ::-1], out, 0.3) is None
+
+
+def test_the_rope_stage_takes_the_kernel_bit_for_bit_where_it_can(rng, monkeypatch):
+    # qkv.stages.rope ("neox", float32, C-contiguous, one angle row per position): a copy rotated by the
+    # compiled pass, one (T, E) matrix at a time — NumPy's passes' numbers exactly; elsewhere NumPy's passes
+    kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
+    x = (rng.standard_normal((2, 3, 300, 64)) * 3).astype(np.float32)
+    calls = []
+    real = jit.rope_rows
+    monkeypatch.setattr(jit, "rope_rows", lambda *a: (calls.append(1), real(*a)))
+    got = qkv.positions.rope(x, np.arange(7, 307), theta=100000.0)
+    assert len(calls) == 6 and got.dtype == np.float32
+    with monkeypatch.context() as m:
+        m.setattr(kernels.KERNELS, "choice", "numpy")
+        want = qkv.positions.rope(x, np.arange(7, 307), theta=100000.0)
+    np.testing.assert_array_equal(got, want)
+    assert not np.shares_memory(got, x)
+    for other in (dict(style="interleaved"), dict(positions=np.tile(np.arange(300), (2, 1)))):
+        qkv.positions.rope(x, **other)                                  # per-batch angles, interleaved pairs
+    qkv.positions.rope(x.astype(np.float64))
+    qkv.positions.rope(x[:, :, ::2])                                    # not contiguous
+    assert len(calls) == 6
