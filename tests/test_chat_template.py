@@ -59,6 +59,33 @@ def test_every_template_failure_is_one_value_error_naming_the_file(model, kind):
         model.generate("hi", max_new_tokens=1, chat=True)
 
 
+def test_a_refusal_is_not_lost_in_a_garbage_collector_callback(model):
+    """Python code that runs on the thread mid-render — here a gc callback, as hypothesis installs one — is not
+    stopped by the limits: the refusal raised inside it was swallowed, tracing went off and the render ended in
+    a TypeError ('traceback' object is not callable) or a crash."""
+    import gc
+
+    ran = []
+
+    def callback(phase, info):
+        for _ in range(600):                               # enough lines that a 256th check lands here
+            pass
+        ran.append(phase)
+
+    source = HOSTILE["doubling"][0]
+    model.chat_template, model._template = source, None
+    threshold = gc.get_threshold()
+    gc.callbacks.append(callback)
+    gc.set_threshold(1)
+    try:
+        with pytest.raises(ValueError, match="stopped: it took more than 512 MB of memory"):
+            model.apply_chat_template("hi")
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(callback)
+    assert ran
+
+
 def test_a_good_template_renders_as_before_and_the_trace_function_is_put_back(model):
     import sys
 

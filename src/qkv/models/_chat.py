@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import os
 import re
 import sys
 import time
@@ -185,10 +186,26 @@ def _rss_mb() -> float | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _jinja_dir() -> str:
+    import jinja2
+    return os.path.dirname(jinja2.__file__) + os.sep
+
+
+def _rendering(code) -> bool:
+    """Whether ``code`` is the template's (compiled from a string: ``<template>``), jinja's runtime or this
+    module's (the sandbox's calls) — the code the limits watch and stop."""
+    name = code.co_filename
+    return name == "<template>" or name == __file__ or name.startswith(_jinja_dir())
+
+
 class _Limits:
-    """A trace function on this thread, for the time of a ``with``: every line run (the template's code and
-    jinja's runtime) looks at the clock, and every 256th at the process's size; an earlier trace function
-    (a debugger, coverage) keeps getting its events."""
+    """A trace function on this thread, for the time of a ``with``: every line run of the template's code and
+    jinja's runtime looks at the clock, and every 256th at the process's size; an earlier trace function
+    (a debugger, coverage) keeps getting its events. Other code that runs meanwhile on this thread — a garbage
+    collector's callback (hypothesis installs one), a library's hook — is neither watched nor stopped: a
+    refusal raised there was swallowed as an unraisable exception, tracing went off, and the render went on
+    unwatched to a TypeError, or crashed the interpreter."""
 
     def __enter__(self):
         self.old = sys.gettrace()
@@ -213,6 +230,8 @@ class _Limits:
 
     def _global(self, frame, event, arg):
         old_local = self.old(frame, event, arg) if self.old is not None else None
+        if not _rendering(frame.f_code):
+            return old_local
 
         def local(frame, event, arg):
             nonlocal old_local
