@@ -35,6 +35,19 @@ def _exp2f(v):
 
 
 @njit(inline="always", **_OPTS)
+def _exp2_col_row(row, lim, col):
+    """``row[c] ← 2^(row[c] + col[c])`` for c < lim, 0 after; returns the row's sum (ALiBi's column term added in
+    the exponential's loop: one pass over the row, not two)."""
+    acc = _ZERO
+    for c in range(lim):
+        y = _exp2f(row[c] + col[c])
+        row[c] = y
+        acc += y
+    row[lim:] = _ZERO
+    return acc
+
+
+@njit(inline="always", **_OPTS)
 def _bias_row(row, lim, slope, j0, i):
     """``row[c] += float32(slope·(j0 + c − i))`` for c < lim: ALiBi's bias across the diagonal, in float64."""
     for c in range(lim):
@@ -74,6 +87,9 @@ def mod_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_
         for r in range(m):
             row = s[r]
             lim = _limit(d, r, rep, w)
+            if beside and kind == 0:
+                sums[r] = _exp2_col_row(row, lim, col)
+                continue
             if beside:
                 for c in range(lim):
                     row[c] = row[c] + col[c]
