@@ -18,8 +18,8 @@ import numpy as np
 from numba import njit
 
 from ._cblas import NO_TRANS as _NO_TRANS
-from ._jit import (_F, _ONE, _OPTS, _ZERO, _exp2f_bounded, _exp_row, _f_row, _fits, _forward_layout, _gemm,
-                   _limit)
+from ._jit import (_F, _ONE, _OPTS, _ZERO, _exp2f_bounded, _exp_row, _fits, _forward_layout, _gemm, _limit,
+                   _tanhf)
 
 __all__ = ["mod_rows"]
 
@@ -43,6 +43,36 @@ def _exp2_col_row(row, lim, col):
         y = _exp2f(row[c] + col[c])
         row[c] = y
         acc += y
+    row[lim:] = _ZERO
+    return acc
+
+
+@njit(inline="always", **_OPTS)
+def _f_exp2_row(row, lim, kind, coef, cap):
+    """``row[c] ← 2^f(row[c])`` for c < lim, 0 after (``f`` by ``kind`` 1 or 2, as :func:`qkv._jit._f_row`);
+    returns the row's sum: the softcap and the exponential in one pass over the row, not two."""
+    acc = _ZERO
+    if kind == 1:
+        c0, c1, c2, c3, c4, c5, c6 = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], coef[6]
+        if c4 == _ZERO and c5 == _ZERO and c6 == _ZERO:              # up to four terms: three FMAs fewer
+            for c in range(lim):
+                y = row[c]
+                t = y * y
+                e = _exp2f((((c3 * t + c2) * t + c1) * t + c0) * y)
+                row[c] = e
+                acc += e
+        else:
+            for c in range(lim):
+                y = row[c]
+                t = y * y
+                e = _exp2f(((((((c6 * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0) * y)
+                row[c] = e
+                acc += e
+    else:
+        for c in range(lim):
+            e = _exp2f(cap * _tanhf(row[c]))
+            row[c] = e
+            acc += e
     row[lim:] = _ZERO
     return acc
 
@@ -95,9 +125,7 @@ def mod_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_
                     row[c] = row[c] + col[c]
             elif alibi:
                 _bias_row(row, lim, slope, j0, a0 + (r0 + r) // rep)
-            if kind != 0:
-                _f_row(row, lim, kind, coef, cap, _ZERO)
-            sums[r] = _exp_row(row, lim, _ZERO, _exp2f)
+            sums[r] = _f_exp2_row(row, lim, kind, coef, cap) if kind != 0 else _exp_row(row, lim, _ZERO, _exp2f)
         for r in range(m):
             l_i[r0 + r] = sums[r] if fresh else l_i[r0 + r] + sums[r]
         spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, ev, w, sp, w,
