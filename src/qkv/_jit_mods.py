@@ -35,46 +35,50 @@ def _exp2f(v):
 
 
 @njit(inline="always", **_OPTS)
-def _exp2_col_row(row, lim, col):
-    """``row[c] ← 2^(row[c] + col[c])`` for c < lim, 0 after; returns the row's sum (ALiBi's column term added in
-    the exponential's loop: one pass over the row, not two)."""
+def _exp2_f_row(row, lim, f, k, col):
+    """``row[c] ← 2^f(row[c], c, k, col)`` for c < lim, 0 after; returns the row's sum — whatever the mod does
+    to a score and the exponential in one pass over the row (``f`` one of the functions below, inlined)."""
     acc = _ZERO
     for c in range(lim):
-        y = _exp2f(row[c] + col[c])
-        row[c] = y
-        acc += y
+        e = _exp2f(f(row[c], c, k, col))
+        row[c] = e
+        acc += e
     row[lim:] = _ZERO
     return acc
 
 
 @njit(inline="always", **_OPTS)
-def _f_exp2_row(row, lim, kind, coef, cap):
-    """``row[c] ← 2^f(row[c])`` for c < lim, 0 after (``f`` by ``kind`` 1 or 2, as :func:`qkv._jit._f_row`);
-    returns the row's sum: the softcap and the exponential in one pass over the row, not two."""
-    acc = _ZERO
-    if kind == 1:
-        c0, c1, c2, c3, c4, c5, c6 = coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], coef[6]
-        if c4 == _ZERO and c5 == _ZERO and c6 == _ZERO:              # up to four terms: three FMAs fewer
-            for c in range(lim):
-                y = row[c]
-                t = y * y
-                e = _exp2f((((c3 * t + c2) * t + c1) * t + c0) * y)
-                row[c] = e
-                acc += e
-        else:
-            for c in range(lim):
-                y = row[c]
-                t = y * y
-                e = _exp2f(((((((c6 * t + c5) * t + c4) * t + c3) * t + c2) * t + c1) * t + c0) * y)
-                row[c] = e
-                acc += e
-    else:
-        for c in range(lim):
-            e = _exp2f(cap * _tanhf(row[c]))
-            row[c] = e
-            acc += e
-    row[lim:] = _ZERO
-    return acc
+def _plus_col(x, c, k, col):
+    return x + col[c]                                        # ALiBi's column term (beside the diagonal)
+
+
+@njit(inline="always", **_OPTS)
+def _poly4(x, c, k, col):
+    t = x * x                                                # the softcap's polynomial, four terms
+    return (((k[3] * t + k[2]) * t + k[1]) * t + k[0]) * x
+
+
+@njit(inline="always", **_OPTS)
+def _poly7(x, c, k, col):
+    t = x * x                                                # …seven
+    return ((((((k[6] * t + k[5]) * t + k[4]) * t + k[3]) * t + k[2]) * t + k[1]) * t + k[0]) * x
+
+
+@njit(inline="always", **_OPTS)
+def _cap_tanh(x, c, k, col):
+    return k[7] * _tanhf(x)                                  # cap·tanh
+
+
+@njit(inline="always", **_OPTS)
+def _f_exp2_row(row, lim, kind, k, col):
+    """``row[c] ← 2^f(row[c])`` (``f`` by ``kind`` 1 or 2, as :func:`qkv._jit._f_row`; ``k`` its seven
+    coefficients and the cap) in one pass with its sum; four terms where the top three are 0 (three FMAs
+    fewer)."""
+    if kind == 2:
+        return _exp2_f_row(row, lim, _cap_tanh, k, col)
+    if k[4] == _ZERO and k[5] == _ZERO and k[6] == _ZERO:
+        return _exp2_f_row(row, lim, _poly4, k, col)
+    return _exp2_f_row(row, lim, _poly7, k, col)
 
 
 @njit(inline="always", **_OPTS)
@@ -97,6 +101,7 @@ def mod_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_
     ev, lda, ldk, ldv, lacc, qp, kp, vp, ap, sp, ts = _forward_layout(qs, k_t, v, acc, s_flat)
     spent = flops = 0.0
     alibi = slope == slope
+    k = (coef[0], coef[1], coef[2], coef[3], coef[4], coef[5], coef[6], cap)
     for b in range(blocks.shape[0]):
         r0, r1, j0, j1, d, fresh = (blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4],
                                     blocks[b, 5])
@@ -118,14 +123,14 @@ def mod_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, s_flat, acc, l_
             row = s[r]
             lim = _limit(d, r, rep, w)
             if beside and kind == 0:
-                sums[r] = _exp2_col_row(row, lim, col)
+                sums[r] = _exp2_f_row(row, lim, _plus_col, k, col)
                 continue
             if beside:
                 for c in range(lim):
                     row[c] = row[c] + col[c]
             elif alibi:
                 _bias_row(row, lim, slope, j0, a0 + (r0 + r) // rep)
-            sums[r] = _f_exp2_row(row, lim, kind, coef, cap) if kind != 0 else _exp_row(row, lim, _ZERO, _exp2f)
+            sums[r] = _f_exp2_row(row, lim, kind, k, col) if kind != 0 else _exp_row(row, lim, _ZERO, _exp2f)
         for r in range(m):
             l_i[r0 + r] = sums[r] if fresh else l_i[r0 + r] + sums[r]
         spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, ev, w, sp, w,
