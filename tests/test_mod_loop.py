@@ -93,3 +93,27 @@ def test_the_mod_loop_runs_only_where_it_is_exact(case, mod_calls):
         kw["dropout_p"], kw["rng"] = 0.1, np.random.default_rng(0)
     tiled.forward(q, k, v, **kw)
     assert not mod_calls
+
+
+def test_the_mod_loop_runs_on_mkls_sgemm_too(monkeypatch):
+    """The loop's products by the GEMM provider's own C sgemm: MKL's, held to float64 as NumPy's OpenBLAS is."""
+    mkl = gemm.GEMM.mkl()
+    if mkl is None:
+        pytest.skip("the mkl extra is not installed: pip install 'qkv[mkl]'")
+    providers, real = [], kernels.run_mods
+    monkeypatch.setattr(kernels, "run_mods", lambda jit, g, *a: (providers.append(g.name), real(jit, g, *a)))
+    monkeypatch.setattr(kernels.KERNELS, "choice", "auto")
+    rng = np.random.default_rng(11)
+    q, k, v = _inputs(rng, 3, 400, 400, 32)
+    saved = gemm.GEMM.choice
+    try:
+        for name in ("alibi", "alibi, softcap"):
+            kw = dict(scale=32 ** -0.5, is_causal=True, score_mod=MODS[name](3), threads=2)
+            ref = tiled.forward(*(a.astype(np.float64) for a in (q, k, v)), **kw)[0]
+            for provider in ("numpy", "mkl"):
+                gemm.set_gemm(provider)
+                out = tiled.forward(q, k, v, **kw)[0]
+                assert np.abs(out - ref).max() < 3e-6, (name, provider)
+    finally:
+        gemm.set_gemm(saved)
+    assert "mkl" in providers and "numpy" in providers
