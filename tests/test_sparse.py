@@ -46,7 +46,7 @@ def _coverage(plan, tiles, rows: int, S: int, room: int):
     ``lo``: key ``j0 + c`` for row ``r0 + r`` where ``lo ≤ c − r ≤ d``) and the tile allow it."""
     covered = np.zeros((rows, S), np.int64)
     kept = np.zeros((rows, S))
-    for r0, r1, j0, j1, d, fresh, t, lo in plan:
+    for r0, r1, j0, j1, d, fresh, t, lo, t0 in plan:
         assert (r1 - r0) * (j1 - j0) <= room
         covered[r0:r1, j0:j1] += 1
         r, c = np.indices((r1 - r0, j1 - j0))
@@ -56,7 +56,7 @@ def _coverage(plan, tiles, rows: int, S: int, room: int):
         if lo != qkv.kernels.NO_LO:
             keep *= c >= lo + r
         if t >= 0:
-            keep *= tiles[t, :r1 - r0, :j1 - j0]
+            keep *= tiles[t, t0:t0 + r1 - r0, :j1 - j0]
         kept[r0:r1, j0:j1] += keep
     return covered, kept
 

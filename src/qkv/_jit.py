@@ -481,19 +481,24 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, tiles, s_flat
     bound, masked or not), the row sums taken again. Blocks of six columns have no tiles. An eighth column
     ``lo`` (−2⁶², ``qkv.kernels.NO_LO``: none) is a lower edge as ``d`` is the upper one: key ``j0 + c``
     allowed for row ``r`` where ``c ≥ lo + r // rep`` (:func:`_exp2_band_rows`: a band in i − j, a sliding
-    window's, without tiles)."""
+    window's, without tiles). A ninth column ``t0`` is the tile's row origin: row ``r`` of the block reads the
+    tile's row ``t0 + r // rep`` (a cell's piece whose first rows an earlier piece already took starts
+    inside its tile; without it, 0)."""
     E = k_t.shape[0] - 1
     ev, lda, ldk, ldv, lacc, qp, kp, vp, ap, sp, ts = _forward_layout(qs, k_t, v, acc, s_flat)
     spent = flops = 0.0
     tiled = blocks.shape[1] > 6
     banded = blocks.shape[1] > 7
+    origin = blocks.shape[1] > 8
     for b in range(blocks.shape[0]):
         r0, r1, j0, j1, d, fresh = (blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3], blocks[b, 4],
                                     blocks[b, 5])
         t = blocks[b, 6] if tiled else -1
         lo = blocks[b, 7] if banded else _NO_LO
+        t0 = blocks[b, 8] if origin else 0
         if not _fits(r0, r1, j0, j1, qs.shape[0], k_t.shape[1], s_flat.shape[0]) or not (
-                t < 0 or (t < tiles.shape[0] and (r1 - r0 - 1) // rep < tiles.shape[1] and j1 - j0 <= tiles.shape[2])):
+                t < 0 or (t < tiles.shape[0] and 0 <= t0 and t0 + (r1 - r0 - 1) // rep < tiles.shape[1]
+                          and j1 - j0 <= tiles.shape[2])):
             raise ValueError("plain_rows: a block outside its buffers")     # the GEMM writes raw memory
         m, w = r1 - r0, j1 - j0
         spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, w, E,
@@ -504,7 +509,7 @@ def plain_rows(sgemm, clock, clock_id, timing, qs, k_t, v, blocks, tiles, s_flat
         else:
             _exp2_rows(s, zeros, sums, d, rep)            # exp_rows' base 2, compiled in alone
         if t >= 0:
-            _tile_rows(s, tiles[t], sums, rep)            # the partial cell's mask, the row sums again
+            _tile_rows(s, tiles[t, t0:], sums, rep)       # the partial cell's mask, the row sums again
         for r in range(m):                                   # (a loop: as an array expression it tripled
             l_i[r0 + r] = sums[r] if fresh else l_i[r0 + r] + sums[r]   # the loop's compile time, 3.1 → 1.2 s)
         spent += _gemm(sgemm, clock, clock_id, timing, ts, _NO_TRANS, _NO_TRANS, m, ev, w, sp, w,

@@ -30,8 +30,8 @@ NARROW = 16
 def masked_plan(P, idx, i0: int, i1: int, g: int, width: int):
     """The compiled loop's blocks for a task of a block-mask problem: ``(plan, tiles, room, strips)`` or None.
 
-    ``plan`` (n, 8) int64 rows ``(r0, r1, j0, j1, d, fresh, tile, lo)`` as :func:`qkv._jit.plain_rows` takes
-    them (rows of the task's ``qs``: positions × ``g``), ``tiles`` (T, cell, cell) float32, ``room`` the largest
+    ``plan`` (n, 9) int64 rows ``(r0, r1, j0, j1, d, fresh, tile, lo, t0)`` as :func:`qkv._jit.plain_rows` takes
+    them (rows of the task's ``qs``: positions × ``g``; ``t0`` the tile's row origin, in positions), ``tiles`` (T, cell, cell) float32, ``room`` the largest
     piece's scores, ``strips`` whether any piece masks a band's edge. The cells are covered by :func:`_quad`
     (full rectangles at most ``width`` keys wide). None where an ``attn_mask`` takes part (a float one may add,
     not only remove) or the tiles would pass :data:`MAX_TILE_BYTES`.
@@ -178,9 +178,11 @@ def _tall(P, narrow: list) -> list:
 
 
 def _assemble(P, pieces: list, i0: int, g: int) -> np.ndarray:
-    """The plan rows ``(r0, r1, j0, j1, d, fresh, tile, lo)`` of ``pieces`` (positions from ``i0``; rows of the
-    task's ``qs``, positions × ``g``): band by band (``band_rows_plain``), the tallest pieces first, so that a
-    piece's rows are all new (``fresh``: its P·V written, not added) or all seen — split where they are not."""
+    """The plan rows ``(r0, r1, j0, j1, d, fresh, tile, lo, t0)`` of ``pieces`` (positions from ``i0``; rows of
+    the task's ``qs``, positions × ``g``): band by band (``band_rows_plain``), the tallest pieces first, so that a
+    piece's rows are all new (``fresh``: its P·V written, not added) or all seen — split where they are not. A
+    split piece's later parts keep their place in the tile (``t0``: the part's first row within it) and on
+    the band's edges (``d``, ``lo`` moved with the rows)."""
     bh = max(1, P.limits.band_rows_plain)
     pieces = sorted(pieces, key=lambda x: (x[0] // bh, x[0] - x[1], x[0], x[2]))
     n = max((p[1] for p in pieces), default=i0) - i0
@@ -195,9 +197,9 @@ def _assemble(P, pieces: list, i0: int, g: int) -> np.ndarray:
         for s0, s1 in zip([0, *edges], [*edges, r1 - r0]):  # (one run but where rows are half seen)
             dd = d if d == _NO_MASK else d + s0
             ll = low if low == NO_LO else low + s0
-            rows.append((g * (r0 + s0), g * (r0 + s1), j0, j1, dd, int(not seen[r0 + s0]), t, ll))
+            rows.append((g * (r0 + s0), g * (r0 + s1), j0, j1, dd, int(not seen[r0 + s0]), t, ll, s0))
         seen[r0:r1] = True
-    return np.array(rows, np.int64).reshape(-1, 8)
+    return np.array(rows, np.int64).reshape(-1, 9)
 
 
 def _quad(G: np.ndarray, ra: int, rb: int, ca: int, cb: int, width: int, out: list) -> None:
