@@ -434,7 +434,7 @@ def test_memory_stays_linear_never_the_score_matrix():
 def test_row_shares_cover_every_row_once_in_shares_of_equal_work(heads, L, S, threads, causal):
     """Few heads on several workers: the pieces cover each head's rows once, cut at multiples of 16, largest
     first; laid end to end, a cut (or a head's end) lies within 8 rows' work (+ one row) of each equal share."""
-    from qkv.backends.tiled.backend import _row_shares
+    from qkv.backends.tiled.setup import _row_shares
 
     class P:
         pass

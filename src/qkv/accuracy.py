@@ -40,7 +40,7 @@ ROUTES = ("default", "tiled", "reference")          # backend None (auto), "tile
 APIS = ("flex", "sdpa", "engine")                    # the public functions, or the backend object itself
 MASKS = ("none", "causal", "causal_bottom_right", "bool", "float")
 MASK_MODS = ("none", "causal", "sliding_window", "prefix_lm", "sinks", "streaming", "document",
-             "document_lengths", "document_batch", "and", "or", "custom", "custom_rows", "custom_head")
+             "document_lengths", "document_batch", "and", "or", "custom", "custom_rows", "custom_head", "custom_tiles")
 SCORE_MODS = ("none", "alibi", "softcap", "alibi_softcap", "custom_grad", "custom", "custom_inf", "custom_vjp")
 #: The feature axes: in a variant's spec (:data:`VARIANTS`) those it does not name take their first option.
 FEATURES = ("api", "masked", "mask", "mask_modded", "mask_mod", "score_modded", "score_mod", "sinks", "dropped",
@@ -77,6 +77,12 @@ def custom_rows_mask(b, h, q_idx, kv_idx):
 def custom_head_mask(b, h, q_idx, kv_idx):
     """A mask that depends on the head: query i sees keys up to i + 2h."""
     return kv_idx <= q_idx + 2 * h
+
+
+def custom_tiles_mask(b, h, q_idx, kv_idx):
+    """Causal, less the rectangles of 24 queries × 40 keys whose ranks sum to 0 modulo 3 (but the diagonal):
+    full, empty and partial cells, the partial ones of many distinct patterns (the edges off every power of 2)."""
+    return (q_idx >= kv_idx) & (((q_idx // 24 + kv_idx // 40) % 3 != 0) | (q_idx == kv_idx))
 
 
 def custom_score(score, b, h, q_idx, kv_idx):
@@ -368,6 +374,7 @@ def _mask_mod(spec: Spec, r):
         "custom": (lambda: custom_mask, custom_mask),
         "custom_rows": (lambda: custom_rows_mask, custom_rows_mask),
         "custom_head": (lambda: custom_head_mask, custom_head_mask),
+        "custom_tiles": (lambda: custom_tiles_mask, custom_tiles_mask),
     }
     make, formula = table[name]
     return make(), formula, B, H

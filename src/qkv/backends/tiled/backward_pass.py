@@ -86,8 +86,24 @@ class _Buffers:
         self.dv_t, self.dk_t, self.dq_t = np.empty((bk, P.Ev), dt), np.empty((bk, P.E), dt), np.empty((bq, P.E), dt)
         # No mod, no mask but the causal one: each head's blocks of a key block in one compiled loop
         # (qkv._jit.plain_backward_rows), the same steps as _block's, the adds done by the GEMMs
-        self.plain = P.plain_gemm is not None and self.jit is not None and P.plain_scores
+        self.plain = plain_supported(P, block_q, block_k)
         self.kmin = P.limits.kernel_min
+
+
+def plain_supported(P, block_q: int, block_k: int) -> bool:
+    """Whether a backward task runs its heads' blocks in the compiled loop: plain scores, the fused kernels for
+    its blocks and the provider's C sgemm (the run's decision and :func:`qkv.plan`'s, one function)."""
+    jit = RUNTIME.kernels.for_block(P.cdt, min(block_q, P.L) * min(block_k, P.S), P.limits.kernel_min)
+    return P.plain_gemm is not None and jit is not None and P.plain_scores
+
+
+def strategy_reason(P, plain: bool) -> str:
+    """Why a backward task takes the compiled loop (``plain``) or the Python loop of blocks."""
+    if plain:
+        return "plain scores (no mod, no mask but the causal one), the fused kernels and a C sgemm"
+    if not P.plain_scores:
+        return "a score mod, an attn_mask or a block mask: the Python loop applies them block by block"
+    return "no fused kernels or no C sgemm for these blocks"
 
 
 def _backward_task(P, kv_idx, q_heads, key_starts, block_q, block_k, dq_part, dk, dv, prep):

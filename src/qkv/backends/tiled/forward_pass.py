@@ -358,6 +358,54 @@ def _strategy(P, T) -> Strategy:
     raise AssertionError("no forward strategy supports the task")       # the last supports every task
 
 
+#: Why a task takes each strategy: what it has that the strategy needs.
+_TAKES = {
+    "compiled loop, tiles": "a block mask, no score mod or attn_mask, only the output reads the scores, scores "
+                            "shift-free: full cells plain, partial ones by tiles or band edges",
+    "compiled loop, mods": "ALiBi and/or a softcap, no mask, only the output reads the scores, scores shift-free",
+    "compiled loop, base 2": "plain scores (no mod, no mask but the causal one), only the output reads them, "
+                             "shift-free",
+    "compiled loop, lazy": "plain scores, only the output reads them, but not provably within the shift-free "
+                           "bound: lazy rescaling compiled in",
+    "batched bands": "a block mask, shift-free, a mod the band pattern carries",
+    "shift-free blocks": "scores provably within the shift-free bound: no running max",
+    "rescaled blocks": "scores not provably bounded (or a float mask, a custom mod): the running max",
+}
+
+
+def strategy_reason(P, T, name: str) -> str:
+    """Why task ``T`` takes strategy ``name``: what it has, and for the Python loop's strategies why no compiled
+    loop took it."""
+    why = _TAKES[name]
+    if name.startswith("compiled"):
+        return why
+    return f"{why}; no compiled loop: {_not_compiled(P, T)}"
+
+
+def _not_compiled(P, T) -> str:
+    """The first reason the compiled loops do not take task ``T``."""
+    lim, sc = P.limits, T.sc
+    if not lim.plain_loop:
+        return "the limits turn the compiled loops off (plain_loop=False)"
+    if T.gen is not None or T.keep_scale != 1.0 or T.dropout_p > 0:
+        return "dropout reads the scores"
+    if P.mask is not None:
+        return "an attn_mask"
+    if sc.kind == "generic":
+        return "a custom score mod"
+    if P.bm is not None and sc.kind != "none":
+        return f"a score mod ({sc.kind}) with a block mask"
+    if P.bm is not None and not lim.tile_loop:
+        return "the limits turn the tile loop off (tile_loop=False)"
+    if T.jit is None:
+        return "no fused kernels for this task (QKV_KERNELS=numpy, numba missing, or below kernel_min)"
+    if P.plain_gemm is None:
+        return "the GEMM provider has no C sgemm, or weights are returned"
+    if not T.shift_free:
+        return "scores not provably within the shift-free bound"
+    return "its tiles would pass MAX_TILE_BYTES" if P.bm is not None else "weights are returned"
+
+
 # ---------------------------------------------------------------------------------------------- blocks
 def _shift_free_block(P, T, step) -> None:
     """One block with ``m_i = 0``: ``S = Q·Kᵀ`` (modded, masked), ``P = exp(S)``, ``l_i += P·1``,

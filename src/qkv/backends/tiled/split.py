@@ -38,17 +38,25 @@ def _key_splits(P, n_tasks: int, threads: int, bq: int, bk: int, dropout_p, weig
     return max(1, splits)
 
 
-def _forward_split(P, tasks: list, splits: int, bk: int, threads: int, dt, return_lse: bool):
-    """Split-K: every task's key range in ``splits`` parts (at key-block boundaries), each part a task
-    writing its own ``(out, lse)``; the parts merged by log-sum-exp (:func:`qkv.merge.merge_partials`, the
-    ring's merge too), then the sinks merged in as one more part (out = 0, lse = sink)."""
+def key_bounds(P, splits: int, bk: int) -> list:
+    """The ``splits + 1`` key boundaries of split-K's parts, at key-block boundaries."""
     n_blocks = -(-P.S // bk)
     bounds = [round(n_blocks * c / splits) * bk for c in range(splits + 1)]
     bounds[-1] = max(bounds[-1], P.S)
+    return bounds
+
+
+def _forward_split(P, tasks: list, splits: int, bk: int, threads: int, dt, return_lse: bool, plan: list):
+    """Split-K: every task's key range in ``splits`` parts (``plan``: ``(idx, i0, i1, (k0, k1))`` part by part,
+    at key-block boundaries), each part a task writing its own ``(out, lse)``; the parts merged by log-sum-exp
+    (:func:`qkv.merge.merge_partials`, the ring's merge too), then the sinks merged in as one more part (out = 0,
+    lse = sink)."""
+    bounds = key_bounds(P, splits, bk)
     outs = np.zeros((splits,) + P.lead + (P.L, P.Ev), P.cdt)
     lses = np.full((splits,) + P.lead + (P.L,), -np.inf, P.cdt)
-    parts = [(P, idx, i0, i1, block_k, outs[c], lses[c], None, 0.0, 0, (bounds[c], bounds[c + 1]))
-             for c in range(splits) for (_, idx, i0, i1, block_k, *_rest) in tasks]
+    part_of = {b: c for c, b in enumerate(bounds[:-1])}
+    parts = [(P, idx, i0, i1, bk, outs[part_of[keys[0]]], lses[part_of[keys[0]]], None, 0.0, 0, keys)
+             for idx, i0, i1, keys in plan]
     P.prepare_kv_split({t[1] for t in tasks}, bounds, threads)
     _paths.hit(F_SPLIT_K)
     RUNTIME.run(parts, _fp._forward_task, threads)
