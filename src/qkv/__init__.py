@@ -9,6 +9,7 @@ from .engine import KVCache, attention_weights, get_num_threads, scaled_dot_prod
 from .mha import MultiHeadAttention
 from . import mods  # noqa: E402  (qkv.mods: mask mods, score mods)
 from .flex import BlockMask, create_block_mask, flex_attention, flex_attention_backward
+from .plans import check_plan, plan  # what a call would do, made by the code it runs; proven against the mask
 from . import positions  # qkv.positions: rope, cos_sin, RoPE, sinusoidal_positions
 from .positions import RoPE, TokenEmbedding, sinusoidal_positions
 from .tracing import Step, Trace, trace
@@ -38,6 +39,8 @@ __all__ = [
     "create_block_mask",
     "flex_attention",
     "flex_attention_backward",
+    "plan",
+    "check_plan",
     "mods",
     "KVCache",
     "attention_weights",

@@ -68,6 +68,10 @@ class TaskPlan:
     tiles: np.ndarray | None = None
     heads: tuple = ()
 
+    def __str__(self) -> str:
+        from .plan_text import render_pieces
+        return render_pieces(self)
+
 
 @dataclass(frozen=True, eq=False)
 class Plan:

@@ -1,0 +1,97 @@
+"""``qkv.plan``: what a call of :func:`qkv.flex_attention` / :func:`qkv.scaled_dot_product_attention` (or their
+backward) would do, without computing attention.
+
+The backend is chosen as the call would choose it (:func:`qkv.sdpa._choose_backend`; the backward's rule as
+:func:`qkv.flex_attention_backward`'s), and for the tiled engine the plan comes from the code the call runs
+(:mod:`qkv.backends.tiled.schedule`): block sizes, split-K, workers, and per task the strategy, the reason it was
+chosen and the pieces. ``print(plan)`` shows it as a table; :func:`qkv.backends.tiled.proof.check` proves it
+against the mask.
+"""
+from __future__ import annotations
+
+from . import backends, flex, sdpa, shapes
+from .backends.tiled import proof as _proof, schedule as _schedule
+from .backends.tiled.schedule import Piece, Plan, TaskPlan
+from .backends.tiled.thresholds import current_limits
+
+__all__ = ["plan", "check_plan", "Plan", "TaskPlan", "Piece"]
+
+
+def plan(query, key, value, *, score_mod=None, block_mask=None, attn_mask=None, is_causal=False, sink_logits=None,
+         enable_gqa=False, backward=False, scale=None, backend=None, threads=None) -> Plan:
+    """The plan of an attention call, made by the code the call runs, without computing attention.
+
+    Args:
+        query, key, value: as :func:`qkv.flex_attention` — (B, Hq, L, E), (B, Hk, S, E), (B, Hk, S, Ev) (or
+            3-/2-D), one float dtype.
+        score_mod, block_mask, sink_logits: as :func:`qkv.flex_attention`.
+        attn_mask, is_causal: as :func:`qkv.scaled_dot_product_attention` (a boolean mask is True where
+            attention is allowed; ``is_causal`` top-left).
+        enable_gqa: grouped-query heads (Hq a multiple of Hk).
+        backward: the plan of the backward's key-block tasks instead of the forward's.
+        scale, backend, threads: as the call's (None: 1/√E, ``backend="auto"``'s choice, the engine's threads).
+
+    Returns:
+        A :class:`qkv.backends.tiled.schedule.Plan`: ``backend`` and ``reason``, the shapes, ``block_q``,
+        ``block_k``, ``split_k``, ``workers``, and ``tasks`` (each a ``TaskPlan``: its rows, keys, strategy,
+        reason and ``pieces``); no tasks where the backend is not the tiled engine (it computes every head's
+        scores at once). ``print(plan)`` renders it; ``plan.work_fraction()`` is the share of the L·S scores
+        per head it computes.
+    """
+    p = flex._prepare(query, key, value, score_mod, block_mask, scale, enable_gqa, sink_logits, check_range=True)
+    q, k, v = p.q, p.k, p.v
+    _, _, _, mask, _, _, _ = sdpa._validate(q, k, v, attn_mask, 0.0, is_causal, p.scale, p.enable_gqa, False, None,
+                                            check_range=False)
+    request = dict(score_mod=p.score_mod, block_mask=p.block_mask, sink_logits=p.sink_logits)
+    kw = dict(attn_mask=mask, is_causal=bool(is_causal), scale=p.scale, enable_gqa=p.enable_gqa, threads=threads,
+              **request)
+    if backward:
+        name, reason = _backward_backend(backend, request)
+    else:
+        name, reason = _forward_backend(backend, q, k, v, dict(kw, dropout_p=0.0, return_weights=False))
+    if name != "tiled":
+        lead = shapes.lead(q.shape, k.shape, p.enable_gqa)
+        return Plan("backward" if backward else "forward", name, reason, lead, q.shape[-2], k.shape[-2],
+                    causal=bool(is_causal))
+    if backward:
+        return _schedule.backward_plan(q, k, v, reason=reason, **kw)
+    return _schedule.forward_plan(q, k, v, reason=reason, **kw)
+
+
+def check_plan(p: Plan) -> None:
+    """Prove a tiled plan against its mask (:func:`qkv.backends.tiled.proof.check`): every allowed score kept
+    exactly once, nothing else, every row's state written before it is added to. Raises ``PlanError``."""
+    if p.tasks:
+        _proof.check(p)
+
+
+def _forward_backend(backend, q, k, v, request: dict) -> tuple:
+    """The forward's backend, as the call chooses it, and why."""
+    threads = request.pop("threads")
+    name = sdpa._choose_backend(backend, q, k, v, traced=False,
+                                request={x: y for x, y in request.items() if x not in ("scale",)})
+    request["threads"] = threads
+    if backend is not None and backend != "auto":
+        return name, f"named: backend={backend!r}"
+    lim = current_limits()
+    n = shapes.n_scores(q.shape, k.shape, request["enable_gqa"])
+    rule = (f"{n:,} scores (tiled from {lim.auto_tiled_min_scores:,}), {q.shape[-2] * k.shape[-2]:,} a head "
+            f"(from {lim.auto_tiled_min_head_scores:,}), {k.shape[-2]:,} keys (from {lim.auto_min_keys:,})")
+    if name == "tiled":
+        return name, f"auto: large enough for the tiled engine — {rule}"
+    why = backends.get("tiled").supports(**{x: request[x] for x in ("score_mod", "block_mask", "sink_logits")})
+    return name, f"auto: {why}" if why else f"auto: below the tiled engine's size rule — {rule}"
+
+
+def _backward_backend(backend, request: dict) -> tuple:
+    """The backward's backend, as :func:`qkv.flex_attention_backward` chooses it, and why."""
+    if backend is not None and backend != "auto":
+        b = backends.get(backend)
+        why = b.supports(backward=True, **request)
+        if why is not None:
+            raise ValueError(f"backend: {why}; use backend='reference' or None (auto)")
+        return backend, f"named: backend={backend!r}"
+    why = backends.get("tiled").supports(backward=True, **request)
+    if why is None:
+        return "tiled", "auto: the backward runs on the tiled engine whenever it supports the request"
+    return "reference", f"auto: {why}"
