@@ -8,9 +8,10 @@ pairs at ``max(L, S) ≥ LARGE`` (:data:`LARGE_PATHS`), and their layout familie
 layout that has boundaries inside cells and many distinct tiles (:func:`layout`).
 
 * :func:`family` — a :class:`qkv.accuracy.Spec`'s mask family, from its ``mask`` and ``mask_mod`` choices.
-* :func:`forcing` — a chooser for :func:`qkv.accuracy.draw_spec` that draws problems of one family (the
-  other choices left to the chooser it wraps).
-* :func:`supported` — which families a path can take, from the engine's rules (see each rule's comment).
+* :func:`recast` — a problem with another family's masks (the explicit problems of the matrix, each aimed at
+  a path, recast to every family: :func:`every_family`).
+* :func:`supported` — which families a path takes (:data:`SUPPORT`, from the engine's rules: see each comment).
+* :func:`layout`, :func:`credited` — the distinct partial tiles of a problem's mask; whether a run counts.
 * :func:`table` — the path × family table of what was walked, as text.
 """
 from __future__ import annotations
@@ -62,101 +63,88 @@ def family(spec: A.Spec) -> str:
     return "causal & mask mod" if mask == "causal" else "attn_mask & mask mod"
 
 
-#: Per family, the draws that force it: (name → a value, or a tuple of options to choose from), one dict a way.
 _MOD_ARGS = (4, 9, 20)                                      # no degenerate mask: one document, no sinks, window 1
-_SDPA = ("sdpa", "engine")
-_FLEX = ("flex", "engine")
-
-
-def _mask_way(mask):
-    return dict(api=_SDPA, masked=True, mask=mask, mask_modded=False)
-
-
-def _mod_way(*mods, **extra):
-    return dict(api=_FLEX, masked=False, mask_modded=True, mask_mod=mods, mod_arg=_MOD_ARGS, **extra)
-
-
-FORCING = {
-    "none": [dict(masked=False, mask_modded=False)],
-    "causal": [_mask_way("causal"), _mod_way("causal")],
-    "causal bottom-right": [_mask_way("causal_bottom_right")],
-    "sliding window": [_mod_way("sliding_window")], "prefix LM": [_mod_way("prefix_lm")],
-    "sinks": [_mod_way("sinks")], "StreamingLLM": [_mod_way("streaming")],
-    "documents": [_mod_way("document", "document_lengths")],
-    "documents per batch": [_mod_way("document_batch", gqa=False, lead=2, batch=2)],
-    "and": [_mod_way("and")], "or": [_mod_way("or")],
-    "custom mask mod": [_mod_way("custom", "custom_rows", "custom_head", "custom_tiles")],
-    "bool attn_mask": [_mask_way("bool")], "float attn_mask": [_mask_way("float")],
-    "causal & mask mod": [dict(_mod_way(*A.MASK_MODS[1:]), api="engine", route=("tiled", "reference"),
-                               masked=True, mask="causal")],
-    "attn_mask & mask mod": [dict(_mod_way(*A.MASK_MODS[1:]), api="engine", route=("tiled", "reference"),
-                                  masked=True, mask=("causal_bottom_right", "bool", "float"))],
-}
-
-
-def forcing(fam: str, choose):
-    """A chooser for :func:`qkv.accuracy.draw_spec` whose problems are of family ``fam``: the choices that
-    decide the family forced (a tuple: ``choose`` picks among those of its options it allows), the rest
-    ``choose``'s."""
-    ways = FORCING[fam]
-    way = ways[0] if len(ways) == 1 else ways[choose("family way", tuple(range(len(ways))))]
-
-    def pick(name, options):
-        want = way.get(name)
-        if want is None:
-            return choose(name, options)
-        if not isinstance(want, tuple):
-            return want
-        allowed = tuple(o for o in options if o in want) or want
-        return choose(name, allowed)
-
-    return pick
-
-
-def drawn(fam: str, seeds) -> list:
-    """Problems of family ``fam`` drawn by :func:`qkv.accuracy.numpy_chooser` from each seed of ``seeds``."""
-    out = []
-    for seed in seeds:
-        spec = A.draw_spec(forcing(fam, A.numpy_chooser(np.random.default_rng([seed, FAMILIES.index(fam)]))))
-        assert family(spec) == fam, (fam, spec)
-        out.append(spec)
-    return out
+_SDPA = ("sdpa", "engine")                                  # the APIs that take an attn_mask / is_causal
+_FLEX = ("flex", "engine")                                  # …and a block mask
 
 
 # ============================================================================================ what is supported
-#: The compiled loops of plain scores (no score mod, no mask but ``is_causal``'s, no block mask).
+#: The compiled loops of plain scores (no score mod, no mask but ``is_causal``'s, no block mask) and the
+#: Python loop's base-2 pass of the same blocks; grouped heads in one task likewise (no mask, mod or sinks).
 _PLAIN = ("forward.plain_loop", "forward.plain_loop_lazy", "backward.plain_loop", "kernel.plain_rows",
-          "kernel.plain_lazy_rows", "kernel.plain_backward_rows", "forward.grouped_heads")
-#: The compiled loop of ALiBi and softcaps: no mask, no block mask (ALiBi: with ``is_causal`` too).
+          "kernel.plain_lazy_rows", "kernel.plain_backward_rows", "forward.grouped_heads", "kernel.exp_rows.base2")
+#: The compiled loop of ALiBi and softcaps: no mask, no block mask (ALiBi under ``is_causal`` too).
 _MODS = ("forward.mod_loop", "kernel.mod_rows")
 #: The compiled tile loop: a block mask, no attn_mask (``is_causal`` is a bit of its grid).
 _TILES = ("forward.tile_loop", "kernel.plain_rows.tiles")
-#: The families whose block masks have cells that are bands in i − j (a window's edges, a causal diagonal):
-#: the strips (custom ones: ``custom_head``'s ``j ≤ i + 2h``; documents alone are squares, their sinks columns).
+#: …its strips: the families whose block masks have cells that are bands in i − j (a window's edges, a causal
+#: diagonal; custom ones: ``custom_head``'s ``j ≤ i + 2h``, ``custom_tiles``'s diagonal) — documents alone are
+#: squares, sinks columns.
 _BAND_FAMILIES = ("causal", "sliding window", "prefix LM", "StreamingLLM", "and", "or", "custom mask mod",
                   "causal & mask mod")
-#: Block-mask paths of the Python loop.
-_BLOCK_MASK = ("mask.mask_mod", "mask.pattern", "forward.bands", "kernel.pattern_exp_rows")
+#: No block mask: split-K (a block mask's tasks take the tile loop) and the row shares of few heads.
+_NO_BLOCK_MASK = ("none", "causal", "causal bottom-right", "bool attn_mask", "float attn_mask")
+#: Block masks' mods that depend on i − j alone (causal, sliding_window): partial cells by a cached pattern,
+#: runs of bands batched; the others' partial cells by calling the mod.
+_INVARIANT = ("causal", "sliding window", "causal & mask mod", "attn_mask & mask mod")
+_CALLED = FAMILIES[4:12] + ("causal & mask mod", "attn_mask & mask mod")
+#: The paths whose work does not see the mask's layout — a score mod on a block, a block's fused exponential,
+#: a task's query or key preparation, its output's division: required walked, with any family.
+ANY = ("kernel.exp_rows.exp", "kernel.exp_rows.poly", "kernel.exp_rows.tanh", "kernel.max_exp_rows",
+       "kernel.ds_rows", "kernel.q_prep", "kernel.kt_prep", "kernel.finish_rows", "score.alibi",
+       "score.alibi_pattern", "score.generic", "score.softcap_poly", "score.softcap_tanh")
+#: Path → the families it takes; every registered path must be here (a new path declares its families).
+SUPPORT = {
+    **dict.fromkeys(_PLAIN + _MODS, ("none", "causal")),
+    **dict.fromkeys(_TILES, MOD_FAMILIES + ("causal & mask mod",)),
+    "forward.tile_loop.strips": _BAND_FAMILIES,
+    **dict.fromkeys(("forward.split_k", "forward.row_shares"), _NO_BLOCK_MASK),
+    # ALiBi is shift-free (its column term folded into V) only under masks within the causal triangle
+    "forward.alibi_fold": ("causal", "sliding window", "and", "causal & mask mod"),
+    # a float mask may add any bias: never provably bounded
+    "forward.shift_free": tuple(f for f in FAMILIES if f != "float attn_mask"),
+    **dict.fromkeys(("forward.bands", "kernel.pattern_exp_rows"), ("sliding window",)),
+    "mask.causal": ("causal",),                             # is_causal's diagonal blocks (with a block mask: its grid)
+    "mask.attn_mask": ("causal bottom-right", "bool attn_mask", "float attn_mask", "attn_mask & mask mod"),
+    "mask.pattern": _INVARIANT,
+    "mask.mask_mod": _CALLED,
+    **dict.fromkeys(("forward.lazy", "forward.max_pass", "forward.numpy_block", "forward.sinks", "forward.weights",
+                     "forward.dropout", "backward.blocks", "backward.fused_exp", "backward.mod_grad",
+                     "backward.mod_vjp", "backward.sinks"), FAMILIES),
+    **dict.fromkeys(ANY, ()),
+}
 
 
-def supported(path: str) -> tuple:
-    """The families ``path`` can take (a subset of :data:`FAMILIES`)."""
-    with_bm = MOD_FAMILIES + ("causal & mask mod", "attn_mask & mask mod")
-    if path in _PLAIN:
-        return ("none", "causal")
-    if path in _MODS:
-        return ("none", "causal")
-    if path in _TILES:
-        return MOD_FAMILIES + ("causal & mask mod",)
-    if path == "forward.tile_loop.strips":
-        return _BAND_FAMILIES
-    if path == "mask.causal":                               # is_causal's diagonal blocks by NumPy
-        return ("causal", "causal & mask mod")
-    if path == "mask.attn_mask":
-        return ("causal bottom-right", "bool attn_mask", "float attn_mask", "attn_mask & mask mod")
-    if path in _BLOCK_MASK:
-        return with_bm
-    return FAMILIES
+def supported(path: str):
+    """The families ``path`` must be walked with (empty for :data:`ANY`'s paths: any one will do; None for a
+    path not declared in :data:`SUPPORT`)."""
+    return SUPPORT.get(path)
+
+
+def layout(p) -> int:
+    """The distinct partial tiles of problem ``p``'s mask (:class:`qkv.accuracy.Problem`'s ``allowed``) on cells of
+    ``min(BLOCK_SIZE, 32)`` (the engine's cells of a block mask whose kinds it knows): 0 where every cell is
+    full or empty — boundaries on the cells' edges."""
+    if p.allowed is None:
+        return 0
+    L, S, c = p.spec.L, p.spec.S, min(p.spec.block_size, 32)
+    a = np.broadcast_to(p.allowed, p.lead + (L, S)).reshape(-1, L, S)
+    pad = np.zeros((a.shape[0], -(-L // c) * c, -(-S // c) * c), bool)
+    pad[:, :L, :S] = a
+    cells = pad.reshape(a.shape[0], pad.shape[1] // c, c, pad.shape[2] // c, c).transpose(0, 1, 3, 2, 4)
+    cells = cells.reshape(-1, c * c)
+    n = cells.sum(axis=1)
+    partial = cells[(n > 0) & (n < c * c)]
+    return 0 if partial.size == 0 else len(np.unique(np.packbits(partial, axis=1), axis=0))
+
+
+def credited(path: str, fam: str, spec: A.Spec, tiles: int) -> bool:
+    """Whether a run of ``path`` by ``spec`` (of family ``fam``, ``tiles`` distinct partial tiles) counts for the
+    pair: a compiled loop's only at ``max(L, S) ≥ LARGE``, with a layout family's mask only where its cells'
+    boundaries fall inside them, :data:`MIN_TILES` distinct tiles at least."""
+    if path not in LARGE_PATHS:
+        return True
+    return max(spec.L, spec.S) >= LARGE and (fam not in LAYOUT_FAMILIES or tiles >= MIN_TILES)
 
 
 def table(seen: dict, paths_: list) -> str:
@@ -168,6 +156,10 @@ def table(seen: dict, paths_: list) -> str:
     for p in paths_:
         sup = supported(p)
         cells = []
+        if sup is None:
+            sup = FAMILIES
+        elif not sup:
+            sup = tuple(f for f in FAMILIES if seen.get((p, f)))
         for f in FAMILIES:
             n = seen.get((p, f), 0)
             cells.append(f"{n:>5}" if n else ("  -  " if f not in sup else " MISS"))
@@ -214,5 +206,9 @@ def recast(spec: A.Spec, fam: str, i: int = 0) -> A.Spec:
 
 
 def every_family(specs) -> list:
-    """Each of ``specs`` recast to every family (:func:`recast`; ``i`` its place in the list)."""
-    return [recast(s, fam, i) for i, s in enumerate(specs) for fam in FAMILIES]
+    """Each of ``specs`` recast to every family (:func:`recast`; ``i`` its place in the list; causal both ways)."""
+    out = []
+    for i, s in enumerate(specs):
+        out += [recast(s, fam, i) for fam in FAMILIES]
+        out.append(recast(s, "causal", i + 1))
+    return out
