@@ -134,3 +134,19 @@ def test_a_band_cell_is_recognised_and_only_a_band():
     assert sparse._band((i < 4) == (j < 4)) is None                # two documents meet
     assert sparse._band(j < 3) is None                             # a sink's keys
     assert sparse._band(np.ones((8, 8), bool)) is None             # nothing binds: a full cell
+
+
+@pytest.mark.parametrize("L, block_size, window", [(1024, 8, 20), (1024, 24, 30), (700, 8, 5), (2048, 40, 100)])
+def test_windows_whose_cells_start_between_multiples_of_16_are_right(L, block_size, window):
+    """A band's strip rounded its first and last keys to multiples of 16 past the run's own keys: with BLOCK_SIZE 8,
+    24 or 40 the keys before a run's first cell were kept twice (errors 0.4–0.85, found by the plan checker)."""
+    pytest.importorskip("numba")
+    r = np.random.default_rng(L + block_size)
+    q, k, v = (r.standard_normal((1, 2, L, 64)).astype(np.float32) for _ in range(3))
+    bm = qkv.create_block_mask(mods.sliding_window(window), None, None, L, L, BLOCK_SIZE=block_size)
+    p = qkv.plan(q, k, v, block_mask=bm)
+    assert "compiled loop, tiles" in p.strategies()
+    qkv.check_plan(p)
+    out = qkv.flex_attention(q, k, v, None, bm)
+    ref = qkv.flex_attention(*(a.astype(np.float64) for a in (q, k, v)), None, bm, backend="reference")
+    np.testing.assert_allclose(out, ref, atol=2e-6, rtol=0)

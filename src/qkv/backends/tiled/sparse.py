@@ -132,15 +132,17 @@ def _joins(left: tuple, right: tuple, a: int, b: int) -> bool:
 
 def _cut(a: int, b: int, run: tuple, strip: int, area: int, S: int) -> list:
     """A run ``(j0, j1, LO, D)`` of rows a … b in strips of ``strip`` rows, each in pieces: the lower edge's
-    triangle first (its keys from a multiple of 16 down, masked, to the first key every row of the strip
-    takes), then pieces of ``area`` scores at most, the last to a multiple of 16 where the upper edge masks the
+    triangle first (its keys from a multiple of 16 down — not below j0 —, masked, to the first key every row of
+    the strip takes), then pieces of ``area`` scores at most, the last to a multiple of 16 where the upper edge masks the
     keys added; each piece with the edges that bind in it, none where nothing is allowed."""
     j0, j1, lo, hi = run
     out = []
     for x0 in range(a, b, strip):
         x1 = min(x0 + strip, b)
-        start = max(j0, x0 + lo) // 16 * 16 if lo is not None else j0
-        end = min(S, -(-min(j1, x1 + hi) // 16) * 16) if hi is not None else j1
+        # (rounded to multiples of 16 for the GEMM, but never past the run's own keys: a cell of BLOCK_SIZE 8 or 24
+        # starts between multiples of 16, and the keys before it belong to the run or piece of the cell before)
+        start = max(j0, max(j0, x0 + lo) // 16 * 16) if lo is not None else j0
+        end = min(j1, -(-min(j1, x1 + hi) // 16) * 16) if hi is not None else j1
         cuts = [start]
         if lo is not None and x1 - 1 + lo > start:
             cuts.append(min(end, -(-(x1 - 1 + lo) // 16) * 16))
