@@ -155,7 +155,9 @@ class _Task:
         bare = self.jit is not None and P.plain_scores and alone   # products, exponentials and row sums alone
         # a block mask's cells in the compiled loop (sparse.masked_plan): full cells plain, partial ones tiled
         self.tiles = None
-        if shift_free and P.plain_gemm is not None and P.tile_loop_allowed(alone):
+        # (not a split-K part: the tile plan covers all of a row's keys — each part took them all, found by the plan
+        # checker with block_k given)
+        if shift_free and P.plain_gemm is not None and P.tile_loop_allowed(alone) and self.keys is None:
             # one compiled call for the whole task: the kernels by the task's size, not its largest block's
             jit = RUNTIME.kernels.for_block(P.cdt, (i1 - i0) * self.g * P.S, P.limits.kernel_min)
             self.tiles = None if jit is None else masked_plan(P, idx, i0, i1, self.g, P.limits.block_k)

@@ -8,7 +8,7 @@ from its row origin, a Python-loop block applying its kind's mask exactly — a 
 
 * every allowed score kept exactly once, over all the call's tasks (split-K's parts included);
 * no disallowed score kept;
-* every piece within its task's rows and keys (and its tile);
+* every piece within its task's rows and keys, and within its tile;
 * in a task whose strategy writes its rows' state at their first block (``fresh``), no fresh piece over rows an
   earlier piece took; in the compiled loops' plans (made ahead as data) every row's first contribution fresh
   as well. (The Python loop's shift-free blocks decide ``fresh`` as they go and add a block whose rows are only
@@ -33,23 +33,34 @@ class PlanError(AssertionError):
 def check(plan) -> None:
     """Prove ``plan`` (forward or backward) against its problem's mask; raises :class:`PlanError`."""
     P = plan.problem
-    by_head: dict = {}
+    if P is None:
+        raise ValueError(f"plan: expected a plan of the tiled engine, got one of backend {plan.backend!r} (no tasks "
+                         "to check)")
+    groups: dict = {}                                         # the heads a task serves, together: their tasks
     for t in plan.tasks:
         if plan.direction == "forward":
             _check_fresh(t)
-            for h in range(t.group):
-                head = t.head[:-1] + (t.head[-1] + h,) if t.head else ()
-                by_head.setdefault(head, []).append((t, h))
+            heads = [t.head[:-1] + (t.head[-1] + h,) for h in range(t.group)] if t.head else [()]
         else:
-            for h, head in enumerate(t.heads):
-                by_head.setdefault(tuple(head), []).append((t, h))
-    for head in np.ndindex(*P.lead):
-        kept = np.zeros((P.L, P.S), np.int32)
-        for t, h in by_head.get(head, []):
-            _add_task(P, plan.direction, t, h, head, kept)
-        want = allowed(P, head)
-        if not np.array_equal(kept, want.astype(np.int32)):
-            raise PlanError(_difference(plan, head, kept, want))
+            heads = [tuple(h) for h in t.heads]
+        groups.setdefault(tuple(heads), []).append(t)
+    done = set()
+    for heads, tasks in groups.items():
+        kept = np.zeros((len(heads), P.L, P.S), np.int16)
+        for t in tasks:
+            _add_task(P, plan.direction, t, heads, kept)
+        for h, head in enumerate(heads):
+            _compare(plan, head, kept[h])
+            done.add(head)
+    for head in np.ndindex(*P.lead):                          # heads no task serves: nothing may be allowed
+        if head not in done:
+            _compare(plan, head, np.zeros((P.L, P.S), np.int16))
+
+
+def _compare(plan, head, kept: np.ndarray) -> None:
+    want = allowed(plan.problem, head)
+    if not np.array_equal(kept, want):
+        raise PlanError(_difference(plan, head, kept, want))
 
 
 def allowed(P, idx: tuple) -> np.ndarray:
@@ -69,33 +80,34 @@ def allowed(P, idx: tuple) -> np.ndarray:
     return a
 
 
-def _add_task(P, direction: str, t, h: int, head: tuple, kept: np.ndarray) -> None:
-    """Add what task ``t`` keeps for its head ``h`` (the group's or the backward's) into ``kept`` (L, S)."""
+def _add_task(P, direction: str, t, heads: list, kept: np.ndarray) -> None:
+    """Add what task ``t`` keeps into ``kept`` (heads, L, S): the forward's ``group`` interleaved heads, the
+    backward's query heads (a piece's ``head``)."""
     if direction == "forward":
         g, i0, i1 = t.group, t.rows[0], t.rows[1]
         k0, k1 = t.keys if t.keys is not None else (0, P.S)
-        rows = (i1 - i0) * g
         for n, p in enumerate(t.pieces):
-            _inside(t, n, p, 0, rows, k0, k1, P.S)
-            keep = _keep(P, t, p, head, i0, g)
-            first = p.rows[0] + (h - p.rows[0]) % g           # this head's rows of the interleaved block
-            if first < p.rows[1]:
-                a = i0 + first // g
-                mine = keep[first - p.rows[0]::g]
-                kept[a:a + len(mine), p.keys[0]:p.keys[1]] += mine
+            _inside(t, n, p, 0, (i1 - i0) * g, k0, k1, P.S)
+            keep = _keep(P, t, p, heads[0], i0, g)
+            for h in range(g):
+                first = p.rows[0] + (h - p.rows[0]) % g       # this head's rows of the interleaved block
+                if first < p.rows[1]:
+                    mine = keep[first - p.rows[0]::g]
+                    a = i0 + first // g
+                    kept[h, a:a + len(mine), p.keys[0]:p.keys[1]] += mine
         return
     j0, j1 = t.keys
     for n, p in enumerate(t.pieces):
-        if p.head != h:
-            continue
         _inside(t, n, p, 0, P.L, j0, j1, P.S)
-        keep = _keep(P, t, p, head, 0, 1)
-        kept[p.rows[0]:p.rows[1], p.keys[0]:p.keys[1]] += keep
+        kept[p.head, p.rows[0]:p.rows[1], p.keys[0]:p.keys[1]] += _keep(P, t, p, heads[p.head], 0, 1)
 
 
 def _inside(t, n: int, p, r_lo: int, r_hi: int, k_lo: int, k_hi: int, S: int) -> None:
-    """A piece within its task's rows and keys."""
+    """A piece within its task's rows and keys (a split-K part owns the key blocks that start in its keys, cut into
+    pieces after: its pieces may pass its end, and the coverage over all parts is what proves it)."""
     (r0, r1), (j0, j1) = p.rows, p.keys
+    if t.keys is not None:
+        k_lo, k_hi = 0, S
     if not (r_lo <= r0 < r1 <= r_hi and max(0, k_lo) <= j0 < j1 <= min(k_hi, S)):
         raise PlanError(f"plan check: {_name(t)}: piece {n} rows {r0}…{r1} × keys {j0}…{j1} outside the task's "
                         f"rows {r_lo}…{r_hi} × keys {k_lo}…{min(k_hi, S)}")
@@ -142,7 +154,9 @@ def _masks(P, masks, head, pos, keys, r, c) -> np.ndarray:
     kind, arg = masks
     if kind == "pattern":
         return arg[r, c]
-    keep = np.ones(np.broadcast_shapes(pos.shape, keys.shape), bool)
+    shape = np.broadcast_shapes(pos.shape, keys.shape)
+    keep = np.ones(shape, bool)
+    mods: dict = {}                                           # the mod over the block, per run's first key
     for o0, o1, c0, c1, v in arg:
         sel = (pos >= o0) & (pos < o1) & (keys >= c0) & (keys < c1)
         if not sel.any():
@@ -150,9 +164,12 @@ def _masks(P, masks, head, pos, keys, r, c) -> np.ndarray:
         if v < 0:
             keep &= ~sel
             continue
-        ok = np.ones_like(keep)
+        ok = np.ones(shape, bool)
         if v & 1:
-            ok &= _mod(P, head, pos, keys, c0)
+            shift = c0 if P.mask_traits.invariant else 0
+            if shift not in mods:
+                mods[shift] = _mod(P, head, pos, keys, shift)
+            ok &= mods[shift]
         if v & 2:
             ok &= keys <= pos
         if v & 4:

@@ -196,8 +196,12 @@ def _masks_of(kind):
 def _band_pieces(T, step, added: list) -> list:
     """A run of bands: ``n`` blocks of ``h`` rows, each ``h`` keys on, one pattern (adds: the rows' state starts
     at 0, and the run's rows join ``added`` as :func:`~qkv.backends.tiled.forward_pass._bands` does)."""
-    _, r0, n, h, j0, w, (_bias, mask) = step
-    pat = None if mask is None else ("pattern", np.isfinite(mask))
+    _, r0, n, h, j0, w, (bias, mask) = step
+    kept = np.ones((h, w), bool)                               # (ALiBi without a cap carries the mask in its bias)
+    for add in (bias, mask):
+        if add is not None:
+            kept &= np.isfinite(add)
+    pat = None if kept.all() else ("pattern", kept)
     added.append((r0, r0 + n * h))
     return [Piece((r0 + b * h, r0 + (b + 1) * h), (j0 + b * h, j0 + b * h + w), masks=pat, fresh=None)
             for b in range(n)]
