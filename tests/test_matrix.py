@@ -53,6 +53,13 @@ from qkv import accuracy as A
 from qkv import paths
 
 EXAMPLES = 800
+
+
+@pytest.fixture(autouse=True)
+def _plans_proven(monkeypatch):
+    """Every plan the matrix runs is proven against its mask first (``QKV_CHECK_PLANS=1``, issue 39): a plan bug
+    fails as a ``PlanError`` naming the scores, before any number is compared."""
+    monkeypatch.setenv("QKV_CHECK_PLANS", "1")
 _ENV = int(os.environ.get("QKV_MATRIX_EXAMPLES", "0") or 0)
 
 
