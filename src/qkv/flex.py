@@ -113,10 +113,7 @@ def flex_attention_backward(grad_out, query, key, value, score_mod=None, block_m
     if threads is not None:
         threads = _checks.positive_int(threads, "threads")
     p = _prepare(query, key, value, score_mod, block_mask, scale, enable_gqa, sink_logits, check_range=False)
-    if p.score_mod is not None and not p.score_mod.has_grad:
-        raise ValueError(f"score_mod: {p.score_mod.name} has no derivative, so flex_attention_backward cannot "
-                         "compute its gradient; give one: qkv.mods.ScoreMod(fn, grad=lambda score, b, h, q_idx, "
-                         "kv_idx: ∂fn/∂score)")
+    _check_backward_mod(p)
     grad_out = _checks.float_array(grad_out, "grad_out", min_ndim=2)
     if grad_out.shape != p.out_shape:
         raise ValueError(f"grad_out: expected the output's shape {p.out_shape}, got {grad_out.shape}")
@@ -146,6 +143,14 @@ def flex_attention_backward(grad_out, query, key, value, score_mod=None, block_m
                              f"{float(np.max(np.abs(g))):.3g}); rescale grad_out or the inputs")
         grads[i] = g.astype(dt, copy=False)
     return tuple(grads)
+
+
+def _check_backward_mod(p) -> None:
+    """A score mod the backward cannot differentiate is refused before anything is computed."""
+    if p.score_mod is not None and not p.score_mod.has_grad:
+        raise ValueError(f"score_mod: {p.score_mod.name} has no derivative, so flex_attention_backward cannot "
+                         "compute its gradient; give one: qkv.mods.ScoreMod(fn, grad=lambda score, b, h, q_idx, "
+                         "kv_idx: ∂fn/∂score)")
 
 
 class _Prepared:

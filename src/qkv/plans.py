@@ -46,6 +46,7 @@ def plan(query, key, value, *, score_mod=None, block_mask=None, attn_mask=None, 
     kw = dict(attn_mask=mask, is_causal=bool(is_causal), scale=p.scale, enable_gqa=p.enable_gqa, threads=threads,
               **request)
     if backward:
+        flex._check_backward_mod(p)
         name, reason = _backward_backend(backend, request)
     else:
         name, reason = _forward_backend(backend, q, k, v, dict(kw, dropout_p=0.0, return_weights=False))

@@ -142,6 +142,9 @@ def _words(text: str, name: str, allowed) -> list[str]:
                    "against a float64 reference and the number of cases. Relative error = max|got − ref| / "
                    "max|ref| per case (normwise), over the output (forward) or over dq, dk, dv, d sink_logits "
                    "together (backward). With --markdown or --json.")
+@click.option("--plan", "show_plan", is_flag=True,
+              help="Instead of timing: print the tiled engine's plan of each case (qkv.plan: strategy and reason per "
+                   "task, pieces, work fraction) — the sweep's --lengths × --modes, or with --variants its --cases.")
 @click.option("--gemm", "gemm_names", default=None, metavar="NAMES",
               help="GEMM providers for the tiled engine, comma-separated, side by side in one run: any of numpy, "
                    "mkl (pip install 'qkv[mkl]'), auto (default: the one in use, qkv.get_gemm()).")
@@ -150,7 +153,7 @@ def _words(text: str, name: str, allowed) -> list[str]:
                    "inside them (CPU time): the share of the GEMM's rate the forward reaches, per provider; "
                    "with torch installed, torch's SDPA too, against torch.mm on its kernel's blocks.")
 def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, long_n, json_out, plot_out,
-          markdown, progress, variants, cases, accuracy, gemm_names, share):
+          markdown, progress, variants, cases, accuracy, show_plan, gemm_names, share):
     """Time qkv's tiled engine, its reference path and torch's SDPA side by side (float32).
 
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
@@ -162,6 +165,8 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         _check_output(opt, path)
     if accuracy:
         return _accuracy(click.get_current_context().params)
+    if show_plan:
+        return _plans(click.get_current_context().params)
     _check_plot(plot_out, variants)                                     # its format and matplotlib, up front too
     for name, val in (("--heads", heads), ("--dim", dim), ("--batch", batch), ("--repeats", repeats),
                       ("--threads", threads), ("--long", long_n)):
@@ -259,6 +264,27 @@ def _print_table(result: dict, requested=None) -> None:
         click.echo(f"long: N={lg['n']} H={lg['heads']} E={lg['dim']} tiled forward {lg['seconds']:.2f} s, peak RSS "
                    f"{lg['peak_rss_mb']:.0f} MB (its score matrix alone would take "
                    f"{lg['scores_would_take_mb']:.0f} MB)")
+
+
+def _plans(params: dict) -> int:
+    """``qkv bench --plan``: the plans of the cases (:mod:`qkv.bench._plans`), nothing timed."""
+    from qkv.bench import _plans as PL
+    for name, key in (("--plot", "plot_out"), ("--gemm-share", "share"), ("--long", "long_n"), ("--json", "json_out"),
+                      ("--markdown", "markdown")):
+        if params[key]:
+            raise UserError(f"{name}: not offered with --plan (it prints plans, it times nothing)")
+    if params["variants"]:
+        got = PL.variant_plans(_words(params["cases"], "--cases", ("window", "documents", "mods", "backward")),
+                               params["heads"], params["dim"], params["threads"])
+    else:
+        from qkv import bench as B
+        lengths = _ints(params["lengths"], "--lengths")
+        if max(lengths) > 65536:
+            raise UserError(f"--lengths: with --plan at most 65536 (the inputs are made), got {max(lengths)}")
+        got = PL.sweep_plans(lengths, _words(params["modes"], "--modes", B.MODES), params["heads"], params["dim"],
+                             params["batch"], params["threads"])
+    click.echo(PL.render(got))
+    return 0
 
 
 def _accuracy(params: dict) -> int:

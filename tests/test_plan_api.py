@@ -1,0 +1,74 @@
+"""qkv.plan (issue 39): a call's plan, made by the code the call runs, without computing attention — its backend
+and reason, its tasks' strategies and reasons, its pieces; printed as a table; ``qkv bench --plan``."""
+import numpy as np
+import pytest
+
+import qkv
+from qkv import mods as M
+
+from cli_checks import one_line, run
+
+
+def _qkv(n=1024, heads=2, seed=0, scale=1.0):
+    r = np.random.default_rng(seed)
+    return tuple((r.standard_normal((1, heads, n, 64)) * scale).astype(np.float32) for _ in range(3))
+
+
+def test_a_packed_documents_plan_says_what_runs_and_why():
+    pytest.importorskip("numba")
+    q, k, v = _qkv()
+    bm = qkv.create_block_mask(M.document(np.arange(1024) // 200), None, None, 1024, 1024)
+    with qkv.paths.counting() as seen:
+        p = qkv.plan(q, k, v, block_mask=bm)
+    assert not seen.get("forward.tile_loop")                      # nothing ran
+    assert p.backend == "tiled" and p.reason.startswith("auto:")
+    assert p.strategies() == {"compiled loop, tiles": len(p.tasks)}
+    assert all("block mask" in t.reason for t in p.tasks)
+    assert 0.15 < p.work_fraction() < 0.25                        # five documents of 200: ~0.19 of the scores
+    text = str(p)
+    assert "compiled loop, tiles [a]" in text and "work fraction" in text and "[a] compiled loop, tiles:" in text
+    pieces = str(p.tasks[0])
+    assert pieces.splitlines()[0].split() == ["piece", "rows", "keys", "upper", "lower", "tile", "masks", "fresh"]
+    qkv.check_plan(p)
+    with qkv.paths.counting() as seen:
+        qkv.flex_attention(q, k, v, None, bm)
+    assert seen["forward.tile_loop"] == len(p.tasks)              # the run took what the plan said
+
+
+def test_the_python_loop_s_reason_says_why_no_compiled_loop_took_it(numpy_kernels):
+    q, k, v = _qkv()
+    p = qkv.plan(q, k, v, is_causal=True, backend="tiled")
+    assert set(p.strategies()) <= {"shift-free blocks", "rescaled blocks"}
+    assert all("no compiled loop: no fused kernels" in t.reason for t in p.tasks)
+    qkv.check_plan(p)
+
+
+def test_a_backward_plan_and_a_small_call_on_the_reference():
+    q, k, v = _qkv()
+    p = qkv.plan(q, k, v, is_causal=True, backward=True)
+    assert p.direction == "backward" and p.backend == "tiled" and p.tasks
+    qkv.check_plan(p)
+    small = qkv.plan(*(a[:, :, :16] for a in (q, k, v)), is_causal=True)
+    assert small.backend == "reference" and not small.tasks and "size rule" in small.reason
+    assert "no tasks" in str(small)
+    with pytest.raises(ValueError, match="plan: expected a plan of the tiled engine"):
+        qkv.backends.tiled.proof.check(small)
+
+
+def test_bad_arguments_are_the_calls_errors():
+    q, k, v = _qkv(64)
+    with pytest.raises(TypeError, match="block_mask"):
+        qkv.plan(q, k, v, block_mask=lambda b, h, i, j: i >= j)
+    with pytest.raises(ValueError, match="key"):
+        qkv.plan(q, k[..., :8], v)
+    with pytest.raises(ValueError, match="score_mod: .* has no derivative"):
+        qkv.plan(q, k, v, score_mod=lambda s, b, h, i, j: s * 2, backward=True, backend="tiled")
+
+
+def test_bench_plan_prints_the_cases_plans(capsys):
+    code, out, err = run(capsys, "bench", "--plan", "--lengths", "512", "--modes", "forward,causal", "--heads", 2)
+    assert code == 0, err
+    assert "== N = 512, forward" in out and "== N = 512, causal" in out and "strategies:" in out
+    code, out, err = run(capsys, "bench", "--plan", "--variants", "--cases", "documents", "--heads", 1)
+    assert code == 0 and "8 packed documents of 1024" in out and "work fraction 0.125" in out, err
+    one_line(*run(capsys, "bench", "--plan", "--json", "out.json")[::2], "not offered with --plan")
