@@ -181,25 +181,7 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         if variants and len(set(gemms)) > 1:
             raise UserError("--gemm: with --variants give one provider (the variants compare cases, not providers)")
     if variants:
-        if gemms is not None:
-            from qkv import gemm
-            gemm.set_gemm(gemms[0])
-        if plot_out:
-            raise UserError("--plot: not offered with --variants (its rows are not a sweep over N)")
-        result = B.variants(heads=heads, dim=dim, repeats=repeats, threads=threads,
-                            long_n=65536 if long_n is None else long_n, progress=progress,
-                            cases=_words(cases, "--cases", ("window", "documents", "mods", "backward")))
-        if _json(result, json_out):
-            return 0
-        if markdown:
-            click.echo(B.variants_markdown(result))
-        else:
-            click.echo(B.header(result))
-            for line in B.variants_text(result):
-                click.echo(line)
-        if json_out:
-            click.echo(f"json: {json_out}")
-        return 0
+        return _variants(gemms, plot_out, heads, dim, repeats, threads, long_n, progress, cases, json_out, markdown)
     n_list = _ints(lengths, "--lengths")
     mode_list = _words(modes, "--modes", B.MODES)
     impl_list = _words(impls, "--impls", B.IMPLS)
@@ -264,6 +246,30 @@ def _print_table(result: dict, requested=None) -> None:
         click.echo(f"long: N={lg['n']} H={lg['heads']} E={lg['dim']} tiled forward {lg['seconds']:.2f} s, peak RSS "
                    f"{lg['peak_rss_mb']:.0f} MB (its score matrix alone would take "
                    f"{lg['scores_would_take_mb']:.0f} MB)")
+
+
+def _variants(gemms, plot_out, heads, dim, repeats, threads, long_n, progress, cases, json_out, markdown) -> int:
+    """``qkv bench --variants``: the attention variants against their targets."""
+    from qkv import bench as B
+    if gemms is not None:
+        from qkv import gemm
+        gemm.set_gemm(gemms[0])
+    if plot_out:
+        raise UserError("--plot: not offered with --variants (its rows are not a sweep over N)")
+    result = B.variants(heads=heads, dim=dim, repeats=repeats, threads=threads,
+                        long_n=65536 if long_n is None else long_n, progress=progress,
+                        cases=_words(cases, "--cases", ("window", "documents", "mods", "backward")))
+    if _json(result, json_out):
+        return 0
+    if markdown:
+        click.echo(B.variants_markdown(result))
+    else:
+        click.echo(B.header(result))
+        for line in B.variants_text(result):
+            click.echo(line)
+    if json_out:
+        click.echo(f"json: {json_out}")
+    return 0
 
 
 def _plans(params: dict) -> int:
