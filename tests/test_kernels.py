@@ -560,7 +560,7 @@ def test_base2_scale_is_rounded_once_and_the_bound_reads_the_input_rows(rng):
     # bound comes from the input rows' norms before they are scaled; grouped rows interleaved (r·g + h)
     q, k, v = _inputs(rng, H=6, Hk=2)
     P = tiled.plan._Problem(q, k, v, None, True, 0.2, True)
-    P.group = 3
+    P = P.with_cut(tiled.plan.Cut(group=3))
     got = np.empty((90, 32), np.float32)
     P.q_rows_group((0, 0), 10, 40, got, tiled.forward_pass._LOG2E)
     rows = q[0, :3, 10:40].transpose(1, 0, 2).reshape(90, 32)

@@ -72,3 +72,19 @@ def test_bench_plan_prints_the_cases_plans(capsys):
     code, out, err = run(capsys, "bench", "--plan", "--variants", "--cases", "documents", "--heads", 1)
     assert code == 0 and "8 packed documents of 1024" in out and "work fraction 0.125" in out, err
     one_line(*run(capsys, "bench", "--plan", "--json", "out.json")[::2], "not offered with --plan")
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_planning_leaves_the_problem_as_it_was(backward):
+    """The problem is inputs only: the setup returns the problem as cut (a copy), the one given keeps every field."""
+    from qkv.backends.tiled import plan as tp, setup
+    r = np.random.default_rng(1)
+    q = r.standard_normal((1, 6, 512, 64), dtype=np.float32)
+    k, v = (r.standard_normal((1, 2, 512, 64), dtype=np.float32) for _ in range(2))
+    P = tp._Problem(q, k, v, None, True, 0.125, True, backward=backward)
+    before = dict(vars(P))
+    got = setup.backward_setup(P, None, None, 2) if backward else setup.forward_setup(P, None, None, 2, 0.0, False)
+    assert vars(P).keys() == before.keys() and all(vars(P)[name] is before[name] for name in before)
+    assert P.cut == tp.Cut() and got.problem is not P
+    if not backward:
+        assert got.problem.group == 3                     # the grouped heads, in the cut problem only

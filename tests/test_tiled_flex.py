@@ -265,7 +265,7 @@ def test_plan_covers_allowed_pairs_once_and_skips_empty_cells(mm):
     bm = create_block_mask(mm, None, None, L, S, BLOCK_SIZE=bs)
     z = np.zeros((1, 1, L, 8))
     P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
-    P.fwd_budget = 10**9
+    P = P.with_cut(tiled.plan.Cut(fwd_budget=10**9))
     seen = _plan_coverage(P, L, S, 16)
     allowed = bm.dense((1, 1), L, S).reshape(L, S)
     assert np.all(seen[allowed] == 1) and seen.max() <= 1
@@ -489,7 +489,7 @@ def test_finer_cells_for_built_in_mods(mm):
     P = tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm)
     assert P.cell == tiled.GRID_CELL == 32
     assert tiled.plan._Problem(z, z, z, None, False, 1.0, False, block_mask=bm, backward=True).cell == 64
-    P.fwd_budget = 10**9
+    P = P.with_cut(tiled.plan.Cut(fwd_budget=10**9))
     seen = _plan_coverage(P, L, S, 256)
     allowed = bm.dense((1, 1), L, S).reshape(L, S)
     assert np.all(seen[allowed] == 1) and seen.max() <= 1

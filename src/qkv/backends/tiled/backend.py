@@ -38,6 +38,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     threads = RUNTIME.resolve_threads(threads)
     P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits)
     setup = forward_setup(P, block_q, block_k, threads, dropout_p, return_weights)
+    P = setup.problem                                         # (as cut: what the tasks read)
     if checks_plans():                                        # QKV_CHECK_PLANS=1: the plan proven first
         from . import proof, schedule
         proof.check(schedule.forward_plan_of(P, setup, dropout_p, return_weights))
@@ -102,6 +103,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits,
                  backward=True)
     setup = backward_setup(P, block_q, block_k, threads)
+    P = setup.problem
     if checks_plans():                                        # QKV_CHECK_PLANS=1: the plan proven first
         from . import proof, schedule
         proof.check(schedule.backward_plan_of(P, setup))

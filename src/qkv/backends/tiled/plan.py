@@ -25,6 +25,8 @@ Shape legend: B batch, H query heads, Hk key/value heads, L queries, S keys, E q
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import threading
 
@@ -44,6 +46,17 @@ _src = shapes.source_index
 
 
 # ---------------------------------------------------------------------------------------------- the problem
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    """What the call's setup decided beyond the inputs (:mod:`qkv.backends.tiled.setup`): the query heads a forward
+    task takes (``group``), the scores a block mask's block may hold (``fwd_budget``), the compiled loops' GEMM
+    provider (``plain_gemm``, None: they do not run) and key block (``plain_block_k``)."""
+    group: int = 1
+    fwd_budget: int | None = None
+    plain_gemm: object = None
+    plain_block_k: int | None = None
+
+
 class _Problem:
     """Validated inputs as views per head, in the compute dtype; shared read-only by the workers.
 
@@ -93,10 +106,34 @@ class _Problem:
         self._kv_lock = threading.Lock()
         self._kv_locks: dict = {}
         self._bm_cache = RUNTIME.plans(block_mask) if block_mask is not None else None
-        self.fwd_budget = None                               # forward: scores per block (see grid_blocks)
-        self.group = 1                                       # forward: query heads per task (see forward)
-        self.plain_gemm = None                               # the provider of the compiled plain loops (_plain_loops)
-        self.plain_block_k = None                            # …and their key block (None: the call's)
+        self.cut = Cut()                                     # how the call is cut: set by with_cut, never in place
+
+    def with_cut(self, cut: "Cut") -> "_Problem":
+        """This problem as cut by ``cut`` (:mod:`qkv.backends.tiled.setup` decides it): a shallow copy — the inputs,
+        their prepared key/value heads and the caches shared; this one untouched."""
+        got = copy.copy(self)
+        got.cut = cut
+        return got
+
+    @property
+    def group(self) -> int:
+        """Forward: the query heads per task (grouped-query heads interleaved; 1: one head a task)."""
+        return self.cut.group
+
+    @property
+    def fwd_budget(self):
+        """Forward: the scores a block mask's block may hold (None: ``block_k`` was given)."""
+        return self.cut.fwd_budget
+
+    @property
+    def plain_gemm(self):
+        """The GEMM provider of the compiled loops (None: they do not run)."""
+        return self.cut.plain_gemm
+
+    @property
+    def plain_block_k(self):
+        """The compiled loops' key block (None: the call's ``block_k``)."""
+        return self.cut.plain_block_k
 
     @property
     def plain_scores(self) -> bool:
@@ -683,12 +720,12 @@ def _band_pattern(P: _Problem, sig: tuple, d: int, h: int, w: int, slope, split:
 
 
 # ---------------------------------------------------------------------------------------------- compiled loops
-def _plain_loops(P: _Problem, jit, gemm) -> None:
-    """Before the tasks: where the kernels run (``jit``) and the GEMM provider has a C sgemm, ``P.plain_gemm`` is
-    set, so that plain tasks take the compiled loops (each compiled, or loaded from numba's cache, at its first
-    call)."""
+def _plain_loops(P: _Problem, jit, gemm):
+    """Before the tasks: the GEMM provider of the compiled loops where the kernels run (``jit``) and the provider
+    has a C sgemm (each loop compiled, or loaded from numba's cache, at its first call), else None."""
     if jit is not None and P.limits.plain_loop and _kernels.plain_available(gemm):
-        P.plain_gemm = gemm
+        return gemm
+    return None
 
 
 def _plain_plan(P: _Problem, i0, i1, block_k, g, keys) -> tuple:

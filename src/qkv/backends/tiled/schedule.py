@@ -125,6 +125,7 @@ def forward_plan(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=
 def forward_plan_of(P, setup, dropout_p: float = 0.0, return_weights: bool = False, reason: str = "named") -> Plan:
     """The plan of problem ``P`` cut by ``setup`` (:func:`qkv.backends.tiled.setup.forward_setup`): each part's task
     built as the run builds it."""
+    P = setup.problem                                          # (as cut)
     weights = np.zeros(0) if return_weights else None          # (_Task asks only whether there are weights)
     tasks = []
     for idx, i0, i1, keys in setup.parts:
@@ -221,6 +222,7 @@ def backward_plan(query, key, value, *, attn_mask=None, is_causal=False, scale, 
 
 def backward_plan_of(P, setup, reason: str = "named") -> Plan:
     """The backward plan of problem ``P`` cut by ``setup`` (:func:`qkv.backends.tiled.setup.backward_setup`)."""
+    P = setup.problem
     kv_lead = shapes.kv_lead(P.lead, P.n_rep)
     tasks = []
     for kv_idx in np.ndindex(*kv_lead):

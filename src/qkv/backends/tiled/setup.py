@@ -19,7 +19,7 @@ import numpy as np
 from ... import _checks, kernels as _kernels, paths as _paths, shapes
 from ..runtime import RUNTIME
 from . import split as _split
-from .plan import _aligned, _plain_loops, _rows_per_task
+from .plan import Cut, _aligned, _plain_loops, _rows_per_task
 
 F_SHARES = _paths.register("forward.row_shares", "few heads on several workers: their rows cut into one share "
                                                   "of equal work per worker")
@@ -28,19 +28,21 @@ F_SHARES = _paths.register("forward.row_shares", "few heads on several workers: 
 class Setup(NamedTuple):
     """How a call is cut, decided before anything runs: the block sizes, the tasks' ``rows`` ``(idx, i0, i1,
     None)`` in the order they are queued, split-K's ``splits`` and the ``parts`` that run — ``rows`` with their
-    key ranges ``(k0, k1)`` when split — and the workers."""
+    key ranges ``(k0, k1)`` when split —, the workers, and the ``problem`` as cut (its
+    :class:`~qkv.backends.tiled.plan.Cut`: the one the tasks read; the problem given is left as it was)."""
     bq: int
     bk: int
     rows: list
     splits: int
     parts: list
     threads: int
+    problem: object
 
 
 def forward_setup(P, block_q, block_k, threads: int, dropout_p: float, return_weights: bool) -> Setup:
     """The forward's :class:`Setup` for problem ``P`` (the run's and :func:`qkv.plan`'s, one function)."""
     reads_scores = dropout_p > 0 or return_weights
-    bq, bk, few = _forward_blocks(P, block_q, block_k, threads, reads_scores)
+    bq, bk, few, P = _forward_blocks(P, block_q, block_k, threads, reads_scores)
     heads = [idx for idx in np.ndindex(*P.lead) if not idx or idx[-1] % P.group == 0]
     if few and threads > 1 and P.bm is None:
         _paths.hit(F_SHARES)
@@ -60,23 +62,24 @@ def forward_setup(P, block_q, block_k, threads: int, dropout_p: float, return_we
     if splits > 1:
         bounds = _split.key_bounds(P, splits, bk)
         parts = [(idx, i0, i1, (bounds[c], bounds[c + 1])) for c in range(splits) for idx, i0, i1, _ in rows]
-        return Setup(bq, bk, rows, splits, parts, threads)
+        return Setup(bq, bk, rows, splits, parts, threads, P)
     if 2 * bq * P.group * P.S * (P.E + P.Ev) < P.limits.serial_below_flops:
         threads = 1
-    return Setup(bq, bk, rows, 1, rows, threads)
+    return Setup(bq, bk, rows, 1, rows, threads, P)
 
 
 def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tuple:
-    """The forward's ``(block_q, block_k, few)``: the given sizes or the limits', aligned to a block mask's
-    cells; the heads grouped where they may be (``P.group``), the compiled loops' provider and key block set
-    where they run (``reads_scores``: dropout or weights, which the compiled loops do not do); ``few``: the
-    default block_q was halved for want of tasks (few heads: :func:`_row_shares` then, without a block mask)."""
+    """The forward's ``(block_q, block_k, few, problem)``: the given sizes or the limits', aligned to a block mask's
+    cells; ``few``: the default block_q was halved for want of tasks (few heads: :func:`_row_shares` then, without
+    a block mask); the problem as cut (:class:`~qkv.backends.tiled.plan.Cut`): the heads grouped where they may be,
+    a block's budget of scores, the compiled loops' provider and key block where they run (``reads_scores``:
+    dropout or weights, which the compiled loops do not do)."""
     lim = P.limits                                           # this call's limits, read once
     bq = _checks.positive_int(block_q, "block_q") if block_q is not None else lim.block_q
     bk = _checks.positive_int(block_k, "block_k") if block_k is not None else lim.block_k
     n_heads = math.prod(P.lead)
     gemm = RUNTIME.gemm.active()                             # resolve the GEMM provider here, not in a worker
-    few = False
+    few, group, budget, plain_block_k = False, 1, None, None
     if P.bm is not None:
         bs = P.bs
         if block_q is None and _tiles_likely(P, reads_scores, gemm):
@@ -85,7 +88,7 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
         # the widest run of keys one matmul takes: block_k when given, else as many as keep a block of
         # scores within block_q × block_k numbers (a cell row of 128 queries takes up to 4096 keys at once)
         bk = _aligned(bk, bs) if block_k is not None else _aligned(P.L + P.S, bs)
-        P.fwd_budget = None if block_k is not None else lim.block_q * lim.block_k
+        budget = None if block_k is not None else lim.block_q * lim.block_k
         while block_q is None and bq > bs and n_heads * math.ceil(P.L / bq) < 2 * threads:
             bq = _aligned(bq // 2, bs)
     else:
@@ -95,22 +98,22 @@ def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tu
         # on 3, SmolLM2's prefill); the block keeps about as many rows (block_q positions ÷ group).
         if (lim.group_gqa and P.n_rep > 1 and P.lead and P.mod.kind == "none" and P.mask is None
                 and P.sinks is None and not reads_scores):
-            P.group = P.n_rep
-            n_heads //= P.group
-            bq = max(1, bq // P.group) if block_q is None else bq
+            group = P.n_rep
+            n_heads //= group
+            bq = max(1, bq // group) if block_q is None else bq
         if block_q is None:
             bq, few = _halved(P, bq, n_heads, threads)
         else:
             bq = min(bq, P.L)
     # …and load the fused kernels, if blocks use them
-    jit = RUNTIME.kernels.for_call(P.cdt, bq * P.group * min(bk, P.S), lim.kernel_min)
-    _plain_loops(P, jit, gemm)
-    if P.plain_gemm is not None and (P.plain_scores or P.mod_loop) and not reads_scores:   # the compiled loops
+    jit = RUNTIME.kernels.for_call(P.cdt, bq * group * min(bk, P.S), lim.kernel_min)
+    plain_gemm = _plain_loops(P, jit, gemm)
+    if plain_gemm is not None and (P.plain_scores or P.mod_loop) and not reads_scores:   # the compiled loops
         if block_k is None and P.S > bk:                     # (keys of one block_k block stay one block)
-            P.plain_block_k = lim.block_k_plain
+            plain_block_k = lim.block_k_plain
         if block_q is None:
-            bq, few = _halved(P, max(1, lim.block_q_plain // P.group), n_heads, threads)
-    return bq, bk, few
+            bq, few = _halved(P, max(1, lim.block_q_plain // group), n_heads, threads)
+    return bq, bk, few, P.with_cut(Cut(group, budget, plain_gemm, plain_block_k))
 
 
 def _halved(P, bq: int, n_heads: int, threads: int) -> tuple:
@@ -161,16 +164,17 @@ def _tiles_likely(P, reads_scores: bool, gemm) -> bool:
 
 class BackwardSetup(NamedTuple):
     """How a backward is cut: its block sizes, each key/value head's key blocks dealt into ``chunks`` tasks, the
-    workers."""
+    workers, and the problem as cut (the compiled loop's provider)."""
     bq: int
     bk: int
     chunks: int
     threads: int
+    problem: object
 
 
 def backward_setup(P, block_q, block_k, threads: int) -> BackwardSetup:
     """The backward's :class:`BackwardSetup` for problem ``P``, the GEMM provider and fused kernels resolved (not in
-    a worker) and the compiled loop's provider set where it runs (the run's and :func:`qkv.plan`'s)."""
+    a worker), the compiled loop's provider in its cut where it runs (the run's and :func:`qkv.plan`'s)."""
     lim = P.limits                                           # this call's limits, read once
     bq = _checks.positive_int(block_q, "block_q") if block_q is not None else lim.block_q_backward
     bk = _checks.positive_int(block_k, "block_k") if block_k is not None else lim.block_k_backward
@@ -182,5 +186,4 @@ def backward_setup(P, block_q, block_k, threads: int) -> BackwardSetup:
         threads = 1
     gemm = RUNTIME.gemm.active()
     jit = RUNTIME.kernels.for_call(P.cdt, min(bq, P.L) * min(bk, P.S), lim.kernel_min)
-    _plain_loops(P, jit, gemm)
-    return BackwardSetup(bq, bk, chunks, threads)
+    return BackwardSetup(bq, bk, chunks, threads, P.with_cut(Cut(plain_gemm=_plain_loops(P, jit, gemm))))
