@@ -88,3 +88,20 @@ def test_planning_leaves_the_problem_as_it_was(backward):
     assert P.cut == tp.Cut() and got.problem is not P
     if not backward:
         assert got.problem.group == 3                     # the grouped heads, in the cut problem only
+
+
+def test_the_engine_page_shows_the_plan_qkv_plan_prints():
+    """docs/engine.md's plan table is qkv.plan's own output for its example (on 2 workers with the numba kernels:
+    the machine the page names), so the page cannot drift from the engine."""
+    pytest.importorskip("numba")
+    import pathlib
+    import re
+    if qkv.get_num_threads() != 2:
+        pytest.skip("the page's table is for 2 workers")
+    page = (pathlib.Path(__file__).parents[1] / "docs" / "engine.md").read_text()
+    shown = re.search(r"prints \(2-core.*?\n\n```text\n(.*?)```", page, re.S).group(1).rstrip("\n")
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((1, 2, 1024, 64), dtype=np.float32) for _ in range(3))
+    docs = M.document(np.arange(1024) // 200)
+    bm = qkv.create_block_mask(M.and_masks(M.causal(), docs), None, None, 1024, 1024)
+    assert str(qkv.plan(q, k, v, block_mask=bm)) == shown
