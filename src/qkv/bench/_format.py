@@ -64,7 +64,8 @@ def plot(result: dict, path: str) -> None:
     fig.suptitle(f"qkv bench: B={c['batch']} H={c['heads']} E={c['dim']} float32, {c['threads']} threads")
     fig.tight_layout()
     from .._files import atomic_write
-    fmt = os.path.splitext(os.fspath(path))[1].lower().lstrip(".") or "png"
+    fmt = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+    fmt = fmt if fmt in ("png", "svg", "pdf") else "png"   # (-, a pipe or a device without one of them: PNG)
     with atomic_write(path, "wb") as fh:                 # whole or not at all
         fig.savefig(fh, format=fmt, dpi=120)
     plt.close(fig)

@@ -9,7 +9,7 @@ import click
 from . import UserError
 from ._app import cli
 from .._checks import available_bytes as _available_bytes
-from .._files import atomic_write
+from .._files import atomic_write, output_kind
 
 
 #: Bounds of the sweep's counts (stated in --help and the errors): a length N, and how many lengths.
@@ -57,7 +57,7 @@ def _check_memory(lengths, batch: int, heads: int, dim: int, backward: bool, lon
 def _check_output(opt: str, path) -> None:
     """--json / --plot FILE, before a long run rather than after it: a file name whose folder exists and takes
     files (``-`` for --json is stdout)."""
-    if path is None or (opt == "--json" and path == "-"):
+    if path is None or output_kind(path) != "file":      # -, a pipe or a device: written to directly
         return
     if not path.strip():
         raise UserError(f"{opt}: expected a file name, got {path!r}")
@@ -74,7 +74,7 @@ def _check_plot(plot_out, variants: bool) -> None:
     """--plot FILE of the sweep: a .png, .svg or .pdf name, and matplotlib there, before the run."""
     if not plot_out or variants:
         return
-    if os.path.splitext(plot_out)[1].lower() not in (".png", ".svg", ".pdf"):
+    if output_kind(plot_out) == "file" and os.path.splitext(plot_out)[1].lower() not in (".png", ".svg", ".pdf"):
         raise UserError(f"--plot: expected a file name ending in .png, .svg or .pdf, got {plot_out!r}")
     try:
         import matplotlib  # noqa: F401
@@ -163,6 +163,8 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
 
     for opt, path in (("--json", json_out), ("--plot", plot_out)):      # fail before a long run, not after
         _check_output(opt, path)
+    if json_out == "-" and plot_out == "-":
+        raise UserError("--json - and --plot -: both would go to standard output; give one of them a file name")
     if accuracy:
         return _accuracy(click.get_current_context().params)
     if show_plan:
@@ -201,7 +203,7 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
         except ImportError:
             raise UserError("--plot needs matplotlib: pip install 'qkv[viz]'") from None
         B.plot(result, plot_out)
-    if _json(result, json_out):
+    if _json(result, json_out) or plot_out == "-":           # (standard output carried the JSON or the picture)
         return 0
     if markdown:
         click.echo(B.markdown(result))

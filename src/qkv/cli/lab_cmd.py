@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from qkv._files import output_kind
 from qkv.lab import _common as C
 from qkv.locales import t
 
@@ -46,12 +47,18 @@ def _common(fn):
     return wrapper
 
 
-def _check_plot(path: str | None, lang: str) -> None:
+def _check_plot(path: str | None, lang: str, as_json: bool = False) -> None:
     """Before any work: a plot needs matplotlib, a known suffix and an existing folder (one line, exit 2)."""
     if path is None:
         return
     from qkv.lab._common import matplotlib_available
 
+    if output_kind(path) != "file":                       # -, a pipe or a device: written to directly, as PNG
+        if path == "-" and as_json:
+            raise UserError(t("lab.plot_stdout_json", lang))
+        if not matplotlib_available():
+            raise UserError(t("lab.needs_viz", lang))
+        return
     if os.path.isdir(path):
         raise UserError(t("lab.plot_is_folder", lang, path=path))
     if os.path.splitext(path)[1].lower() not in PLOT_SUFFIXES:
@@ -82,6 +89,8 @@ def _show(name: str, result: dict, lang: str, as_json: bool, plot_path: str | No
             plot_lab(name, result, plot_path, lang)
         except OSError as exc:
             raise UserError(t("lab.cannot_write", lang, path=plot_path, why=exc.strerror or exc)) from None
+        if plot_path == "-":                                  # standard output carried the picture: nothing else
+            return 0
     if as_json:
         click.echo(json.dumps(result, ensure_ascii=False, indent=1))
         if plot_path is not None:
@@ -125,7 +134,7 @@ def scale_cmd(seed, as_json, plot_path, lang, samples, keys):
     for d_k = 4 … 1024."""
     from qkv import lab
 
-    _check_plot(plot_path, lang)
+    _check_plot(plot_path, lang, as_json)
     rows = len(lab._scale.D_KS) * -(-samples // keys) * keys
     with progress_bar("lab scale", rows, "row") as bar:
         result = lab.scale(seed=seed, samples=samples, keys=keys, progress=bar)
@@ -138,7 +147,7 @@ def mask_cmd(seed, as_json, plot_path, lang):
     """−∞ before softmax vs zeroing after, −1e9 and −1e4 in float16, on a padded batch with fully masked rows."""
     from qkv import lab
 
-    _check_plot(plot_path, lang)
+    _check_plot(plot_path, lang, as_json)
     return _show("mask", lab.mask(seed=seed), lang, as_json, plot_path)
 
 
@@ -153,7 +162,7 @@ def heads_cmd(seed, as_json, plot_path, lang, steps, runs):
     token and the matching bracket)."""
     from qkv import lab
 
-    _check_plot(plot_path, lang)
+    _check_plot(plot_path, lang, as_json)
     with progress_bar("lab heads", 2 * runs * (steps + 1), "step") as bar:
         result = lab.heads(seed=seed, steps=steps, runs=runs, progress=bar)
     return _show("heads", result, lang, as_json, plot_path)
@@ -173,7 +182,7 @@ def train_cmd(seed, as_json, plot_path, lang, steps, batch, explain):
     noun it agrees with; then qkv explain shows 它's q matching 树's k."""
     from qkv import lab
 
-    _check_plot(plot_path, lang)
+    _check_plot(plot_path, lang, as_json)
     with progress_bar("lab train", steps + 1, "step") as bar:
         result = lab.train(seed=seed, steps=steps, batch=batch, progress=bar)
 

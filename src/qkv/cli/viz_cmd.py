@@ -5,6 +5,7 @@ import os
 
 import click
 
+from qkv._files import output_kind
 from qkv.locales import t
 
 from . import UserError, _model_weights
@@ -64,6 +65,10 @@ def _tokens(tokens, expected: int, what: str = "tokens"):
 
 
 def _check_output(path: str, suffixes: tuple[str, ...] | None) -> str:
+    """-o FILE before any work: a name with one of ``suffixes`` in an existing folder — or ``-`` (standard output),
+    a FIFO or a device, written to directly (:func:`qkv._files.output_kind`)."""
+    if output_kind(path) != "file":
+        return path
     if suffixes is not None and os.path.splitext(path)[1].lower() not in suffixes:
         raise UserError(f"-o/--output: expected a file name ending in {', '.join(suffixes)}, got {path!r}")
     folder = os.path.dirname(os.path.abspath(path))
@@ -148,7 +153,8 @@ def heatmap_cmd(file, example, model_name, text, layer, head, all_heads, tokens,
     else:
         fig = viz.heatmap(weights, rows, cols, title=title or default_title, annotate=annotate).figure
     _write(lambda p: viz.save(fig, p), output)
-    click.echo(f"wrote {output}")
+    if output != "-":                                     # (standard output carried the output itself)
+        click.echo(f"wrote {output}")
 
 
 # ---------------------------------------------------------------------------------------------- view
@@ -290,4 +296,5 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
         _write(lambda p: viz.write_page(p, data, lang=lang), output)
     except viz.PageTooLarge as exc:
         raise UserError(str(exc)) from None
-    click.echo(f"wrote {output}")
+    if output != "-":                                     # (standard output carried the output itself)
+        click.echo(f"wrote {output}")

@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from .._files import atomic_write
+from .._files import atomic_write, output_kind
 
 #: CJK families to prefer, best first; any other installed family whose name contains "CJK" comes next.
 CJK_FAMILIES = (
@@ -423,7 +423,8 @@ def heads_grid(weights, row_labels=None, col_labels=None, *, titles=None, ncols:
 
 
 def save(fig, path) -> str:
-    """Write ``fig`` (a Figure, or an Axes of one) to ``path``; the suffix picks PNG, SVG or PDF.
+    """Write ``fig`` (a Figure, or an Axes of one) to ``path``; the suffix picks PNG, SVG or PDF (PNG for ``-``,
+    standard output, and a FIFO or device whose name has none of them).
 
     The file is written whole or not at all (:func:`atomic_write`). Raises ValueError for another suffix and
     OSError when the file cannot be written.
@@ -431,6 +432,8 @@ def save(fig, path) -> str:
     path = os.fspath(path)
     fig = getattr(fig, "figure", fig)
     suffix = os.path.splitext(path)[1].lower()
+    if suffix not in FORMATS and output_kind(path) != "file":
+        suffix = ".png"                            # standard output, a pipe or a device: PNG unless named
     if suffix not in FORMATS:
         raise ValueError(f"output: expected a file name ending in .png, .svg or .pdf, got {path!r}")
     if fig.canvas is None or type(fig.canvas).__name__ == "FigureCanvasBase":

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from .._extras import need
-from .._files import atomic_write
+from .._files import atomic_write, output_kind
 from ..lab import NAMES, _heads, _mask
 from ..lab._common import PLOT_SUFFIXES
 from ..locales import t
@@ -82,6 +82,8 @@ def save_atomic(fig, path) -> str:
 
     path = os.fspath(path)
     suffix = os.path.splitext(path)[1].lower()
+    if suffix not in PLOT_SUFFIXES and output_kind(path) != "file":
+        suffix = ".png"                            # standard output, a pipe or a device: PNG unless named
     if suffix not in PLOT_SUFFIXES:
         raise ValueError(f"plot: expected a file name ending in {', '.join(PLOT_SUFFIXES)}, got {path!r}")
     with atomic_write(path, "wb") as fh, warnings.catch_warnings():
