@@ -3,6 +3,8 @@ written (the link kept), ``-`` to standard output, a FIFO or device written to d
 nothing written at all where the writer fails."""
 import os
 import stat
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -96,3 +98,26 @@ def test_standard_output_carries_the_picture_alone(capsys):
     assert code == 2 and "standard output" in err and err.count("\n") == 1
     code, out, err = run(capsys, "bench", "--json", "-", "--plot", "-")
     assert code == 2 and "standard output" in err and err.count("\n") == 1
+
+
+QKV = [sys.executable, "-c", "from qkv.cli import run; run()"]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["lab"], ["explain"], []])
+def test_a_closed_pipe_ends_quietly_as_sigpipe_would(args):
+    """`qkv --help | head -1`, `qkv lab | true`: the reader gone, no traceback, the shell's SIGPIPE status."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        got = subprocess.run(QKV + args, stdout=w, stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(w)
+    assert got.returncode == 141 and got.stderr == b"", got.stderr.decode()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["explain"], []])
+def test_a_full_device_is_one_line_and_exit_2(args):
+    with open("/dev/full", "w") as full:
+        got = subprocess.run(QKV + args, stdout=full, stderr=subprocess.PIPE, timeout=120)
+    err = got.stderr.decode()
+    assert got.returncode == 2 and err.count("\n") == 1 and "No space left" in err and "Traceback" not in err, err

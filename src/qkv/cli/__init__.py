@@ -42,7 +42,31 @@ def import_message(exc: ImportError, argv=None) -> str:
     return f"error: {msg} (a dependency is missing; pip install 'qkv[dev]' installs every extra)"
 
 
+#: The exit status of a command whose reader went away (a closed pipe: `qkv --help | head -1`), as a shell
+#: reports a process that SIGPIPE ended: 128 + 13.
+EXIT_PIPE = 141
+
+
 def main(argv=None) -> int:
+    """Run the command line on ``argv`` (None: ``sys.argv``); returns the exit status. A closed pipe ends it
+    quietly with :data:`EXIT_PIPE`."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        _drop_stdout()
+        return EXIT_PIPE
+
+
+def _drop_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's last flush finds no closed pipe."""
+    import os
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (AttributeError, OSError, ValueError):              # (not a real file: a test's capture)
+        pass
+
+
+def _main(argv=None) -> int:
     try:
         import click
     except ImportError:
@@ -58,9 +82,12 @@ def main(argv=None) -> int:
         rv = cli.main(args=argv, prog_name="qkv", standalone_mode=False)
     except click.exceptions.Exit as e:
         return e.exit_code
+    except SystemExit as e:                                   # click ends a closed pipe so, its streams pacified
+        if type(sys.stdout).__name__.endswith("PacifyFlushWrapper"):
+            raise BrokenPipeError from e
+        raise
     except click.exceptions.NoArgsIsHelpError as e:           # `qkv`, `qkv lab`: the help, as --help prints it
-        print(e.ctx.get_help())
-        return 0
+        return _echo(e.ctx.get_help())
     except click.exceptions.Abort:
         print("qkv: aborted", file=sys.stderr)
         return 2
@@ -71,6 +98,8 @@ def main(argv=None) -> int:
         print(f"qkv: {_one_line(e.format_message())}", file=sys.stderr)
         return 2
     except (UserError, ValueError, TypeError, OSError, KeyError) as e:
+        if isinstance(e, BrokenPipeError):
+            raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"qkv: error: {_one_line(msg)}", file=sys.stderr)
         return 2
@@ -90,5 +119,27 @@ def main(argv=None) -> int:
     return rv if isinstance(rv, int) else 0
 
 
+def _echo(text: str) -> int:
+    """Print ``text``; a full disk or a device that refuses it is one line and exit 2 (a closed pipe: see main)."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        print(f"qkv: error: cannot write to standard output: {e.strerror or e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def run() -> None:  # pragma: no cover - console entry point
-    sys.exit(main())
+    code = main()
+    try:
+        sys.stdout.flush()                                    # what is still buffered, before the interpreter does
+    except BrokenPipeError:
+        _drop_stdout()
+        code = EXIT_PIPE
+    except OSError as e:
+        print(f"qkv: error: cannot write to standard output: {e.strerror or e}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
