@@ -68,7 +68,8 @@ def load_smollm2(lang: str, path: str | None = None):
               help="Stop after this many new tokens (or earlier, at the end-of-sequence token); at most what the "
                    "model's context leaves after the prompt (8,192 tokens in all for SmolLM2).")
 @click.option("--temperature", "-T", type=float, default=0.0, show_default=True,
-              help="0: always the most likely token (greedy); > 0: sample from softmax(logits / T).")
+              help="0: always the most likely token (greedy); 0.001 or more: sample from softmax(logits / T) "
+                   "(a smaller T > 0 is refused: it would overflow, and pick the greedy token anyway).")
 @click.option("--top-k", type=int, default=None,
               help="Sample only among the K most likely tokens (1 … the vocabulary: 49,152 for SmolLM2).")
 @click.option("--top-p", type=float, default=None,

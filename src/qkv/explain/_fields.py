@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 import numpy as np
 
@@ -89,6 +90,16 @@ def _describe(v) -> str:
     return type(v).__name__
 
 
+#: Control characters (C0 but tab and newline, DEL, C1): in a label or a title they would reach the terminal as
+#: escape sequences (clear the screen, set the window's title); a file's text keeps them visible instead.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with its control characters written out as ``\\xHH`` (``\\x1b`` for ESC): shown, never obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _labels(value, key: str, n: int, what: str, where: str) -> list[str]:
     if not isinstance(value, (list, tuple)):
         raise WorkedExampleError(f"{where}: {key}: expected a list of {n} labels ({what}), found {_describe(value)}")
@@ -96,7 +107,7 @@ def _labels(value, key: str, n: int, what: str, where: str) -> list[str]:
     for i, t in enumerate(value):
         if t is None or isinstance(t, (dict, list, tuple)):
             raise WorkedExampleError(f"{where}: {key}[{i}]: expected a label (text), found {_describe(t)}")
-        out.append(text_of(t) if _is_number(t) and not isinstance(t, bool) else str(t))
+        out.append(text_of(t) if _is_number(t) and not isinstance(t, bool) else visible(str(t)))
     if len(out) != n:
         raise WorkedExampleError(f"{where}: {key}: expected {n} labels ({what}), found {len(out)}")
     return out
@@ -151,10 +162,17 @@ def _scalar(value, key: str, where: str, *, positive: bool = True):
     return value
 
 
+#: The largest position, document id, window, prefix or sink count a worked example may give (int32's largest:
+#: far beyond any example, and every use of it — NumPy's int64 indices, RoPE's float64 angles — exact).
+MAX_INDEX = 2**31 - 1
+
+
 def _nonneg_int(value, key: str, where: str, *, minimum: int = 1) -> int:
-    if isinstance(value, (_YamlBool, bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < minimum:
+    if (isinstance(value, (_YamlBool, bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < minimum
+            or value > MAX_INDEX):
         what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
-        raise WorkedExampleError(f"{where}: {key}: expected {what}, found {_describe(value)}")
+        raise WorkedExampleError(f"{where}: {key}: expected {what} (at most {MAX_INDEX:,}), found "
+                                 f"{_describe(value)}")
     return int(value)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numbers
 
 from ._claims import _claims
-from ._fields import (_describe, _int_list, _is_number, _labels, _lengths_to_ids, _mask, _matrix, _nonneg_int,
+from ._fields import (visible, _describe, _int_list, _is_number, _labels, _lengths_to_ids, _mask, _matrix, _nonneg_int,
                       _number_list, _scalar)
 from ._numbers import WorkedExampleError, _YamlBool, text_of
 from ._worked import Worked
@@ -60,7 +60,7 @@ def _texts(doc: dict, w: Worked, where: str) -> None:
         v = doc.get(key)
         if v is not None and (isinstance(v, (dict, list, tuple))):
             raise WorkedExampleError(f"{where}: {key}: expected text, found {_describe(v)}")
-        setattr(w, key, None if v is None else str(text_of(v) if _is_number(v) else v))
+        setattr(w, key, None if v is None else visible(str(text_of(v) if _is_number(v) else v)))
 
 
 def _starting_point(doc: dict, where: str) -> tuple[bool, bool, list[str]]:

@@ -67,6 +67,11 @@ def choose(logits: np.ndarray, temperature: float, top_k: int | None, top_p: flo
     return min(i, p.shape[0] - 1)
 
 
+#: The smallest temperature above 0: logits / T must stay finite in float32 (logits reach ~±40, and float32's
+#: largest is 3.4e38), and below it softmax(logits / T) puts all but ~1e-30 of the weight on the largest logit.
+MIN_TEMPERATURE = 1e-3
+
+
 def check_sampling(max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, seed=None, chat=False,
                    stream=None) -> tuple[int, float, int | None, float | None, int | None]:
     """The checks :meth:`LlamaModel.generate` makes on its settings, without a model (the command line runs
@@ -80,8 +85,9 @@ def check_sampling(max_new_tokens=64, temperature=0.0, top_k=None, top_p=None, s
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected an integer >= 1, got {max_new_tokens}")
     temperature = real(temperature, "temperature")
-    if temperature < 0:
-        raise ValueError(f"temperature: expected a number >= 0 (0 = greedy), got {temperature}")
+    if temperature < 0 or 0 < temperature < MIN_TEMPERATURE:
+        raise ValueError(f"temperature: expected 0 (greedy) or a number >= {MIN_TEMPERATURE:g} (below it logits / T "
+                         f"overflows and the sample is the greedy choice anyway), got {temperature:g}")
     if top_k is not None:
         if isinstance(top_k, (bool, np.bool_)) or not isinstance(top_k, numbers.Integral):
             raise TypeError(f"top_k: expected an integer or None, got {type(top_k).__name__} {top_k!r}")
