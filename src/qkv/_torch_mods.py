@@ -24,6 +24,7 @@ Shape legend: B batch, H query heads, L queries, S keys.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -124,25 +125,70 @@ def _code_names(code) -> set:
     return names
 
 
+#: The most bytes of per-block gradients an :class:`Accumulator` keeps to add in a fixed order (beyond: folded in
+#: as they come, in float64 — the last bit of a float64 capture may then depend on the workers' timing).
+KEEP_BYTES = 256 << 20
+
+
 class Accumulator:
-    """The gradients of the captured tensors, summed over the blocks (float64, under a lock: the engine's
-    worker threads add to it)."""
+    """The gradients of the captured tensors, summed over the blocks in a fixed order: each block's contribution is
+    kept under the block's place as the engine's workers deliver it (under a lock), and :meth:`result` adds them in
+    the order of those places, in float64 — two identical runs give the same bits whatever the thread count and
+    whichever worker finished first (up to :data:`KEEP_BYTES` of them; more are added as they come)."""
 
     def __init__(self, tensors: list):
         self.tensors = tensors
+        self.parts: dict = {}
+        self.kept = 0
         self.sums = [None] * len(tensors)
         self.lock = threading.Lock()
 
-    def add(self, grads) -> None:
+    def add(self, grads, place: tuple = ()) -> None:
+        """One block's gradients (None where it did not use a tensor), under the block's ``place``."""
+        grads = [None if g is None else g.detach().to(torch.float64) for g in grads]
+        size = sum(g.numel() * 8 for g in grads if g is not None)
         with self.lock:
-            for i, g in enumerate(grads):
-                if g is not None:
-                    g = g.detach().to(torch.float64)
-                    self.sums[i] = g if self.sums[i] is None else self.sums[i] + g
+            if self.kept + size <= KEEP_BYTES:
+                self.parts.setdefault(place, []).append(grads)
+                self.kept += size
+            else:
+                self._fold(grads)
+
+    def _fold(self, grads) -> None:
+        for i, g in enumerate(grads):
+            if g is not None:
+                self.sums[i] = g if self.sums[i] is None else self.sums[i] + g
 
     def result(self) -> list:
         """Each tensor's gradient in its own dtype (None where the mod never used it)."""
+        for place in sorted(self.parts):
+            for grads in self.parts[place]:
+                self._fold(grads)
+        self.parts, self.kept = {}, 0
         return [None if s is None else s.to(t.dtype) for s, t in zip(self.sums, self.tensors)]
+
+
+def _place(b, h, q_idx, kv_idx) -> tuple:
+    """A block's place, as the engine calls a mod on it (sortable): its batch rows', heads', queries' and keys'
+    first index and count."""
+    out: tuple = ()
+    for a in (b, h, q_idx, kv_idx):
+        a = np.asarray(a)
+        out += (int(a.ravel()[0]) if a.size else -1, int(a.size))
+    return out
+
+
+@contextlib.contextmanager
+def serial_torch():
+    """torch's own intra-op threads off in this thread (an engine worker) while it runs a mod's backward: a captured
+    tensor's gradient from an index (``bias[h, i - j]``) is a scatter-add that torch splits among its threads, in an
+    order that changes from run to run (its last bits did); the workers are the parallelism. Restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 # ========================================================================================== score mods
@@ -163,29 +209,40 @@ def score_mod(fn, captured: list, accumulator: Accumulator | None = None) -> mod
 
     def vjp(score, b, h, q_idx, kv_idx, grad_score):
         leaf = _tensor(score).requires_grad_()                       # (…, Lb, Sb)
-        with torch.enable_grad():
+        with torch.enable_grad(), serial_torch():
             s = leaf.clone()                                         # a mod may work in place (score.mul_(…))
             out = fn(s, *_indices(b, h, q_idx, kv_idx))
-            if not isinstance(out, torch.Tensor) or not out.requires_grad:   # no path to the score or a capture
+            if not _checked(out, name, s).requires_grad:              # no path to the score or a capture
                 return np.zeros(s.shape, score.dtype)
             out = torch.broadcast_to(out, s.shape)
             inputs = [leaf] + captured
             grads = torch.autograd.grad(out, inputs, grad_outputs=_tensor(grad_score).to(out.dtype),
                                         allow_unused=True)
-        accumulator.add(grads[1:])
+        accumulator.add(grads[1:], _place(b, h, q_idx, kv_idx))
         return np.zeros(s.shape, score.dtype) if grads[0] is None else grads[0].numpy()
 
     return mods.ScoreMod(forward, vjp=vjp, name=name)
 
 
-def _result(out, name: str, s: torch.Tensor) -> np.ndarray:
-    if isinstance(out, (int, float)) and not isinstance(out, bool):
-        return np.full(tuple(s.shape), out, s.numpy().dtype)
+def _checked(out, name: str, s: torch.Tensor) -> torch.Tensor:
+    """What a torch score mod returned, held to what torch's flex_attention accepts (it calls the mod on one score
+    at a time, under vmap): a floating tensor with one value per score — the score's shape, or a 0-d tensor for
+    all of them. A Python number or another shape (``s.sum(-1, keepdim=True)``) is refused."""
     if not isinstance(out, torch.Tensor):
-        raise TypeError(f"score_mod: expected {name} to return a torch tensor of scores, got {type(out).__name__}")
+        raise TypeError(f"score_mod: expected {name} to return a torch tensor of scores (as torch's flex_attention "
+                        f"does), got {type(out).__name__}")
     if not out.is_floating_point():
         raise TypeError(f"score_mod: expected {name} to return floating scores, got dtype {out.dtype}")
-    return out.detach().numpy() if out.dtype in (torch.float32, torch.float64) else out.float().numpy()
+    if out.ndim and tuple(out.shape) != tuple(s.shape):
+        raise ValueError(f"score_mod: expected {name} to return one score for each score it was given, shape "
+                         f"{tuple(s.shape)}, got {tuple(out.shape)} (torch's flex_attention calls a mod on one score "
+                         "at a time)")
+    return out
+
+
+def _result(out, name: str, s: torch.Tensor) -> np.ndarray:
+    out = torch.broadcast_to(_checked(out, name, s).detach(), s.shape)
+    return out.numpy() if out.dtype in (torch.float32, torch.float64) else out.float().numpy()
 
 
 # =========================================================================================== mask mods
