@@ -479,7 +479,7 @@ def test_bad_inputs_name_the_argument():
         qt.flex_attention(q, q, q, block_mask=t_block_mask(_causal, None, None, 16, 16, device="cpu"))
     with pytest.raises(TypeError, match=r"score_mod: expected .*, got MaskMod"):
         qt.flex_attention(q, q, q, mods.causal())
-    with pytest.raises(TypeError, match=r"score_mod: expected bad to return a torch tensor of scores, got str"):
+    with pytest.raises(TypeError, match=r"score_mod: expected bad to return a torch tensor of scores \(as torch's flex_attention does\), got str"):
         def bad(score, b, h, q_idx, kv_idx):
             return "no"
         qt.flex_attention(q, q, q, bad)
