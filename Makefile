@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test check sysdeps bench clean docs serve-docs
+.PHONY: demo test check sysdeps bench clean docs serve-docs mutation mutation-sparse mutation-all
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,5 +58,46 @@ docs: $(VENV)/.installed-dev
 serve-docs: $(VENV)/.installed-dev
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
+# Mutation testing (issue 39, docs/mutation.md; not part of make test): mutmut mutates the tiled engine's code and
+# runs, per mutant, the fast tier of tests that reach it ([tool.mutmut] in pyproject.toml), into mutants/.
+#   make mutation         split-K (split.py: how many parts, their bounds, the merge) and the choice of a task's
+#                         strategy (forward_pass._strategy, _bands_supported): 188 mutants, over an hour on 2 cores
+#   make mutation-sparse  the block-sparse planning (sparse.py: pieces, strips, bands, tiles): 873 mutants, hours
+#   make mutation-all     everything in [tool.mutmut] only_mutate (the whole tiled engine, kernels.py, _jit*.py):
+#                         ~9,100 mutants, hours
+# Each run starts from a new copy (mutmut keeps the files it copied before, which would go stale) and counts its own
+# set. OMP_NUM_THREADS=1: mutmut forks one process per mutant from one that already ran the tests, and OpenMP's
+# thread pools (torch's) do not survive a fork. MUTATION_EXAMPLES / MUTATION_PLAN_EXAMPLES: the matrix's examples and
+# the plan checker's per sweep.
+MUTATION_EXAMPLES ?= 20
+MUTATION_PLAN_EXAMPLES ?= 50
+MUTATION_SET := 'qkv.backends.tiled.split.*' 'qkv.backends.tiled.forward_pass.x__strategy__*' \
+	'qkv.backends.tiled.forward_pass.x__bands_supported__*'
+MUTATION_SPARSE := 'qkv.backends.tiled.sparse.*'
+MUTATION_ALL := 'qkv.*'
+MUTMUT_RUN = OMP_NUM_THREADS=1 QKV_MATRIX_EXAMPLES=$(MUTATION_EXAMPLES) QKV_PLAN_EXAMPLES=$(MUTATION_PLAN_EXAMPLES) \
+	$(BIN)/mutmut run --max-children $$(nproc)
+# mutmut results --all: "    name: status" per mutant; counted for the names the run's patterns match.
+MUTMUT_SUMMARY = $(BIN)/mutmut results --all true | $(BIN)/python -c 'import sys, fnmatch, collections; \
+	pats = sys.argv[1:]; rows = [l.strip().rpartition(": ") for l in sys.stdin if ": " in l]; \
+	c = collections.Counter(v for k, _, v in rows if any(fnmatch.fnmatch(k, p) for p in pats)); \
+	n, dead = sum(c.values()), c["killed"] + c["timeout"]; print("mutants:", n, dict(c)); \
+	print(f"score: {dead}/{n} = {100 * dead / max(n, 1):.1f} % killed or timed out (mutmut results: the others)")'
+
+mutation: $(VENV)/.installed-dev
+	rm -rf mutants
+	$(MUTMUT_RUN) $(MUTATION_SET)
+	@$(MUTMUT_SUMMARY) $(MUTATION_SET)
+
+mutation-sparse: $(VENV)/.installed-dev
+	rm -rf mutants
+	$(MUTMUT_RUN) $(MUTATION_SPARSE)
+	@$(MUTMUT_SUMMARY) $(MUTATION_SPARSE)
+
+mutation-all: $(VENV)/.installed-dev
+	rm -rf mutants
+	$(MUTMUT_RUN) $(MUTATION_ALL)
+	@$(MUTMUT_SUMMARY) $(MUTATION_ALL)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis artifacts site
+	rm -rf $(VENV) .pytest_cache .hypothesis artifacts site mutants
