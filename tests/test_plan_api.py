@@ -105,3 +105,27 @@ def test_the_engine_page_shows_the_plan_qkv_plan_prints():
     docs = M.document(np.arange(1024) // 200)
     bm = qkv.create_block_mask(M.and_masks(M.causal(), docs), None, None, 1024, 1024)
     assert str(qkv.plan(q, k, v, block_mask=bm)) == shown
+
+
+@pytest.mark.parametrize("mod, want", [
+    ("alibi", "batched bands"), ("softcap", "batched bands"), ("both", "batched bands"),
+    ("negative alibi", "rescaled blocks"), ("custom", "rescaled blocks"), (None, "compiled loop, tiles")])
+def test_a_window_s_strategy_under_each_score_mod(mod, want):
+    """Which strategy a sliding window takes under each mod (what the plan reports is what runs): the batched
+    bands carry ALiBi and the softcap; a negative slope (scores not bounded by the diagonal's) and a custom mod
+    need the running max."""
+    pytest.importorskip("numba")
+    q, k, v = _qkv(scale=0.1)
+    slopes = M.alibi_slopes(2)
+    mods = {"alibi": M.alibi(slopes), "softcap": M.softcap(20.0), "both": M.compose(M.alibi(slopes), M.softcap(20.0)),
+            "negative alibi": M.alibi(-slopes), None: None,
+            "custom": M.ScoreMod(lambda s, b, h, i, j: s * 0.5, grad=lambda s, b, h, i, j: np.full_like(s, 0.5))}
+    bm = qkv.create_block_mask(M.sliding_window(200), None, None, 1024, 1024)
+    p = qkv.plan(q, k, v, block_mask=bm, score_mod=mods[mod], backend="tiled")
+    assert p.strategies() == {want: len(p.tasks)}
+    qkv.check_plan(p)
+    with qkv.paths.counting() as seen:
+        qkv.flex_attention(q, k, v, mods[mod], bm, backend="tiled")
+    path = {"batched bands": "forward.bands", "rescaled blocks": "forward.max_pass",
+            "compiled loop, tiles": "forward.tile_loop"}[want]
+    assert seen.get(path)

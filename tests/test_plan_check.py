@@ -144,8 +144,29 @@ def _prove(problem, backward: bool):
     with limits(**lim):
         p = qkv.plan(q, k, v, backward=backward, backend="tiled", threads=threads, **kw)
     assert p.tasks, "the tiled engine made no tasks"
-    proof.check(p)
+    proof.check(p, meaning=_meaning(q, k, kw))                # held to the test's own reading of the arguments
     return p
+
+
+def _meaning(q, k, kw):
+    """``head -> (L, S)`` bool: what the arguments allow, read here from the drawn arguments alone (is_causal
+    top-left, the attn_mask, the block mask's mod at the head's batch row and head), not from the plan."""
+    L, S = q.shape[-2], k.shape[-2]
+    i, j = np.arange(L)[:, None], np.arange(S)[None, :]
+
+    def allowed(head):
+        a = np.ones((L, S), bool)
+        if kw.get("is_causal"):
+            a &= j <= i
+        m = kw.get("attn_mask")
+        if m is not None:
+            a &= m if m.dtype == np.bool_ else m > -np.inf
+        bm = kw.get("block_mask")
+        if bm is not None:
+            b, h = (int(x) for x in bm.index_arrays(*head))
+            a &= np.broadcast_to(bm.mask_mod(np.asarray(b), np.asarray(h), i, j), (L, S))
+        return a
+    return allowed
 
 
 @sweep(2200)

@@ -30,8 +30,10 @@ class PlanError(AssertionError):
     """A plan that does not compute what the mask says (an engine bug, never the caller's)."""
 
 
-def check(plan) -> None:
-    """Prove ``plan`` (forward or backward) against its problem's mask; raises :class:`PlanError`."""
+def check(plan, meaning=None) -> None:
+    """Prove ``plan`` (forward or backward) against its problem's mask; raises :class:`PlanError`. ``meaning``:
+    ``head -> (L, S) bool`` to hold it to instead of :func:`allowed` of the plan's own problem (a caller's own
+    reading of its arguments: then a plan made from the wrong problem cannot pass its own check)."""
     P = plan.problem
     if P is None:
         raise ValueError(f"plan: expected a plan of the tiled engine, got one of backend {plan.backend!r} (no tasks "
@@ -50,15 +52,15 @@ def check(plan) -> None:
         for t in tasks:
             _add_task(P, plan.direction, t, heads, kept)
         for h, head in enumerate(heads):
-            _compare(plan, head, kept[h])
+            _compare(plan, head, kept[h], meaning)
             done.add(head)
     for head in np.ndindex(*P.lead):                          # heads no task serves: nothing may be allowed
         if head not in done:
-            _compare(plan, head, np.zeros((P.L, P.S), np.int16))
+            _compare(plan, head, np.zeros((P.L, P.S), np.int16), meaning)
 
 
-def _compare(plan, head, kept: np.ndarray) -> None:
-    want = allowed(plan.problem, head)
+def _compare(plan, head, kept: np.ndarray, meaning=None) -> None:
+    want = allowed(plan.problem, head) if meaning is None else np.broadcast_to(meaning(head), kept.shape)
     if not np.array_equal(kept, want):
         raise PlanError(_difference(plan, head, kept, want))
 
