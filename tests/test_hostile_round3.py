@@ -15,7 +15,7 @@ def test_integers_past_every_bound_are_one_line(capsys, tmp_path, extra, key, co
     f = tmp_path / "w.yaml"
     f.write_text(EXAMPLE + extra)
     code, out, err = run(capsys, command, f)
-    one_line(code, err, rf"{key}\[\d\]: expected an integer ≥ 0 \(at most 2,147,483,647\)")
+    one_line(code, err, rf"{key}\[\d\]: expected an integer ≥ 0 of at most 2,147,483,647")
 
 
 def test_control_characters_in_a_title_or_label_are_shown_not_obeyed(capsys, tmp_path):
@@ -72,3 +72,28 @@ def test_a_captured_tensor_s_gradient_is_the_same_bits_run_after_run():
         grads.append(bias.grad.clone())
     assert qkv.get_num_threads() == 2 or pytest.skip("needs two engine threads")
     assert all(torch.equal(grads[0], g) for g in grads[1:])
+
+
+@pytest.mark.parametrize("example, given", [("alibi", "biased"), ("causal", "scaled")])
+@pytest.mark.parametrize("lang, line", [("en", "masked = {} where mask is True, −∞ elsewhere"),
+                                        ("zh", "masked = {}（mask 为 True 处），其余位置为 −∞")])
+def test_the_mask_step_names_the_scores_its_table_holds(capsys, example, given, lang, line):
+    """After ALiBi the mask is applied to the biased scores, and the step says so (it said ``scaled``), in
+    either language."""
+    code, out, err = run(capsys, "explain", "--example", example, "--lang", lang)
+    assert code == 0, err
+    assert line.format(given) in out
+
+
+def test_every_built_in_title_is_translated(capsys):
+    from qkv import locales
+    from qkv.explain import examples as ex
+    code, out, err = run(capsys, "examples", "--lang", "zh")
+    assert code == 0, err
+    for name in ex.builtin_names():
+        zh, en = locales.t(ex.TITLE_KEYS[name], "zh"), locales.t(ex.TITLE_KEYS[name], "en")
+        assert zh != en and zh in out
+    code, out, err = run(capsys, "explain", "--example", "document", "--lang", "zh")
+    assert out.splitlines()[0] == locales.t("explain.example_document", "zh")
+    code, out, err = run(capsys, "check", "--example", "alibi", "--lang", "zh")
+    assert locales.t("explain.example_alibi", "zh") in out

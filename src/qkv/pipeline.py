@@ -77,7 +77,7 @@ def attend(q, k, v, *, scale: float, d_k=None, mask=None, mask_source=None, scor
         lead, (L, S) = s.shape[:-2], s.shape[-2:]
         b, h, q_idx, kv_idx = indices(lead, L, S)
         s = apply_score_mod(score_mod, s, b, h, q_idx, kv_idx)
-    s = stages.apply_mask(s, mask, source=mask_source)
+    s = stages.apply_mask(s, mask, source=mask_source, input_name=_modded_name(score_mod))
     sinks = None
     if sink_logits is not None:
         sinks = np.asarray(sink_logits, dtype=s.dtype)
@@ -87,6 +87,14 @@ def attend(q, k, v, *, scale: float, d_k=None, mask=None, mask_source=None, scor
         w = stages.dropout(w, dropout_p, rng)
     out = None if v is None else stages.weighted_sum(w, v)                       # (..., H, L, Ev)
     return out, w, lse
+
+
+def _modded_name(score_mod) -> str:
+    """The name of the scores the mask is applied to: ``scaled``, or the last step a score mod records."""
+    if score_mod is None:
+        return Names.SCALED
+    steps = getattr(score_mod, "step_names", ()) if getattr(score_mod, "records", False) else ()
+    return steps[-1] if steps else Names.MODIFIED
 
 
 def apply_score_mod(score_mod, s, b, h, q_idx, kv_idx):

@@ -94,25 +94,27 @@ def scale(scores: np.ndarray, factor: float, *, d_k: int | None = None) -> np.nd
     return s
 
 
-def apply_mask(scaled: np.ndarray, mask: np.ndarray | None, *, source=None) -> np.ndarray:
+def apply_mask(scaled: np.ndarray, mask: np.ndarray | None, *, source=None,
+               input_name: str = Names.SCALED) -> np.ndarray:
     """Apply a mask before softmax.
 
     A boolean mask is True where attention is allowed; a disallowed score becomes ``-inf``.
     A float mask is added to the scores (0 keeps a score, ``-inf`` removes it, other values bias it).
     ``source`` says where the mask came from (a :class:`qkv.mods.MaskMod`, ``"causal"``, …), kept in the
-    step's params for the explainer ("which keys each query may see, and why").
+    step's params for the explainer ("which keys each query may see, and why"); ``input_name`` names the scores
+    it is given (``scaled``, or ``biased``, ``capped``, ``modified`` after a score mod), in its formula.
     scaled: (..., L, S), mask: broadcastable to (..., L, S)  →  (..., L, S)
     """
     if mask is None:
         return scaled
     if mask.dtype == np.bool_:
         out = np.where(mask, scaled, np.asarray(MASKED, dtype=scaled.dtype))
-        formula = "masked = scaled where mask is True, −∞ elsewhere"
+        formula = f"masked = {input_name} where mask is True, −∞ elsewhere"
     else:
         out = scaled + mask.astype(scaled.dtype, copy=False)
-        formula = "masked = scaled + mask"
+        formula = f"masked = {input_name} + mask"
     out = record(Names.MASKED, "mask", formula, out, operands={"scaled": scaled, "mask": mask},
-                 params={"source": source})
+                 params={"source": source, "input": input_name})
     return out
 
 

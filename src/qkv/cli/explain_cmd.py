@@ -54,7 +54,17 @@ def _load(example: str | None, path: str | None, lang: str = "en"):
     names = ex.builtin_names()
     if name not in names:
         raise UserError(t("cli.unknown_example", lang, name=name, names=", ".join(names)))
-    return ex.load_example(name)
+    return _localized(ex.load_example(name), lang)
+
+
+def _localized(worked, lang: str):
+    """A built-in example with its title in ``lang`` (:data:`qkv.locales`); a file's title stays as written."""
+    from qkv.explain import examples as ex
+
+    got = ex.titles(worked)
+    if got:
+        worked.title = got.get(lang, worked.title)
+    return worked
 
 
 def _mask(spec: str | None, worked, lang: str = "en"):
@@ -214,7 +224,7 @@ def examples_cmd(fmt, lang):
 
     rows = []
     for name in ex.builtin_names():
-        w = ex.load_example(name)
+        w = _localized(ex.load_example(name), lang)
         first = {"X": "X", "QK": "Q", "scores": "scores"}[w.start]
         arr = getattr(w, first)
         start = f"{first} {arr.shape[0]}×{arr.shape[1]}"

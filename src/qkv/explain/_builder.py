@@ -155,8 +155,12 @@ class _Builder:
 
     # -- mask
     def mask(self, step: Step) -> Section:
-        sec = self.section(step, t("explain.t_masked", self.lang))
         m = step.operands.get("mask")
+        given = step.params.get("input", "scaled")           # the scores the mask was applied to
+        boolean = m is not None and np.asarray(m).dtype == np.bool_
+        sec = self.section(step, t("explain.t_masked", self.lang),
+                           formula=t("explain.f_masked" if boolean else "explain.f_masked_float", self.lang,
+                                     input=given))
         if m is not None and np.asarray(m).dtype == np.bool_:
             sec.text(t("explain.n_mask", self.lang))
             full = np.broadcast_to(np.asarray(m), step.array.shape)
@@ -183,7 +187,7 @@ class _Builder:
                 sec.table(self.table(step, "mask" + (f" [{label}]" if label and not same else ""), full[idx], idx,
                                      "bool", row_name="scores", col_name="scores"))
         else:
-            sec.text(t("explain.n_mask_float", self.lang))
+            sec.text(t("explain.n_mask_float", self.lang, input=given))
         self.result_tables(sec, step)
         return sec
 

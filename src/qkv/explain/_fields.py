@@ -168,10 +168,11 @@ MAX_INDEX = 2**31 - 1
 
 
 def _nonneg_int(value, key: str, where: str, *, minimum: int = 1) -> int:
-    if (isinstance(value, (_YamlBool, bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < minimum
-            or value > MAX_INDEX):
-        what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
-        raise WorkedExampleError(f"{where}: {key}: expected {what} (at most {MAX_INDEX:,}), found "
+    what = "a positive integer" if minimum == 1 else f"an integer ≥ {minimum}"
+    if isinstance(value, (_YamlBool, bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise WorkedExampleError(f"{where}: {key}: expected {what}, found {_describe(value)}")
+    if value > MAX_INDEX:
+        raise WorkedExampleError(f"{where}: {key}: expected {what} of at most {MAX_INDEX:,}, found "
                                  f"{_describe(value)}")
     return int(value)
 

@@ -187,8 +187,11 @@ def _mask_section(q: _Query) -> None:
         return
     lang, p, idx, lab, qlabel = q.lang, q.p, q.idx, q.lab, q.qlabel
     mk = q.trace["masked"]
-    s = q.sec("masked", t("explain.q_mask", lang), formula=mk.formula)
     m = mk.operands.get("mask")
+    given = mk.params.get("input", "scaled")                 # the scores the mask was applied to
+    boolean = m is not None and np.asarray(m).dtype == np.bool_
+    s = q.sec("masked", t("explain.q_mask", lang),
+              formula=t("explain.f_masked" if boolean else "explain.f_masked_float", lang, input=given))
     vals = np.asarray(mk.array[idx])[q.loc(mk)]
     if m is not None and np.asarray(m).dtype == np.bool_:
         mrow = np.asarray(_bcast(m, mk.array.shape)[idx])[q.loc(mk)]
@@ -200,7 +203,7 @@ def _mask_section(q: _Query) -> None:
         cols = q.keys
         s.table(Table("mask", [qlabel], [lab.key(j) for j in cols], [[bool(mrow[j]) for j in cols]], "bool"))
     else:
-        s.text(t("explain.n_mask_float", lang))
+        s.text(t("explain.n_mask_float", lang, input=given))
     s.table(q.key_row_table("masked", vals))
 
 
