@@ -92,7 +92,14 @@ def seed(x, name: str = "seed"):
 
 
 def available_bytes() -> int | None:
-    """Memory this machine can give a new allocation now (Linux MemAvailable; else physical memory), or None."""
+    """Memory this process can have for a new allocation now: the least of the machine's (Linux MemAvailable; else
+    physical memory), what the process's address-space limit leaves (``ulimit -v``) and what its cgroup's memory
+    limit leaves (a container's); None where none is known."""
+    known = [x for x in (_machine_available(), _rlimit_left(), _cgroup_left()) if x is not None]
+    return min(known) if known else None
+
+
+def _machine_available() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -106,13 +113,46 @@ def available_bytes() -> int | None:
         return None
 
 
-def fits(nbytes: float, what: str) -> None:
+def _rlimit_left() -> int | None:
+    """RLIMIT_AS less the address space in use (/proc/self/status VmSize), or None (no limit, not Linux)."""
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft == resource.RLIM_INFINITY:
+            return None
+        with open("/proc/self/status") as f:
+            used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+        return max(0, soft - used)
+    except (ImportError, OSError, ValueError, StopIteration):
+        return None
+
+
+def _cgroup_left() -> int | None:
+    """What this process's cgroup's memory limit leaves (v2: memory.max − memory.current; v1: memory.limit_in_bytes
+    − memory.usage_in_bytes, where the process's cgroup is mounted as the hierarchy's root), or None."""
+    for limit_file, used_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                  ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                   "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            if limit == "max" or int(limit) >= 1 << 60:            # no limit (v1 writes a huge number)
+                continue
+            with open(used_file) as f:
+                return max(0, int(limit) - int(f.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def fits(nbytes: float, what: str, instead: str | None = None) -> None:
     """A ValueError naming ``what`` (the arguments that set the size) when ``nbytes`` cannot be had here —
-    a clear message instead of NumPy's MemoryError (or the machine swapping) later."""
+    a clear message instead of NumPy's MemoryError (or the machine swapping) later; ``instead``: what to do
+    instead, said after it."""
     avail = available_bytes()
     if avail is not None and nbytes > avail:
         raise ValueError(f"{what}: needs about {nbytes / 2**30:,.1f} GiB, more than the {avail / 2**30:,.1f} GiB "
-                         f"available here")
+                         f"available here" + (f"; {instead}" if instead else ""))
 
 
 def boolean(x, name: str) -> bool:
@@ -142,11 +182,11 @@ def mask_array(mask, name: str, dtype=None) -> np.ndarray:
     if mask.dtype == np.bool_:
         return mask
     if mask.dtype.type in FLOAT_DTYPES:
-        if np.any(np.isnan(mask)) or np.any(mask == np.inf):
+        bad, top = _float_mask_extent(mask)
+        if bad:
             raise ValueError(f"{name}: a float mask may hold finite numbers and -inf, got NaN or +inf")
         if dtype is not None and mask.size:
             limit = float(np.finfo(dtype).max) / 2
-            top = float(np.max(mask))
             if top > limit:
                 at = tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
                 raise ValueError(f"{name}: expected values up to {limit:.3g} (half of {np.dtype(dtype)}'s largest "
@@ -154,6 +194,23 @@ def mask_array(mask, name: str, dtype=None) -> np.ndarray:
         return mask
     raise TypeError(f"{name}: expected dtype bool (True = may attend) or a float dtype (added to the "
                     f"scores), got {mask.dtype}")
+
+
+def _float_mask_extent(mask: np.ndarray, chunk: int = 1 << 22) -> tuple[bool, float]:
+    """``(any NaN or +inf, the largest value)`` of a float mask, read from the values it holds — a broadcast view's
+    stored ones alone (a 4-byte mask broadcast to 60,000 × 60,000 was read as 3.6 billion values, 3.7 GB of
+    temporaries) — a chunk of rows at a time."""
+    held = mask[tuple(slice(0, 1) if st == 0 and n > 1 else slice(None) for st, n in zip(mask.strides, mask.shape))]
+    flat = held.reshape(-1, held.shape[-1]) if held.ndim > 1 else held.reshape(1, -1)
+    bad, top = False, -np.inf
+    step = max(1, chunk // max(1, flat.shape[1]))
+    for r in range(0, flat.shape[0], step):
+        part = flat[r:r + step]
+        if part.size:
+            m = float(np.max(part))                         # NaN propagates: it is "bad" too
+            bad = bad or math.isnan(m) or m == math.inf
+            top = max(top, m) if not math.isnan(m) else top
+    return bad, top
 
 
 def broadcastable(shape, target, name: str, target_desc: str) -> None:

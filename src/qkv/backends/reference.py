@@ -8,11 +8,24 @@ of the tiled backward.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import _checks, masks, pipeline, shapes, stages
 from ..tracing import Trace, trace as tracing
 from .base import Backend
+
+
+def _fits_dense(lead: tuple, L: int, S: int, dtype, copies: int, weights: bool) -> None:
+    """Before the reference path materializes ``copies`` arrays of the (…, L, S) scores: a ValueError saying how
+    much they need and what to ask for instead, where this process cannot have it (:func:`qkv._checks.fits`)."""
+    n = math.prod(lead) * L * S
+    shape = " × ".join(str(x) for x in lead + (L, S))
+    instead = ("ask for fewer weights: need_weights=False, or chosen rows with qkv.attention_weights(..., rows=...)"
+               if weights else "backend='tiled' (or None) computes it in blocks, in memory linear in L and S")
+    _checks.fits(copies * n * _checks.compute_dtype(dtype).itemsize, f"query, key: the dense scores ({shape})",
+                 instead)
 
 
 class ReferenceBackend(Backend):
@@ -45,6 +58,7 @@ class ReferenceBackend(Backend):
             value = stages.repeat_kv(value, rep, name="V")            # (..., Hk, S, Ev) -> (..., Hq, S, Ev)
         L, S = query.shape[-2], key.shape[-2]
         lead = shapes.lead(query.shape, key.shape, False)
+        _fits_dense(lead, L, S, query.dtype, 3, return_weights)   # scores, their masked copy and the weights
         mask = self._dense_mask(attn_mask, is_causal, block_mask, lead, L, S)
         source = (block_mask.mask_mod if block_mask is not None else "causal" if is_causal
                   else None if attn_mask is None else "attn_mask")
@@ -73,6 +87,7 @@ class ReferenceBackend(Backend):
             k, v = np.repeat(k, rep, axis=-3), np.repeat(v, rep, axis=-3)      # (..., Hq, S, ·)
         L, S = q.shape[-2], k.shape[-2]
         lead = shapes.lead(q.shape, k.shape, False)
+        _fits_dense(lead, L, S, cdt, 5, False)                   # the forward's three, then dP and dS
         mask = self._dense_mask(attn_mask, is_causal, block_mask, lead, L, S)
         t = Trace()
         with tracing(t):                 # the forward's own path: P, O and lse, and its scaled scores from its trace

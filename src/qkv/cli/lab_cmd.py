@@ -126,7 +126,7 @@ def _show(name: str, result: dict, lang: str, as_json: bool, plot_path: str | No
 @lab_group.command("scale")
 @_common
 @click.option("--samples", type=click.IntRange(16, C.MAX_SAMPLES), default=16384, show_default=True,
-              help="Query rows per d_k (each against --keys keys).")
+              help="Query rows per d_k (each against --keys keys; --samples × --keys at most 8,388,608).")
 @click.option("--keys", type=click.IntRange(2, C.MAX_KEYS), default=16, show_default=True,
               help="Keys per query row.")
 def scale_cmd(seed, as_json, plot_path, lang, samples, keys):

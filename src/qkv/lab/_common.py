@@ -65,6 +65,10 @@ MAX_RUNS = 100
 MAX_BATCH = 4096
 MAX_SAMPLES = 1 << 20
 MAX_KEYS = 1024
+#: The most scores the scale experiment computes per d_k (samples × keys): its time and its chunks' memory grow
+#: with it (1,048,576 samples of 1,024 keys — each within its own bound — went past 8 GB and would run for hours;
+#: 8,388,608 scores take about a minute on 2 cores).
+MAX_SCALE_SCORES = 1 << 23
 
 
 def tick(progress, n: int = 1) -> None:

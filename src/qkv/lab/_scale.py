@@ -67,6 +67,10 @@ def run(*, seed: int = 0, d_ks=D_KS, samples: int = 16384, keys: int = 16, value
     samples = C.positive(samples, "samples", maximum=C.MAX_SAMPLES)
     keys = C.positive(keys, "keys", minimum=2, maximum=C.MAX_KEYS)
     values = C.positive(values, "values", maximum=C.MAX_KEYS)
+    if samples * keys > C.MAX_SCALE_SCORES:
+        raise ValueError(f"samples, keys: {samples:,} × {keys:,} = {samples * keys:,} scores per d_k, more than the "
+                         f"{C.MAX_SCALE_SCORES:,} this experiment computes (its time and memory grow with them); "
+                         "give fewer samples or keys")
     d_ks = [C.positive(d, "d_ks", maximum=1 << 16) for d in d_ks]
     if not d_ks:
         raise ValueError("d_ks: expected at least one d_k")
@@ -74,7 +78,9 @@ def run(*, seed: int = 0, d_ks=D_KS, samples: int = 16384, keys: int = 16, value
     items = max(1, math.ceil(samples / per))
     rows, grad_means = [], []
     for d in d_ks:
-        chunk = max(1, min(items, (1 << 21) // (2 * per * d)))       # about 32 MB of q and k at a time
+        # about 32 MB of q and k at a time, and of each (n, 1, L, S) array the trace keeps (scores, scaled,
+        # weights, the gradient's: ~10 of them): 1,048,576 samples of 1,024 keys took past 8 GB at d_k = 4
+        chunk = max(1, min(items, (1 << 21) // (2 * per * d), (1 << 22) // (per * keys)))
         acc = {True: np.zeros(4), False: np.zeros(4)}
         norms = {True: [], False: []}
         done = 0

@@ -9,11 +9,12 @@ With ``QKV_CHECK_PLANS=1`` the call's plan (:mod:`qkv.backends.tiled.schedule`) 
 """
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
 
-from ... import shapes
+from ... import _checks, shapes
 from ..base import Backend
 from ..runtime import RUNTIME
 from . import backward_pass as _bp, forward_pass as _fp, split as _split
@@ -44,6 +45,10 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
         proof.check(schedule.forward_plan_of(P, setup, dropout_p, return_weights))
     out = np.empty(P.lead + (P.L, P.Ev), P.cdt)
     lse = np.empty(P.lead + (P.L,), P.cdt) if return_lse else None
+    if return_weights:                                       # the one array here whose size is L·S
+        _checks.fits(math.prod(P.lead) * P.L * P.S * P.cdt.itemsize,
+                     f"query, key: the weights ({' × '.join(str(x) for x in P.lead + (P.L, P.S))})",
+                     "ask for fewer: need_weights=False, or chosen rows with qkv.attention_weights(..., rows=...)")
     weights = np.zeros(P.lead + (P.L, P.S), P.cdt) if return_weights else None
     if dropout_p > 0 and rng is None:
         rng = np.random.default_rng()
