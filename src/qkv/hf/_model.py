@@ -144,17 +144,10 @@ class Model:
 
 
 def _check_folder(path) -> str:
-    """The folder as a str; ValueError naming ``path`` when it is no local transformers model folder."""
-    path = os.fspath(path)
-    if not os.path.isdir(path):
-        raise ValueError(f"path: no folder {path!r}" if not os.path.exists(path) else
-                         f"path: {path!r} is a file, expected a model folder (config.json + safetensors)")
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise ValueError(f"path: {path!r} is not a transformers model folder (it has no config.json)")
-    if not any(f.endswith(".safetensors") for f in os.listdir(path)):
-        raise ValueError(f"path: {path!r} has no .safetensors weights (qkv reads safetensors only; nothing is "
-                         "downloaded)")
-    return path
+    """The folder as a str; ValueError naming ``path`` when it is no model folder qkv can trust
+    (:func:`qkv.hf._folder.check_folder`: the config's counts against the weights' headers, before torch)."""
+    from ._folder import check_folder
+    return check_folder(path)
 
 
 def load(path, *, dtype=None) -> Model:
