@@ -61,7 +61,8 @@ from ...gemm import exp as _exp, matmul as _mm  # matmuls and block exps by the 
 from ...kernels import NO_MASK as _NO_MASK
 from ..runtime import RUNTIME
 from ...merge import merge_partials
-from .plan import _LOG_HEADROOM, _band_groups, _first_rows, _plain_plan, _task_blocks
+from .bands import _band_groups
+from .plan import _LOG_HEADROOM, _first_rows, _plain_plan, _task_blocks
 from .scoring import _Scorer, _apply_poly, _cached, _scratch
 from .sparse import masked_plan
 

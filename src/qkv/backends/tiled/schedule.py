@@ -26,7 +26,8 @@ from ... import shapes
 from ...kernels import NO_LO, NO_MASK
 from ..runtime import RUNTIME
 from . import backward_pass as _bp, forward_pass as _fp
-from .plan import _Problem, _band_groups, _first_rows, _plain_backward_plan
+from .bands import _band_groups
+from .plan import _Problem, _first_rows, _plain_backward_plan
 from .setup import backward_setup, forward_setup
 
 
