@@ -17,7 +17,8 @@ that knows its block kinds from index ranges, ``grid_cell``² — which a planne
 matmul per run of non-empty key cells, rows halved while that is cheaper (``grid_call_cost``): packed
 documents stay 1024-row squares, a sliding window goes by cell rows against its run of keys (64 × 576 for
 window 512), a causal mask halves towards the diagonal. Consecutive *bands* (a window's cell rows, each as
-far on as it is tall, masked alike relative to its corner) are grouped to run batched (:func:`qkv.backends.tiled.bands._band_groups`).
+far on as it is tall, masked alike relative to its corner) are grouped to run batched
+(:func:`qkv.backends.tiled.bands._band_groups`).
 The backward walks key blocks, the query blocks each needs planned the same way. Plans that depend on the
 shapes alone are cached (:func:`qkv.backends.tiled.scoring._cached`), a block mask's with the block mask.
 
