@@ -70,3 +70,17 @@ def test_pickled_weights_are_refused_in_one_line(good, tmp_path, capsys):
 def test_the_good_folder_still_loads(good, capsys):
     code, out, err = run(capsys, "model", "the cat sat", "--hf", good)
     assert code == 0, err
+
+
+def test_a_pickle_beside_other_safetensors_is_never_loaded(good, tmp_path, capsys):
+    """A folder whose model weights are only pickled, with some other .safetensors file beside them: transformers
+    would fall back to the pickle; qkv asks for safetensors only — one line, nothing unpickled."""
+    import struct
+    d = tmp_path / "q"
+    shutil.copytree(good, d)
+    (d / "model.safetensors").rename(d / "adapter.safetensors")
+    header = b"{}"
+    (d / "adapter.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x04pickle that must never be loaded")
+    code, out, err = run(capsys, "model", "the cat", "--hf", d)
+    one_line(code, err, r"--hf: .*: transformers cannot load its weights \(")

@@ -179,8 +179,8 @@ def load(path, *, dtype=None) -> Model:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     from safetensors import SafetensorError
     try:
-        model = cls.from_pretrained(path, local_files_only=True, attn_implementation=name,
-                                    dtype=dtype or torch.float32).eval()
+        model = cls.from_pretrained(path, local_files_only=True, attn_implementation=name, use_safetensors=True,
+                                    dtype=dtype or torch.float32).eval()     # (never a pickle, whatever is there)
     except (ValueError, OSError, SafetensorError) as exc:
         raise ValueError(f"path: {path!r}: transformers cannot load its weights ({_first_line(exc)})") from None
     return Model(model, tokenizer, _config(hf_config, path, decoder))
