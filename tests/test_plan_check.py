@@ -179,6 +179,7 @@ def test_block_mask_forward_plans_cover_each_allowed_score_once(problem):
 @given(problems(block_masks=True, tiles=True))
 def test_tile_loop_plans_cover_each_allowed_score_once(problem):
     p = _prove(problem, backward=False)
+    assert not proof.untidy(p)                                # and spend nothing on edges or tiles that mask nothing
     TILE_LOOP.append(any(t.strategy == "compiled loop, tiles" for t in p.tasks))
 
 

@@ -235,3 +235,44 @@ def _owns(plan, t, head, i: int, j: int) -> bool:
     heads = [t.head[:-1] + (t.head[-1] + h,) for h in range(t.group)] if t.head else [()]
     keys = t.keys or (0, plan.S)
     return tuple(head) in heads and t.rows[0] <= i < t.rows[1] and keys[0] <= j < keys[1]
+
+
+def untidy(plan) -> list:
+    """What a compiled loop's plan does beyond what its mask needs — correct, but work or memory spent for
+    nothing (the checker above proves correctness; this, economy). Per task of the compiled loops, each piece
+    names an edge only where the edge masks something in it and a tile only where the tile masks something and
+    keeps something; a task's tiles are distinct. Returns the findings as lines (empty: tidy). (A piece that keeps
+    no score at all is not a finding: splitting a piece where its rows are half new leaves a row or two of nothing
+    now and then — one small product.)"""
+    P, out = plan.problem, []
+    for t in plan.tasks:
+        if not t.strategy.startswith("compiled loop") or plan.direction != "forward":
+            continue
+        for n, p in enumerate(t.pieces):
+            out += [f"{_name(t)}: piece {n} {why}" for why in _piece_waste(P, t, p)]
+        if t.tiles is not None:
+            used = sorted({p.tile for p in t.pieces if p.tile is not None})
+            seen = {}
+            for k in used:
+                key = t.tiles[k].tobytes()
+                if key in seen:
+                    out.append(f"{_name(t)}: tiles {seen[key]} and {k} are equal")
+                seen[key] = k
+    return out
+
+
+def _piece_waste(P, t, p) -> list:
+    (r0, r1), (j0, j1) = p.rows, p.keys
+    g = t.group
+    r = np.arange(r1 - r0)[:, None] // g
+    c = np.arange(j1 - j0)[None, :]
+    found = []
+    if p.upper is not None and not (c > p.upper + r).any():
+        found.append(f"names an upper edge {p.upper} that masks nothing in it")
+    if p.lower is not None and not (c < p.lower + r).any():
+        found.append(f"names a lower edge {p.lower} that masks nothing in it")
+    if p.tile is not None:
+        tile = t.tiles[p.tile][p.tile_row + r[:, 0], :j1 - j0] > 0
+        if tile.all() or not tile.any():
+            found.append(f"names tile {p.tile}, which {'masks nothing' if tile.all() else 'keeps nothing'} there")
+    return found
