@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: demo test check sysdeps bench clean docs serve-docs mutation mutation-sparse mutation-all
+.PHONY: demo test check sysdeps bench clean docs serve-docs mutation mutation-all
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,9 +60,9 @@ serve-docs: $(VENV)/.installed-dev
 
 # Mutation testing (issue 39, docs/mutation.md; not part of make test): mutmut mutates the tiled engine's code and
 # runs, per mutant, the fast tier of tests that reach it ([tool.mutmut] in pyproject.toml), into mutants/.
-#   make mutation         split-K (split.py: how many parts, their bounds, the merge) and the choice of a task's
-#                         strategy (forward_pass._strategy, _bands_supported): 188 mutants, over an hour on 2 cores
-#   make mutation-sparse  the block-sparse planning (sparse.py: pieces, strips, bands, tiles): 873 mutants, hours
+#   make mutation         the planning code: split-K (split.py), the choice of a task's strategy
+#                         (forward_pass._strategy, _bands_supported) and the block-sparse plans (sparse.py): 1,061
+#                         mutants, about 45 minutes on 2 cores
 #   make mutation-all     everything in [tool.mutmut] only_mutate (the whole tiled engine, kernels.py, _jit*.py):
 #                         ~9,100 mutants, hours
 # Each run starts from a new copy (mutmut keeps the files it copied before, which would go stale) and counts its own
@@ -72,8 +72,7 @@ serve-docs: $(VENV)/.installed-dev
 MUTATION_EXAMPLES ?= 20
 MUTATION_PLAN_EXAMPLES ?= 50
 MUTATION_SET := 'qkv.backends.tiled.split.*' 'qkv.backends.tiled.forward_pass.x__strategy__*' \
-	'qkv.backends.tiled.forward_pass.x__bands_supported__*'
-MUTATION_SPARSE := 'qkv.backends.tiled.sparse.*'
+	'qkv.backends.tiled.forward_pass.x__bands_supported__*' 'qkv.backends.tiled.sparse.*'
 MUTATION_ALL := 'qkv.*'
 MUTMUT_RUN = OMP_NUM_THREADS=1 QKV_MATRIX_EXAMPLES=$(MUTATION_EXAMPLES) QKV_PLAN_EXAMPLES=$(MUTATION_PLAN_EXAMPLES) \
 	$(BIN)/mutmut run --max-children $$(nproc)
@@ -88,11 +87,6 @@ mutation: $(VENV)/.installed-dev
 	rm -rf mutants
 	$(MUTMUT_RUN) $(MUTATION_SET)
 	@$(MUTMUT_SUMMARY) $(MUTATION_SET)
-
-mutation-sparse: $(VENV)/.installed-dev
-	rm -rf mutants
-	$(MUTMUT_RUN) $(MUTATION_SPARSE)
-	@$(MUTMUT_SUMMARY) $(MUTATION_SPARSE)
 
 mutation-all: $(VENV)/.installed-dev
 	rm -rf mutants
