@@ -12,18 +12,13 @@ from cli_checks import one_line, run
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.model
 
+from test_hf import folder  # noqa: E402,F401  (the fixture: a tiny random Llama, 2 layers, 4 heads of 16, width 64)
 
-@pytest.fixture(scope="module")
-def good(tmp_path_factory):
-    """A tiny random Llama folder (2 layers, 4 heads of 16, width 64) with a word-level tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from test_hf import SMALL, WORDS, _tokenizer
-    d = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(**dict(SMALL, vocab_size=len(WORDS)))).save_pretrained(d)
-    _tokenizer().save_pretrained(d)
-    return d
+
+@pytest.fixture
+def good(request):
+    """test_hf's tiny Llama folder (made once a module), here under its own name."""
+    return request.getfixturevalue("folder")
 
 
 def _with(good, tmp_path, **changes):
