@@ -197,8 +197,9 @@ def _assemble(P, pieces: list, i0: int, g: int) -> np.ndarray:
         low = NO_LO if lo is None else lo + a - j0
         edges = np.flatnonzero(np.diff(seen[r0:r1].astype(np.int8))) + 1
         for s0, s1 in zip([0, *edges], [*edges, r1 - r0]):  # (one run but where rows are half seen)
-            dd = d if d == _NO_MASK else d + s0
-            ll = low if low == NO_LO else low + s0
+            # an edge only where it binds in the part: the upper in its first row, the lower in its last
+            dd = _NO_MASK if d == _NO_MASK or d + s0 >= j1 - j0 - 1 else d + s0
+            ll = NO_LO if low == NO_LO or low + s1 - 1 <= 0 else low + s0
             rows.append((g * (r0 + s0), g * (r0 + s1), j0, j1, dd, int(not seen[r0 + s0]), t, ll, s0))
         seen[r0:r1] = True
     return np.array(rows, np.int64).reshape(-1, 9)
