@@ -155,6 +155,16 @@ def fits(nbytes: float, what: str, instead: str | None = None) -> None:
                          f"available here" + (f"; {instead}" if instead else ""))
 
 
+#: What to ask for instead of weights that do not fit (:func:`fits_scores`).
+FEWER_WEIGHTS = "ask for fewer weights: need_weights=False, or chosen rows with qkv.attention_weights(..., rows=...)"
+
+
+def fits_scores(shape: tuple, itemsize: int, copies: int, what: str, instead: str) -> None:
+    """:func:`fits` for ``copies`` arrays of the scores' ``shape`` (…, L, S): a ValueError "query, key: ``what``
+    (B × H × L × S): needs about N GiB, …; ``instead``" where this process cannot have them."""
+    fits(copies * math.prod(shape) * itemsize, f"query, key: {what} ({' × '.join(str(x) for x in shape)})", instead)
+
+
 def boolean(x, name: str) -> bool:
     if not isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{name}: expected True or False, got {type(x).__name__} {x!r}")

@@ -8,8 +8,6 @@ of the tiled backward.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .. import _checks, masks, pipeline, shapes, stages
@@ -20,12 +18,9 @@ from .base import Backend
 def _fits_dense(lead: tuple, L: int, S: int, dtype, copies: int, weights: bool) -> None:
     """Before the reference path materializes ``copies`` arrays of the (…, L, S) scores: a ValueError saying how
     much they need and what to ask for instead, where this process cannot have it (:func:`qkv._checks.fits`)."""
-    n = math.prod(lead) * L * S
-    shape = " × ".join(str(x) for x in lead + (L, S))
-    instead = ("ask for fewer weights: need_weights=False, or chosen rows with qkv.attention_weights(..., rows=...)"
-               if weights else "backend='tiled' (or None) computes it in blocks, in memory linear in L and S")
-    _checks.fits(copies * n * _checks.compute_dtype(dtype).itemsize, f"query, key: the dense scores ({shape})",
-                 instead)
+    instead = (_checks.FEWER_WEIGHTS if weights
+               else "backend='tiled' (or None) computes it in blocks, in memory linear in L and S")
+    _checks.fits_scores(lead + (L, S), _checks.compute_dtype(dtype).itemsize, copies, "the dense scores", instead)
 
 
 class ReferenceBackend(Backend):

@@ -9,7 +9,6 @@ With ``QKV_CHECK_PLANS=1`` the call's plan (:mod:`qkv.backends.tiled.schedule`) 
 """
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
@@ -46,17 +45,13 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     out = np.empty(P.lead + (P.L, P.Ev), P.cdt)
     lse = np.empty(P.lead + (P.L,), P.cdt) if return_lse else None
     if return_weights:                                       # the one array here whose size is L·S
-        _checks.fits(math.prod(P.lead) * P.L * P.S * P.cdt.itemsize,
-                     f"query, key: the weights ({' × '.join(str(x) for x in P.lead + (P.L, P.S))})",
-                     "ask for fewer: need_weights=False, or chosen rows with qkv.attention_weights(..., rows=...)")
+        _checks.fits_scores(P.lead + (P.L, P.S), P.cdt.itemsize, 1, "the weights", _checks.FEWER_WEIGHTS)
     weights = np.zeros(P.lead + (P.L, P.S), P.cdt) if return_weights else None
     if dropout_p > 0 and rng is None:
         rng = np.random.default_rng()
     seed = int(rng.integers(2**63)) if dropout_p > 0 else 0
     if setup.splits > 1:
-        tasks = [(P, idx, i0, i1, setup.bk, out, lse, weights, dropout_p, seed) for idx, i0, i1, _ in setup.rows]
-        return _split._forward_split(P, tasks, setup.splits, setup.bk, setup.threads, query.dtype, return_lse,
-                                     setup.parts)
+        return _split._forward_split(P, setup.parts, setup.splits, setup.bk, setup.threads, query.dtype, return_lse)
     tasks = [(P, idx, i0, i1, setup.bk, out, lse, weights, dropout_p, seed) for idx, i0, i1, _ in setup.parts]
     RUNTIME.run(tasks, _fp._forward_task, setup.threads)
     dt = query.dtype

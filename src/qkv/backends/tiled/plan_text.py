@@ -25,7 +25,7 @@ def render(plan, limit: int = 40) -> str:
         keys = "all" if t.keys is None else f"{t.keys[0]}…{t.keys[1]}"
         rows.append((str(n), str(t.head), f"{t.rows[0]}…{t.rows[1]}", keys, f"{t.strategy} [{mark}]",
                      str(len(t.pieces)), str(len({p.tile for p in t.pieces if p.tile is not None})),
-                     f"{sum((p.rows[1] - p.rows[0]) * (p.keys[1] - p.keys[0]) for p in t.pieces):,}"))
+                     f"{t.computed():,}"))
     head = ("task", "head" if plan.direction == "forward" else "kv head", "rows", "keys", "strategy", "pieces",
             "tiles", "scores")
     widths = [max(len(r[c]) for r in rows + [head]) for c in range(len(head))]

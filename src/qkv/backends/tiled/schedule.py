@@ -69,6 +69,10 @@ class TaskPlan:
     tiles: np.ndarray | None = None
     heads: tuple = ()
 
+    def computed(self) -> int:
+        """Scores its pieces compute (rows × keys)."""
+        return sum((p.rows[1] - p.rows[0]) * (p.keys[1] - p.keys[0]) for p in self.pieces)
+
     def __str__(self) -> str:
         from .plan_text import render_pieces
         return render_pieces(self)
@@ -93,7 +97,7 @@ class Plan:
 
     def computed(self) -> int:
         """Scores the pieces compute (rows × keys, all heads)."""
-        return sum((p.rows[1] - p.rows[0]) * (p.keys[1] - p.keys[0]) for t in self.tasks for p in t.pieces)
+        return sum(t.computed() for t in self.tasks)
 
     def work_fraction(self) -> float:
         """The share of all L·S scores of every head that the plan computes."""

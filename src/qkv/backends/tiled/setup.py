@@ -26,13 +26,12 @@ F_SHARES = _paths.register("forward.row_shares", "few heads on several workers: 
 
 
 class Setup(NamedTuple):
-    """How a call is cut, decided before anything runs: the block sizes, the tasks' ``rows`` ``(idx, i0, i1,
-    None)`` in the order they are queued, split-K's ``splits`` and the ``parts`` that run — ``rows`` with their
-    key ranges ``(k0, k1)`` when split —, the workers, and the ``problem`` as cut (its
-    :class:`~qkv.backends.tiled.plan.Cut`: the one the tasks read; the problem given is left as it was)."""
+    """How a call is cut, decided before anything runs: the block sizes, split-K's ``splits``, the ``parts`` that
+    run in the order they are queued — ``(idx, i0, i1, keys)``, ``keys`` None or, when split, the part's key range
+    ``(k0, k1)`` —, the workers, and the ``problem`` as cut (its :class:`~qkv.backends.tiled.plan.Cut`: the one the
+    tasks read; the problem given is left as it was)."""
     bq: int
     bk: int
-    rows: list
     splits: int
     parts: list
     threads: int
@@ -62,10 +61,10 @@ def forward_setup(P, block_q, block_k, threads: int, dropout_p: float, return_we
     if splits > 1:
         bounds = _split.key_bounds(P, splits, bk)
         parts = [(idx, i0, i1, (bounds[c], bounds[c + 1])) for c in range(splits) for idx, i0, i1, _ in rows]
-        return Setup(bq, bk, rows, splits, parts, threads, P)
+        return Setup(bq, bk, splits, parts, threads, P)
     if 2 * bq * P.group * P.S * (P.E + P.Ev) < P.limits.serial_below_flops:
         threads = 1
-    return Setup(bq, bk, rows, 1, rows, threads, P)
+    return Setup(bq, bk, 1, rows, threads, P)
 
 
 def _forward_blocks(P, block_q, block_k, threads: int, reads_scores: bool) -> tuple:

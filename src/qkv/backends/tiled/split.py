@@ -46,18 +46,18 @@ def key_bounds(P, splits: int, bk: int) -> list:
     return bounds
 
 
-def _forward_split(P, tasks: list, splits: int, bk: int, threads: int, dt, return_lse: bool, plan: list):
+def _forward_split(P, plan: list, splits: int, bk: int, threads: int, dt, return_lse: bool):
     """Split-K: every task's key range in ``splits`` parts (``plan``: ``(idx, i0, i1, (k0, k1))`` part by part,
-    at key-block boundaries), each part a task writing its own ``(out, lse)``; the parts merged by log-sum-exp
-    (:func:`qkv.merge.merge_partials`, the ring's merge too), then the sinks merged in as one more part (out = 0,
-    lse = sink)."""
+    at key-block boundaries: :func:`qkv.backends.tiled.setup.forward_setup`'s), each part a task writing its own
+    ``(out, lse)``; the parts merged by log-sum-exp (:func:`qkv.merge.merge_partials`, the ring's merge too), then
+    the sinks merged in as one more part (out = 0, lse = sink)."""
     bounds = key_bounds(P, splits, bk)
     outs = np.zeros((splits,) + P.lead + (P.L, P.Ev), P.cdt)
     lses = np.full((splits,) + P.lead + (P.L,), -np.inf, P.cdt)
     part_of = {b: c for c, b in enumerate(bounds[:-1])}
     parts = [(P, idx, i0, i1, bk, outs[part_of[keys[0]]], lses[part_of[keys[0]]], None, 0.0, 0, keys)
              for idx, i0, i1, keys in plan]
-    P.prepare_kv_split({t[1] for t in tasks}, bounds, threads)
+    P.prepare_kv_split({idx for idx, *_ in plan}, bounds, threads)
     _paths.hit(F_SPLIT_K)
     RUNTIME.run(parts, _fp._forward_task, threads)
     out, lse = outs[0], lses[0]
