@@ -41,7 +41,7 @@ def forward(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=False
     P = setup.problem                                         # (as cut: what the tasks read)
     if checks_plans():                                        # QKV_CHECK_PLANS=1: the plan proven first
         from . import proof, schedule
-        proof.check(schedule.forward_plan_of(P, setup, dropout_p, return_weights))
+        proof.check(schedule.forward_plan_of(setup, dropout_p, return_weights))
     out = np.empty(P.lead + (P.L, P.Ev), P.cdt)
     lse = np.empty(P.lead + (P.L,), P.cdt) if return_lse else None
     if return_weights:                                       # the one array here whose size is L·S
@@ -106,7 +106,7 @@ def backward(grad_out, query, key, value, *, attn_mask=None, is_causal=False, sc
     P = setup.problem
     if checks_plans():                                        # QKV_CHECK_PLANS=1: the plan proven first
         from . import proof, schedule
-        proof.check(schedule.backward_plan_of(P, setup))
+        proof.check(schedule.backward_plan_of(setup))
     bq, bk = setup.bq, setup.bk
     if out is None or lse is None:
         # the output in the compute dtype: D = rowsum(dO ∘ O) from a float16-rounded O cost float16 gradients up

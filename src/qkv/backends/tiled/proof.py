@@ -87,9 +87,10 @@ def _add_task(P, direction: str, t, heads: list, kept: np.ndarray) -> None:
     backward's query heads (a piece's ``head``)."""
     if direction == "forward":
         g, i0, i1 = t.group, t.rows[0], t.rows[1]
-        k0, k1 = t.keys if t.keys is not None else (0, P.S)
         for n, p in enumerate(t.pieces):
-            _inside(t, n, p, 0, (i1 - i0) * g, k0, k1, P.S)
+            # (any key: a split-K part owns the key blocks that start in its keys, cut into pieces after, so its
+            # pieces may pass its end — the coverage over all parts is what proves it)
+            _inside(t, n, p, 0, (i1 - i0) * g, 0, P.S, P.S)
             keep = _keep(P, t, p, heads[0], i0, g)
             for h in range(g):
                 first = p.rows[0] + (h - p.rows[0]) % g       # this head's rows of the interleaved block
@@ -105,11 +106,8 @@ def _add_task(P, direction: str, t, heads: list, kept: np.ndarray) -> None:
 
 
 def _inside(t, n: int, p, r_lo: int, r_hi: int, k_lo: int, k_hi: int, S: int) -> None:
-    """A piece within its task's rows and keys (a split-K part owns the key blocks that start in its keys, cut into
-    pieces after: its pieces may pass its end, and the coverage over all parts is what proves it)."""
+    """A piece within rows ``r_lo … r_hi`` and keys ``k_lo … k_hi`` (and S)."""
     (r0, r1), (j0, j1) = p.rows, p.keys
-    if t.keys is not None:
-        k_lo, k_hi = 0, S
     if not (r_lo <= r0 < r1 <= r_hi and max(0, k_lo) <= j0 < j1 <= min(k_hi, S)):
         raise PlanError(f"plan check: {_name(t)}: piece {n} rows {r0}…{r1} × keys {j0}…{j1} outside the task's "
                         f"rows {r_lo}…{r_hi} × keys {k_lo}…{min(k_hi, S)}")

@@ -124,13 +124,13 @@ def forward_plan(query, key, value, *, attn_mask=None, dropout_p=0.0, is_causal=
     threads = RUNTIME.resolve_threads(threads)
     P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits)
     setup = forward_setup(P, block_q, block_k, threads, dropout_p, return_weights)
-    return forward_plan_of(P, setup, dropout_p, return_weights, reason)
+    return forward_plan_of(setup, dropout_p, return_weights, reason)
 
 
-def forward_plan_of(P, setup, dropout_p: float = 0.0, return_weights: bool = False, reason: str = "named") -> Plan:
-    """The plan of problem ``P`` cut by ``setup`` (:func:`qkv.backends.tiled.setup.forward_setup`): each part's task
-    built as the run builds it."""
-    P = setup.problem                                          # (as cut)
+def forward_plan_of(setup, dropout_p: float = 0.0, return_weights: bool = False, reason: str = "named") -> Plan:
+    """The plan of a forward cut by ``setup`` (:func:`qkv.backends.tiled.setup.forward_setup`, its problem as cut):
+    each part's task built as the run builds it."""
+    P = setup.problem
     weights = np.zeros(0) if return_weights else None          # (_Task asks only whether there are weights)
     tasks = []
     for idx, i0, i1, keys in setup.parts:
@@ -177,8 +177,8 @@ def _loop_piece(row, fresh_column: bool, tiled: bool) -> Piece:
     r0, r1, j0, j1, d, fresh = (int(x) for x in row[:6])
     tile = int(row[6]) if tiled and row[6] >= 0 else None
     lo = int(row[7]) if tiled and row[7] != NO_LO else None
-    return Piece((r0, r1), (j0, j1), None if d == NO_MASK else d, lo, tile, int(row[8]) if tiled and len(row) > 8 else 0,
-                 None, bool(fresh) if fresh_column else None)
+    return Piece((r0, r1), (j0, j1), None if d == NO_MASK else d, lo, tile, int(row[8]) if tiled else 0, None,
+                 bool(fresh) if fresh_column else None)
 
 
 def _block_piece(T, step, fresh) -> Piece:
@@ -222,11 +222,11 @@ def backward_plan(query, key, value, *, attn_mask=None, is_causal=False, scale, 
     threads = RUNTIME.resolve_threads(threads)
     P = _Problem(query, key, value, attn_mask, is_causal, scale, enable_gqa, score_mod, block_mask, sink_logits,
                  backward=True)
-    return backward_plan_of(P, backward_setup(P, block_q, block_k, threads), reason)
+    return backward_plan_of(backward_setup(P, block_q, block_k, threads), reason)
 
 
-def backward_plan_of(P, setup, reason: str = "named") -> Plan:
-    """The backward plan of problem ``P`` cut by ``setup`` (:func:`qkv.backends.tiled.setup.backward_setup`)."""
+def backward_plan_of(setup, reason: str = "named") -> Plan:
+    """The backward plan cut by ``setup`` (:func:`qkv.backends.tiled.setup.backward_setup`, its problem as cut)."""
     P = setup.problem
     kv_lead = shapes.kv_lead(P.lead, P.n_rep)
     tasks = []
