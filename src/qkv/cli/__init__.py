@@ -61,9 +61,15 @@ def _drop_stdout() -> None:
     """Point standard output at /dev/null, so that the interpreter's last flush finds no closed pipe."""
     import os
     try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    try:
+        os.dup2(null, sys.stdout.fileno())
     except (AttributeError, OSError, ValueError):              # (not a real file: a test's capture)
         pass
+    finally:
+        os.close(null)
 
 
 def _main(argv=None) -> int:
@@ -127,9 +133,14 @@ def _echo(text: str) -> int:
     except BrokenPipeError:
         raise
     except OSError as e:
-        print(f"qkv: error: cannot write to standard output: {e.strerror or e}", file=sys.stderr)
-        return 2
+        return _unwritable(e)
     return 0
+
+
+def _unwritable(e: OSError) -> int:
+    """Standard output refused what was written (a full disk, /dev/full): one line on stderr, exit status 2."""
+    print(f"qkv: error: cannot write to standard output: {e.strerror or e}", file=sys.stderr)
+    return 2
 
 
 def run() -> None:  # pragma: no cover - console entry point
@@ -140,6 +151,5 @@ def run() -> None:  # pragma: no cover - console entry point
         _drop_stdout()
         code = EXIT_PIPE
     except OSError as e:
-        print(f"qkv: error: cannot write to standard output: {e.strerror or e}", file=sys.stderr)
-        code = 2
+        code = _unwritable(e)
     sys.exit(code)
