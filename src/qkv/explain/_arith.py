@@ -19,6 +19,16 @@ from ..locales import t
 _BEFORE_SOFTMAX = ("masked", "modified", "capped", "biased", "scaled")
 
 
+def mask_formula(step: Step, lang: str) -> tuple:
+    """The mask step's ``(input, boolean, formula)``: the name of the scores it was given (``scaled``, or
+    ``biased``, ``capped``, ``modified`` after a score mod), whether the mask is boolean, and its formula in
+    ``lang`` naming them."""
+    m = step.operands.get("mask")
+    given = step.params.get("input", "scaled")
+    boolean = m is not None and np.asarray(m).dtype == np.bool_
+    return given, boolean, t("explain.f_masked" if boolean else "explain.f_masked_float", lang, input=given)
+
+
 def softmax_formula(step: Step, trace: Trace) -> str:
     """The softmax step's formula naming what it was applied to: ``softmax(masked)`` after a mask (the stage
     records ``softmax(scaled)`` whatever came before it)."""

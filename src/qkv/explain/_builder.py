@@ -7,7 +7,8 @@ import numpy as np
 
 from ..tracing import Step, Trace
 from . import _variants as var
-from ._arith import _dk, _exp_part, _product_line, _ratio_part, _scale_line, _sum_line, softmax_formula
+from ._arith import (_dk, _exp_part, _product_line, _ratio_part, _scale_line, _sum_line, mask_formula,
+                     softmax_formula)
 from ._doc import Section, Table, fmt
 from ._layout import (KEYS_AS_COLS, MAX_CALC, SHOW, SMALL, _Labels, _limited_slices, _operand_shape, _shape,
                       _slices, _step_shape, _table, _true_row, full_shape, held_rows, shown_rows)
@@ -156,12 +157,9 @@ class _Builder:
     # -- mask
     def mask(self, step: Step) -> Section:
         m = step.operands.get("mask")
-        given = step.params.get("input", "scaled")           # the scores the mask was applied to
-        boolean = m is not None and np.asarray(m).dtype == np.bool_
-        sec = self.section(step, t("explain.t_masked", self.lang),
-                           formula=t("explain.f_masked" if boolean else "explain.f_masked_float", self.lang,
-                                     input=given))
-        if m is not None and np.asarray(m).dtype == np.bool_:
+        given, boolean, formula = mask_formula(step, self.lang)   # naming the scores the mask was applied to
+        sec = self.section(step, t("explain.t_masked", self.lang), formula=formula)
+        if boolean:
             sec.text(t("explain.n_mask", self.lang))
             full = np.broadcast_to(np.asarray(m), step.array.shape)
             slices, more = _limited_slices(step, self.trace, self.lang)

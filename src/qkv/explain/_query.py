@@ -12,7 +12,8 @@ import numpy as np
 
 from ..tracing import Step, Trace
 from . import _variants as var
-from ._arith import _dk, _exp_part, _product_line, _ratio_part, _scale_line, _sum_line, softmax_formula
+from ._arith import (_dk, _exp_part, _product_line, _ratio_part, _scale_line, _sum_line, mask_formula,
+                     softmax_formula)
 from ._doc import Doc, Section, Table, fmt, fmt_factor
 from ._layout import SHOW, SMALL, _check_common, _Labels, _local_row, _table, full_shape
 from ..locales import t
@@ -188,12 +189,10 @@ def _mask_section(q: _Query) -> None:
     lang, p, idx, lab, qlabel = q.lang, q.p, q.idx, q.lab, q.qlabel
     mk = q.trace["masked"]
     m = mk.operands.get("mask")
-    given = mk.params.get("input", "scaled")                 # the scores the mask was applied to
-    boolean = m is not None and np.asarray(m).dtype == np.bool_
-    s = q.sec("masked", t("explain.q_mask", lang),
-              formula=t("explain.f_masked" if boolean else "explain.f_masked_float", lang, input=given))
+    given, boolean, formula = mask_formula(mk, lang)          # naming the scores the mask was applied to
+    s = q.sec("masked", t("explain.q_mask", lang), formula=formula)
     vals = np.asarray(mk.array[idx])[q.loc(mk)]
-    if m is not None and np.asarray(m).dtype == np.bool_:
+    if boolean:
         mrow = np.asarray(_bcast(m, mk.array.shape)[idx])[q.loc(mk)]
         s.text(t("explain.n_mask", lang))
         source = mk.params.get("source")
