@@ -44,9 +44,9 @@ def load_hf(path):
     naming ``--hf``. Nothing is downloaded."""
     import os
 
-    from qkv.hf._model import _check_folder
+    from qkv.hf._folder import check_folder
     try:
-        _check_folder(path)                                          # before importing torch and transformers
+        check_folder(path)                                           # before importing torch and transformers
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()                            # no loading bars on stderr
         from qkv.hf import load

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._folder import check_folder
+
 
 @dataclass
 class Config:
@@ -143,13 +145,6 @@ class Model:
         return rec.traces[int(layer)]
 
 
-def _check_folder(path) -> str:
-    """The folder as a str; ValueError naming ``path`` when it is no model folder qkv can trust
-    (:func:`qkv.hf._folder.check_folder`: the config's counts against the weights' headers, before torch)."""
-    from ._folder import check_folder
-    return check_folder(path)
-
-
 def load(path, *, dtype=None) -> Model:
     """The model in folder ``path`` on qkv (``attn_implementation="qkv"``), in evaluation mode, float32 unless
     ``dtype`` (a torch dtype) says otherwise.
@@ -158,7 +153,7 @@ def load(path, *, dtype=None) -> Model:
         ValueError naming ``path``: no such folder, no config.json, no safetensors, a config transformers does
         not know, or no tokenizer in the folder. ImportError when torch or transformers is missing.
     """
-    path = _check_folder(path)
+    path = check_folder(path)                                # before torch and transformers: see _folder
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
     import torch
 
