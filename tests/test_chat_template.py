@@ -47,13 +47,16 @@ def model(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", list(HOSTILE))
-def test_every_template_failure_is_one_value_error_naming_the_file(model, kind):
+def test_every_template_failure_is_one_value_error_naming_the_file(model, kind, monkeypatch):
     source, pattern = HOSTILE[kind]
     model.chat_template, model._template = source, None
+    bound = 2 * _chat.MAX_SECONDS + 3
+    if "512 MB" in pattern:                  # the memory limit's case: the clock's (2 s) kept out of its way — the
+        monkeypatch.setattr(_chat, "MAX_SECONDS", 60.0)    # render takes 1.2 s alone, past 2 s beside a busy worker
     t = time.perf_counter()
     with pytest.raises(ValueError, match=r"^templated.gguf: tokenizer.chat_template: " + pattern) as e:
         model.apply_chat_template("hi")
-    assert time.perf_counter() - t < 2 * _chat.MAX_SECONDS + 3
+    assert time.perf_counter() - t < bound
     assert "\n" not in str(e.value) and len(str(e.value)) < 300
     with pytest.raises(ValueError, match="templated.gguf: tokenizer.chat_template: "):
         model.generate("hi", max_new_tokens=1, chat=True)
