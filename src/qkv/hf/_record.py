@@ -27,6 +27,7 @@ from typing import Iterator
 import numpy as np
 
 from ._register import register
+from ._summary import check_weights, options, summarize
 from ._state import ACTIVE
 from ._state import numpy as _numpy
 
@@ -44,9 +45,13 @@ class Recording:
         trace_head: the head the traces follow, as given (the first chosen, 0 by default).
         rows_of: ``{layer: (R,) int}`` the query rows each layer's weights and trace hold (negatives resolved).
         heads_of: ``{layer: (h,) int}`` the heads each layer's weights hold.
+        summaries: ``{layer: qkv.hf._summary.LayerSummary}`` with ``summaries=``: every chosen head's entropy,
+            mean distance, sink share, kind and max-pooled map, streamed over blocks of query rows (no L × S
+            weights; without ``rows`` nothing else is kept).
     """
 
-    def __init__(self, layers=None, heads=None, rows=None, *, model=None, trace_all: bool = False):
+    def __init__(self, layers=None, heads=None, rows=None, *, model=None, trace_all: bool = False,
+                 summaries=None):
         self._layers = _layer_choice(layers)
         self._keys = {} if model is None else layer_keys(model)
         self.heads = _ints(heads, "heads")
@@ -58,6 +63,8 @@ class Recording:
         self.heads_of: dict = {}
         self._order: dict[int, int] = {}
         self._trace_all = bool(trace_all)       # True: the traces hold every chosen head (Model.trace_layer)
+        self.summaries: dict = {}
+        self._summary = options(summaries)       # None, or how to summarise (qkv.hf._summary.Summaries)
 
     @property
     def layers(self) -> list:
@@ -92,6 +99,12 @@ class Recording:
         Hq, L = q.shape[1], q.shape[2]
         heads = _resolve(self.heads, Hq, "heads", f"the layer has {Hq} heads")
         rows = _resolve(self.rows, L, "rows", f"the call has {L} query rows")
+        if self._summary is not None:                                       # streamed: never L × S at once
+            self.summaries[layer] = summarize(spec, q, k, heads, self._summary)
+            if self.rows is None:
+                return
+        elif self.rows is None:                                             # every row: the limit first
+            check_weights(layer, q.shape[0], len(heads), L, k.shape[2])
         self.weights[layer] = spec.weights(q, k, heads, rows).astype(np.float32, copy=False)
         self.traces[layer] = _trace(spec, q, k, v, heads if self._trace_all else heads[:1], rows)
         self.rows_of[layer], self.heads_of[layer] = rows, heads
@@ -172,7 +185,7 @@ def _trace(spec, q, k, v, heads: np.ndarray, rows: np.ndarray):
 
 
 @contextlib.contextmanager
-def record(model, layers=None, heads=None, rows=None) -> Iterator[Recording]:
+def record(model, layers=None, heads=None, rows=None, *, summaries=False) -> Iterator[Recording]:
     """Keep what the chosen ``layers``, ``heads`` and query ``rows`` of ``model`` compute inside the block.
 
     Args:
@@ -181,6 +194,8 @@ def record(model, layers=None, heads=None, rows=None) -> Iterator[Recording]:
             modules' names, where an encoder–decoder repeats the indices (see the module).
         heads: None (all) or the query heads whose weights to keep; the trace follows the first (0 by default).
         rows: None (all) or the query rows (0-based within the call; −1 the last) to keep.
+        summaries: True (or ``qkv.hf._summary.Summaries(tokens=…, pool=…)``): also ``rec.summaries[layer]``,
+            every chosen head summarised without its L × S weights; without ``rows`` no weights are kept.
 
     Yields:
         a :class:`Recording`: ``weights[layer]`` (B, heads, rows, S), ``traces[layer]``, ``layers``, … (see the
@@ -188,11 +203,12 @@ def record(model, layers=None, heads=None, rows=None) -> Iterator[Recording]:
 
     Raises:
         TypeError naming the argument for layers/heads/rows that are not ints; ValueError (inside the block)
-        for a head or row the layer does not have.
+        for a head or row the layer does not have, and without ``rows`` or ``summaries`` for a layer whose
+        weights would pass ``qkv.hf._summary.MAX_WEIGHT_BYTES`` (1 GiB; the message offers both).
     """
     if not hasattr(model, "set_attn_implementation"):
         raise TypeError(f"model: expected a transformers PreTrainedModel, got {type(model).__name__}")
-    rec = Recording(layers, heads, rows, model=model)
+    rec = Recording(layers, heads, rows, model=model, summaries=summaries)
     name = register()
     before = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if before != name:
