@@ -156,7 +156,16 @@ class LlamaModel:
             ``rope=qkv.RoPE(rope_theta, "neox")``), holding the model's W_Q, W_K, W_V, W_O.
         tokenizer: the ``tokenizers.Tokenizer`` (byte-level BPE from the file; no BOS is added, as the file says).
         chat_template: the file's Jinja chat template (str) or None.
+        attention_observer: None, or a callable that the decoding path (``step``, ``forward``, ``generate``)
+            hands every layer's attention call: ``observer(layer, q (B, H, L, E), k (B, Hk, S, E),
+            v (B, Hk, S, E), key_mask (B, S) bool or None)`` — queries and keys after RoPE, the L queries the
+            last L of the S keys (causal, bottom-right), scale 1/√E, True = may attend. The arrays are the
+            model's work arrays: read them during the call, keep copies. :func:`qkv.hf.record` sets it for its
+            block.
     """
+
+    #: See the class's attributes (None: nothing observes the attention).
+    attention_observer: Callable | None = None
 
     def __init__(self, config: LlamaConfig, embeddings: np.ndarray | None, layers: list[_Layer],
                  norm: np.ndarray, lm_head_t: np.ndarray, tokenizer, chat_template: str | None) -> None:
@@ -333,7 +342,8 @@ class LlamaModel:
         self._rows(lambda r, out: self._head(layers[0], x2[r], out, cos[r], sin[r], ext), n, width, out=qkv_)
         nq, nk = c.num_heads * c.head_dim, (c.num_heads + c.num_kv_heads) * c.head_dim
         for i, layer in enumerate(layers):
-            o, fill = self._attend(qkv_, B, L, None if caches is None else caches[i], key_mask, ext)   # (B, H, L, E)
+            o, fill = self._attend(qkv_, B, L, None if caches is None else caches[i], key_mask, ext,
+                                   layer)                              # (B, H, L, E)
             nxt = layers[i + 1] if i + 1 < len(layers) else None
             ext = []
 
@@ -363,7 +373,8 @@ class LlamaModel:
         rope_rows_(out, H + Hk, cos, sin, E, self._scratch.get("rope", (2, n, H + Hk, E // 2)))
         ext.append(col_extents(out, (0, H * E, (H + Hk) * E, out.shape[1])))
 
-    def _attend(self, qkv_: np.ndarray, B: int, L: int, cache: KVCache | None, key_mask, ext: list) -> tuple:
+    def _attend(self, qkv_: np.ndarray, B: int, L: int, cache: KVCache | None, key_mask, ext: list,
+                layer: _Layer | None = None) -> tuple:
         """A layer's attention from its heads' rows qkv_ (B·L, (H + 2·Hk)·E): the keys and values into the
         cache (if any), then :meth:`_attention` over every cached token, causal, padding keys masked; with
         the rows' extents (``ext``, :meth:`_head`'s) where the keys are these rows alone and all are finite
@@ -393,6 +404,9 @@ class LlamaModel:
             mask = masks.causal(L, S, align="bottom-right")            # (L, S): the last L of S positions
         if key_mask is not None:
             mask = masks.combine(mask, key_mask.reshape(B, 1, 1, S))  # (B, 1, L, S)
+        if self.attention_observer is not None and layer is not None:  # (qkv.hf.record's block)
+            index = next(j for j, lyr in enumerate(self._layers) if lyr is layer)
+            self.attention_observer(index, q, k, v, None if key_mask is None else key_mask.reshape(B, S))
         return self._attention(q, k, v, mask, causal, known), fill     # (B, H, L, E)
 
     def _tail(self, layer: _Layer, o: np.ndarray, x: np.ndarray, r: slice, out: np.ndarray) -> None:
