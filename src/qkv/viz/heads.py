@@ -7,10 +7,12 @@
                                        computed by networkx
     model_name(model)                  the name to show for a loaded model (all-MiniLM-L6-v2, not its base)
 
-``attentions`` is what a model gives per layer: a list of (H, T, T) arrays, or of (1, H, T, T) (a batch of one,
-as ``BertModel.run([text]).attentions``), or one (layers, H, T, T) array; also a ``BertOutput``/``LlamaOutput``
-itself (its first text, cut to its tokens). Rows are queries, columns keys; each row sums to 1 (or less, with
-sinks).
+``attentions`` is what a model gives per layer: a list or tuple of (H, T, T) arrays, or of (B, H, T, T) — a
+batch, as transformers' ``outputs.attentions``, ``qkv.hf.record``'s ``rec.attentions`` and
+``BertModel.run(texts).attentions`` give it: its first text, batch row 0, is read (padding rows and columns
+included; pass ``a[b]`` for another) — or one (layers, H, T, T) or (layers, B, H, T, T) array; also a
+``BertOutput``/``LlamaOutput`` itself (its first text, cut to its tokens). Rows are queries, columns keys; each
+row sums to 1 (or less, with sinks; 0 for a query that may attend to nothing, a left-padding position).
 """
 from __future__ import annotations
 
@@ -65,7 +67,8 @@ def model_name(model) -> str:
 
 # ----------------------------------------------------------------------------------------------- input
 def _layers(attentions) -> tuple[list[np.ndarray], list[str] | None]:
-    """Per layer (H, T, T) float64 arrays, and the tokens when ``attentions`` is a model output."""
+    """Per layer (H, T, T) float64 arrays (batch row 0 of a (B, H, T, T) layer), and the tokens when
+    ``attentions`` is a model output."""
     tokens = None
     if hasattr(attentions, "attentions") and hasattr(attentions, "tokens"):      # BertOutput / LlamaOutput
         tokens = [str(t) for t in attentions.tokens[0]]
@@ -74,17 +77,19 @@ def _layers(attentions) -> tuple[list[np.ndarray], list[str] | None]:
     if isinstance(attentions, np.ndarray) or hasattr(attentions, "detach"):
         attentions = list(_array(attentions, "attentions"))
     if not isinstance(attentions, (list, tuple)) or not attentions:
-        raise TypeError(f"attentions: expected a list of per-layer (H, T, T) arrays, a (layers, H, T, T) array or a "
-                        f"model output, got {type(attentions).__name__}")
+        raise TypeError(f"attentions: expected a list or tuple of per-layer (H, T, T) or (B, H, T, T) arrays, a "
+                        f"(layers, H, T, T) array or a model output, got {type(attentions).__name__}")
     out = []
     for n, a in enumerate(attentions):
         a = _array(a, f"attentions[{n}]")
-        while a.ndim > 3 and a.shape[0] == 1:
+        while a.ndim > 4 and a.shape[0] == 1:
+            a = a[0]
+        if a.ndim == 4 and a.shape[0] > 0:                                        # (B, H, T, T): batch row 0
             a = a[0]
         if a.ndim == 2:
             a = a[None]
         if a.ndim != 3 or a.shape[-1] != a.shape[-2] or 0 in a.shape:
-            raise ValueError(f"attentions[{n}]: expected shape (H, T, T) (or (1, H, T, T)), got {a.shape}")
+            raise ValueError(f"attentions[{n}]: expected shape (H, T, T) or (B, H, T, T), got {a.shape}")
         if out and a.shape[1:] != out[0].shape[1:]:
             raise ValueError(f"attentions[{n}]: expected {out[0].shape[1]} tokens as layer 0, got shape {a.shape}")
         if not np.isfinite(a).all() or (a < 0).any():
