@@ -16,8 +16,14 @@ Inside the ``with`` block every attention layer runs on qkv (the model is switch
 
 A layer is its attention module's ``layer_idx`` (0-based), as transformers numbers them. Where those repeat — an
 encoder–decoder's encoder layer 0, decoder layer 0 and its cross-attention — the layers are the attention
-modules' names in the model instead (``"model.decoder.layers.0.encoder_attn"``). A layer called several times in
-the block (``generate``: once per new token) keeps its last call. Mask convention: True = may attend.
+modules' names in the model instead (``"model.decoder.layers.0.encoder_attn"``). Mask convention: True = may
+attend.
+
+A layer called several times in the block — ``model.generate(...)``: once for the prompt, then once per new
+token — keeps its **first** call (the prompt) in ``weights`` and ``traces``, and the last query row of **every**
+call in ``rec.generation[layer]`` (B, heads, new_tokens, S_total): row t is the attention of the query that produced
+new token t (see :mod:`qkv.hf._generation`); ``rec.tokens`` (B, new_tokens) are the ids ``generate`` added. qkv's
+own decoder (:class:`qkv.models.llama.LlamaModel`) records through the same class: ``record(llama_model)``.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from typing import Iterator
 
 import numpy as np
 
+from . import _generation
 from ._register import register
 from ._summary import check_weights, options, summarize
 from ._state import ACTIVE
@@ -45,6 +52,13 @@ class Recording:
         trace_head: the head the traces follow, as given (the first chosen, 0 by default).
         rows_of: ``{layer: (R,) int}`` the query rows each layer's weights and trace hold (negatives resolved).
         heads_of: ``{layer: (h,) int}`` the heads each layer's weights hold.
+        generation: ``{layer: (B, h, N, S_total) float32}`` the last query row of each of the layer's N calls
+            (``generate``: row t made new token t; one forward: N = 1); keys beyond a call's S are 0.
+        tokens: ``(B, N) int64`` the ids ``generate`` added in the block, or None (no ``generate``).
+        key_offsets: ``{layer: (N,) int64}`` the token position of each generation row's key 0 (0 unless the
+            layer's cache keeps only a sliding window); ``generation_by_position`` the rows placed there.
+        attentions: the weights as transformers' ``outputs.attentions``: a tuple over the recorded layers of
+            (B, h, rows, S).
         summaries: ``{layer: qkv.hf._summary.LayerSummary}`` with ``summaries=``: every chosen head's entropy,
             mean distance, sink share, kind and max-pooled map, streamed over blocks of query rows (no L × S
             weights; without ``rows`` nothing else is kept).
@@ -62,6 +76,10 @@ class Recording:
         self.rows_of: dict = {}
         self.heads_of: dict = {}
         self._order: dict[int, int] = {}
+        self._steps: dict = {}                  # {layer: [(B, h, S) per call]}: each call's last query row
+        self._first: dict = {}                  # {layer: (L, S) of its first call}
+        self._stacked: tuple = (None, {})       # (calls counted, generation built from them)
+        self.tokens: np.ndarray | None = None
         self._trace_all = bool(trace_all)       # True: the traces hold every chosen head (Model.trace_layer)
         self.summaries: dict = {}
         self._summary = options(summaries)       # None, or how to summarise (qkv.hf._summary.Summaries)
@@ -69,18 +87,45 @@ class Recording:
     @property
     def layers(self) -> list:
         """The recorded layers: indices in order, or module names in the order the model ran them."""
-        keys = list(self.weights)
+        keys = list(self._steps)
         return sorted(keys) if all(isinstance(k, int) for k in keys) else keys
 
     @property
-    def attentions(self) -> list[np.ndarray]:
-        """The weights of every recorded layer in order, for :func:`qkv.viz.head_kinds` and
-        :func:`qkv.viz.rollout` (batch row 0, all heads and rows: ``record(model)``)."""
-        return [self.weights[i][0] for i in self.layers]
+    def attentions(self) -> tuple:
+        """The weights of the recorded layers in order, as transformers' ``outputs.attentions``: a tuple of
+        (B, h, rows, S) float32 — what :func:`qkv.viz.head_kinds` and :func:`qkv.viz.rollout` take (they read
+        batch row 0; ``record(model)`` for every head and row)."""
+        return tuple(self.weights[i] for i in self.layers if i in self.weights)
+
+    @property
+    def generation(self) -> dict:
+        """``{layer: (B, h, N, S_total) float32}``: row t the last query row of the layer's call t, over that
+        call's keys as transformers counts them (``out.attentions[t][layer][:, :, -1]``), 0 beyond them (see the
+        module); built from the kept rows on first use after a call."""
+        calls = sum(len(r) for r in self._steps.values())
+        if self._stacked[0] != calls:
+            offsets = self.key_offsets
+            self._stacked = (calls, {i: _generation.stack_rows(self._steps[i], offsets[i]) for i in self.layers})
+        return dict(self._stacked[1])
+
+    @property
+    def generation_by_position(self) -> dict:
+        """``generation`` with each row at its tokens' positions: key j of row t at column
+        ``key_offsets[layer][t] + j`` (the same as ``generation`` except where a cache keeps a sliding window)."""
+        offsets = self.key_offsets
+        return {i: _generation.stack_rows(self._steps[i], offsets[i], by_position=True) for i in self.layers}
+
+    @property
+    def key_offsets(self) -> dict:
+        """``{layer: (N,) int64}``: the token position of generation row t's key 0 — 0, unless the layer's cache
+        keeps only a sliding window (then key j of row t is token ``key_offsets[layer][t] + j``)."""
+        return {i: _generation.key_offsets(self._first[i], [r.shape[-1] for r in self._steps[i]])
+                for i in self.layers}
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{i}: {self.weights[i].shape}" for i in self.layers)
-        return f"Recording({{{inner}}}, trace_head={self.trace_head})"
+        inner = ", ".join(f"{i}: {self.weights[i].shape}" for i in self.layers if i in self.weights)
+        calls = f", {max(len(r) for r in self._steps.values())} calls" if self._steps else ""
+        return f"Recording({{{inner}}}{calls}, trace_head={self.trace_head})"
 
     def _layer_key(self, module):
         key = self._keys.get(id(module))
@@ -95,9 +140,24 @@ class Recording:
         layer = self._layer_key(module)
         if self._layers is not None and layer not in self._layers:
             return
-        q, k, v = _numpy(query), _numpy(key), _numpy(value)                 # (B, Hq, L, E), (B, Hk, S, E), …
-        Hq, L = q.shape[1], q.shape[2]
-        heads = _resolve(self.heads, Hq, "heads", f"the layer has {Hq} heads")
+        self.observe_arrays(layer, spec, _numpy(query), _numpy(key), _numpy(value))
+
+    def observe_arrays(self, layer, spec, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """One call of ``layer``: q (B, Hq, L, E), k (B, Hk, S, E), v (B, Hk, S, Ev) as NumPy, after the
+        positions, and its :class:`~qkv.hf._attention.Spec`. Keeps the call's last query row (B, h, S) for
+        ``generation``; the layer's first call also in ``weights`` and ``traces``."""
+        if self._layers is not None and layer not in self._layers:
+            return
+        heads = _resolve(self.heads, q.shape[1], "heads", f"the layer has {q.shape[1]} heads")
+        if layer not in self._steps:
+            self._first_call(layer, spec, q, k, v, heads)
+            self._first[layer] = (q.shape[2], k.shape[2])
+        last = spec.weights(q, k, heads, [q.shape[2] - 1])[:, :, 0]          # (B, h, S): made the next token
+        self._steps.setdefault(layer, []).append(last.astype(np.float32, copy=False))
+
+    def _first_call(self, layer, spec, q: np.ndarray, k: np.ndarray, v: np.ndarray, heads: np.ndarray) -> None:
+        """The weights, trace (and summaries) of the layer's first call (see the module)."""
+        L = q.shape[2]
         rows = _resolve(self.rows, L, "rows", f"the call has {L} query rows")
         if self._summary is not None:                                       # streamed: never L × S at once
             self.summaries[layer] = summarize(spec, q, k, heads, self._summary)
@@ -189,7 +249,8 @@ def record(model, layers=None, heads=None, rows=None, *, summaries=False) -> Ite
     """Keep what the chosen ``layers``, ``heads`` and query ``rows`` of ``model`` compute inside the block.
 
     Args:
-        model: a transformers model (any attention implementation: it runs on qkv inside the block).
+        model: a transformers model (any attention implementation: it runs on qkv inside the block), or qkv's
+            decoder (:class:`qkv.models.llama.LlamaModel`: its ``generate``, ``step`` and ``forward``).
         layers: None (all) or the layer indices (``module.layer_idx``; 0-based) to keep — or the attention
             modules' names, where an encoder–decoder repeats the indices (see the module).
         heads: None (all) or the query heads whose weights to keep; the trace follows the first (0 by default).
@@ -198,16 +259,24 @@ def record(model, layers=None, heads=None, rows=None, *, summaries=False) -> Ite
             every chosen head summarised without its L × S weights; without ``rows`` no weights are kept.
 
     Yields:
-        a :class:`Recording`: ``weights[layer]`` (B, heads, rows, S), ``traces[layer]``, ``layers``, … (see the
-        module). A layer called several times keeps its last call.
+        a :class:`Recording`: ``weights[layer]`` (B, heads, rows, S), ``traces[layer]``, ``layers``, ``attentions``,
+        ``generation[layer]`` (B, heads, new_tokens, S_total), ``tokens`` … (see the module). A layer called
+        several times (``generate``) keeps its first call in ``weights`` and ``traces``, every call's last query
+        row in ``generation``.
 
     Raises:
         TypeError naming the argument for layers/heads/rows that are not ints; ValueError (inside the block)
         for a head or row the layer does not have, and without ``rows`` or ``summaries`` for a layer whose
         weights would pass ``qkv.hf._summary.MAX_WEIGHT_BYTES`` (1 GiB; the message offers both).
     """
+    if not hasattr(model, "set_attn_implementation") and hasattr(type(model), "attention_observer"):
+        rec = Recording(layers, heads, rows, summaries=summaries)               # qkv's own decoder
+        with _generation.decoder_observed(model, rec), _generation.generate_wrapped(model, rec):
+            yield rec
+        return
     if not hasattr(model, "set_attn_implementation"):
-        raise TypeError(f"model: expected a transformers PreTrainedModel, got {type(model).__name__}")
+        raise TypeError(f"model: expected a transformers PreTrainedModel (or qkv's LlamaModel), got "
+                        f"{type(model).__name__}")
     rec = Recording(layers, heads, rows, model=model, summaries=summaries)
     name = register()
     before = getattr(getattr(model, "config", None), "_attn_implementation", None)
@@ -215,7 +284,8 @@ def record(model, layers=None, heads=None, rows=None, *, summaries=False) -> Ite
         model.set_attn_implementation(name)
     token = ACTIVE.set(rec)
     try:
-        yield rec
+        with _generation.generate_wrapped(model, rec):
+            yield rec
     finally:
         ACTIVE.reset(token)
         if before != name and before is not None:
