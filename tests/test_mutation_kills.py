@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import qkv
+from qkv import mods as M
 from qkv.backends.tiled import backend, limits, split
 from qkv.backends.tiled.thresholds import current_limits
 
@@ -109,3 +110,89 @@ def test_key_splits_is_bounded_by_blocks_part_keys_and_the_work_a_part_pays_for(
     assert split._key_splits(_P(serial_below_flops=401), 1, 8, 1, 8, 0.0, False) == 3
     assert split._key_splits(_P(serial_below_flops=1601), 1, 8, 1, 8, 0.0, False) == 1
     assert split._key_splits(_P(L=3, serial_below_flops=1201), 1, 8, 2, 8, 0.0, False) == 2   # min(bq, L) rows
+
+
+# ========================================================================== the tile loop's plans: their cost
+def _tile_problem(mask_mod, L, S=None, block_size=128, causal=False, E=8):
+    from qkv.backends.tiled import plan as tplan
+    S = S or L
+    bm = qkv.create_block_mask(mask_mod, None, None, L, S, BLOCK_SIZE=block_size)
+    z, zk = np.zeros((1, 1, L, E), np.float32), np.zeros((1, 1, S, E), np.float32)
+    return tplan._Problem(z, zk, zk, None, causal, 1.0, False, block_mask=bm)
+
+
+@pytest.mark.parametrize("window", [100, 257, 511, 1000])
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [(0, 2048), (700, 1900)])
+def test_a_windows_strips_cut_their_keys_at_multiples_of_16_in_pieces_the_limits_allow(window, block_size, rows):
+    """A sliding window's pieces (no tiles: its cells are bands) start and end their keys at multiples of 16 —
+    the strip's lower edge rounded down, its upper edge up, the triangle's cut up — or at the keys' end; each
+    at most a strip's rows and ``band_rows_plain × band_keys_plain`` scores (the triangle: the strip's rows wide
+    and its rounding)."""
+    from qkv.backends.tiled import sparse
+    L = 2048
+    P = _tile_problem(M.sliding_window(window), L, block_size=block_size)
+    plan, tiles, room, strips = sparse.masked_plan(P, (0, 0), *rows, 1, 512)
+    lim = P.limits
+    area = lim.band_rows_plain * lim.band_keys_plain
+    assert (plan[:, 6] < 0).all() and strips
+    for r0, r1, j0, j1, *_ in plan:
+        assert j0 % 16 == 0 and (j1 % 16 == 0 or j1 == L), (r0, r1, j0, j1)
+        n = r1 - r0
+        assert n <= lim.strip_rows_tiles
+        assert j1 - j0 <= max(16, area // n // 16 * 16, n + 32), (r0, r1, j0, j1)
+
+
+def test_the_tile_loops_plan_contract_room_strips_tiles_and_its_cache():
+    """``masked_plan``'s four results as the compiled loop reads them: ``room`` exactly the largest piece's scores
+    (the scratch it sizes), ``strips`` whether any piece has an edge, ``tiles`` float32 (the kernel's type), one
+    per distinct tile, every one used; and the plan made once per block mask and task (the same object the
+    second time), a different one for different rows, head grouping or width."""
+    from qkv.backends.tiled import sparse
+    from qkv.kernels import NO_LO, NO_MASK
+    P = _tile_problem(M.and_masks(M.causal(), M.document(np.arange(1000) // 230)), 1000, block_size=64)
+    got = sparse.masked_plan(P, (0, 0), 0, 1000, 1, 512)
+    plan, tiles, room, strips = got
+    assert room == ((plan[:, 1] - plan[:, 0]) * (plan[:, 3] - plan[:, 2])).max()
+    assert strips == bool(((plan[:, 4] != NO_MASK) | (plan[:, 7] != NO_LO)).any()) and strips
+    assert tiles.dtype == np.float32 and tiles.shape[1:] == (P.cell, P.cell)
+    used = sorted(set(plan[:, 6][plan[:, 6] >= 0].tolist()))
+    assert used == list(range(len(tiles))) and len({t.tobytes() for t in tiles}) == len(tiles)
+    assert sparse.masked_plan(P, (0, 0), 0, 1000, 1, 512) is got            # kept with the block mask
+    for args in [(100, 1000, 1, 512), (0, 900, 1, 512), (0, 1000, 2, 512), (0, 1000, 1, 128)]:
+        other = sparse.masked_plan(P, (0, 0), *args)
+        fresh = sparse._build(P, (0, 0), *args)
+        assert other is not got
+        for a, b in zip(other[:2], fresh[:2]):
+            np.testing.assert_array_equal(a, b)
+    # a window: no tiles at all (a zero tile as the kernel's placeholder), no strips without edges
+    P = _tile_problem(M.sliding_window(300), 1024, block_size=128)
+    plan, tiles, room, strips = sparse.masked_plan(P, (0, 0), 0, 1024, 1, 512)
+    assert (plan[:, 6] < 0).all() and tiles.shape == (1, P.cell, P.cell) and not tiles.any()
+    P = _tile_problem(M.document(np.arange(1024) // 256), 1024, block_size=128)
+    plan, tiles, room, strips = sparse.masked_plan(P, (0, 0), 0, 1024, 1, 512)
+    assert not strips and (plan[:, 6] < 0).all()                            # squares of whole cells
+
+
+def test_untidy_finds_a_wasteful_plan():
+    """The economy check is not vacuous: an unused tile, a float64 tile stack, a piece wider than the strip's
+    limits and a narrow block's piece taller than its tall pieces are each named."""
+    import dataclasses
+    from qkv.backends.tiled import proof
+    pytest.importorskip("numba")
+    r = np.random.default_rng(0)
+    q, k, v = ((r.standard_normal((1, 1, 600, 8)) * 0.05).astype(np.float32) for _ in range(3))
+    bm = qkv.create_block_mask(M.and_masks(M.causal(), M.document(np.arange(600) // 150)), None, None, 600, 600)
+    p = qkv.plan(q, k, v, block_mask=bm, backend="tiled")
+    t = next(t for t in p.tasks if t.strategy == "compiled loop, tiles")
+    assert not proof.untidy(p)
+
+    def with_task(**kw):
+        return dataclasses.replace(p, tasks=(dataclasses.replace(t, **kw),))
+    extra = np.concatenate([t.tiles, np.zeros_like(t.tiles[:1])])
+    assert any("never used" in x for x in proof.untidy(with_task(tiles=extra)))
+    assert any("not float32" in x for x in proof.untidy(with_task(tiles=t.tiles.astype(np.float64))))
+    wide = dataclasses.replace(t.pieces[0], rows=(0, 64), keys=(0, 600), upper=None, lower=None, tile=None)
+    assert any("over the strip" in x for x in proof.untidy(with_task(pieces=(wide,))))
+    tall = dataclasses.replace(t.pieces[0], rows=(0, 600), keys=(0, 16), upper=None, lower=None, tile=None)
+    assert any("narrow block" in x for x in proof.untidy(with_task(pieces=(tall,))))

@@ -239,24 +239,59 @@ def untidy(plan) -> list:
     """What a compiled loop's plan does beyond what its mask needs — correct, but work or memory spent for
     nothing (the checker above proves correctness; this, economy). Per task of the compiled loops, each piece
     names an edge only where the edge masks something in it and a tile only where the tile masks something and
-    keeps something; a task's tiles are distinct. Returns the findings as lines (empty: tidy). (A piece that keeps
-    no score at all is not a finding: splitting a piece where its rows are half new leaves a row or two of nothing
-    now and then — one small product.)"""
+    keeps something; a task's tiles are distinct, float32 (the kernel's type) and each used. The tile loop's
+    pieces are cut as :mod:`~qkv.backends.tiled.sparse` says (:func:`_cost`). Returns the findings as lines
+    (empty: tidy). (A piece that keeps no score at all is not a finding: splitting a piece where its rows are
+    half new leaves a row or two of nothing now and then — one small product.)"""
     P, out = plan.problem, []
     for t in plan.tasks:
         if not t.strategy.startswith("compiled loop") or plan.direction != "forward":
             continue
         for n, p in enumerate(t.pieces):
-            out += [f"{_name(t)}: piece {n} {why}" for why in _piece_waste(P, t, p)]
+            out += [f"{_name(t)}: piece {n} {why}" for why in _piece_waste(P, t, p) + _cost(P, t, p)]
         if t.tiles is not None:
-            used = sorted({p.tile for p in t.pieces if p.tile is not None})
-            seen = {}
-            for k in used:
-                key = t.tiles[k].tobytes()
-                if key in seen:
-                    out.append(f"{_name(t)}: tiles {seen[key]} and {k} are equal")
-                seen[key] = k
+            out += [f"{_name(t)}: {why}" for why in _tile_waste(t)]
     return out
+
+
+def _tile_waste(t) -> list:
+    used = sorted({p.tile for p in t.pieces if p.tile is not None})
+    found = [] if t.tiles.dtype == np.float32 else [f"tiles of {t.tiles.dtype}, not float32"]
+    if used and used != list(range(len(t.tiles))):
+        found.append(f"tiles {sorted(set(range(len(t.tiles))) - set(used))} are never used")
+    seen: dict = {}
+    for k in used:
+        key = t.tiles[k].tobytes()
+        if key in seen:
+            found.append(f"tiles {seen[key]} and {k} are equal")
+        seen[key] = k
+    return found
+
+
+def _cost(P, t, p) -> list:
+    """The tile loop's cut (:func:`qkv.backends.tiled.sparse._cut`, ``_tall``): a piece without a tile that is
+    not narrow is at most a strip's rows and about a ``band_rows_plain`` × ``band_keys_plain`` piece's scores (its
+    lower edge's triangle: the strip and a 16-key rounding each side); a narrow full block (a sink's column) at
+    most its tall piece's rows. (Where its keys start and end — multiples of 16 where a band's edge cuts them —
+    is not a property of every plan: a cell's allowed keys are cropped first; tests pin it for windows.)"""
+    if t.strategy != "compiled loop, tiles" or p.tile is not None:
+        return []
+    from .sparse import NARROW
+
+    lim, (j0, j1) = P.limits, p.keys
+    rows = -(-(p.rows[1] - p.rows[0]) // t.group)                     # positions
+    found = []
+    area = max(1, lim.band_rows_plain) * max(1, lim.band_keys_plain)
+    if p.upper is not None or p.lower is not None or j1 - j0 > NARROW:
+        strip = lim.strip_rows_tiles
+        most = max(16, area // rows // 16 * 16, strip + 2 * 16)
+        if rows > strip or j1 - j0 > most:
+            found.append(f"is {rows} rows × {j1 - j0} keys, over the strip's {strip} rows × {most} keys")
+    else:
+        tall = max(1, lim.band_rows_plain) * max(1, max(1, lim.band_keys_plain) // (j1 - j0))
+        if rows > max(tall, lim.strip_rows_tiles):          # (or a strip's last piece of 16 keys)
+            found.append(f"is {rows} rows of a narrow block, over its tall pieces' {tall}")
+    return found
 
 
 def _piece_waste(P, t, p) -> list:

@@ -62,9 +62,7 @@ def _build(P, idx, i0: int, i1: int, g: int, width: int):
     tiles, index, segs = [], {}, []
     for ra, rb, ca, cb in rects:
         a0, a1 = max((gr0 + ra) * c, i0), min((gr0 + rb) * c, i1, L)
-        j0, j1 = ca * c, min(cb * c, S)
-        if a0 >= a1 or j0 >= j1:
-            continue
+        j0, j1 = ca * c, min(cb * c, S)                     # (never empty: each rect has a row and a key here)
         v = int(sub[ra, ca])
         if v == 0:
             segs.append((a0, a1, j0, j1, -1, None, None))
@@ -114,10 +112,10 @@ def _pieces(P, segs: list, cell: int) -> list:
                 run = (run[0], j1, run[2], hi)
                 continue
             if run is not None:
-                out += _cut(a, b, run, strip, area, P.S)
+                out += _cut(a, b, run, strip, area)
             run = (j0, j1, lo, hi)
         if run is not None:
-            out += _cut(a, b, run, strip, area, P.S)
+            out += _cut(a, b, run, strip, area)
     return out
 
 
@@ -130,7 +128,7 @@ def _joins(left: tuple, right: tuple, a: int, b: int) -> bool:
             and (hi2 is None or j1 - 1 <= a + hi2))
 
 
-def _cut(a: int, b: int, run: tuple, strip: int, area: int, S: int) -> list:
+def _cut(a: int, b: int, run: tuple, strip: int, area: int) -> list:
     """A run ``(j0, j1, LO, D)`` of rows a … b in strips of ``strip`` rows, each in pieces: the lower edge's
     triangle first (its keys from a multiple of 16 down — not below j0 —, masked, to the first key every row of
     the strip takes), then pieces of ``area`` scores at most, the last to a multiple of 16 where the upper edge masks the
