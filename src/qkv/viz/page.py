@@ -592,7 +592,7 @@ def _json_for_script(data) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-_PARTS = ("playground", "model", "example", "generation", "why")
+_PARTS = ("playground", "model", "example", "generation", "long", "why")
 
 
 def render_page(data: dict, *, lang: str | None = None) -> str:

@@ -16,7 +16,7 @@ A value that does not have its view's shape is a ValueError naming the key, what
 """
 from __future__ import annotations
 
-PARTS = ("playground", "model", "example", "generation", "why")
+PARTS = ("playground", "model", "example", "generation", "long", "why")
 #: The keys of each view's dict that the page reads, and where such a dict comes from.
 REQUIRED = {
     "playground": (("title", "start", "tokens", "heads", "causal", "scaling"),
@@ -25,6 +25,8 @@ REQUIRED = {
     "example": (("kind", "name", "layers", "heads", "T", "maps", "tokens"), "worked_data()'s dict"),
     "generation": (("name", "prompt", "text", "tokens", "prompt_len", "layers", "heads", "steps"),
                    "generation_data()'s dict"),
+    "long": (("kind", "name", "layers", "heads", "T", "tokens", "summary", "pooled", "rows"),
+             "long_data()'s dict (qkv.viz.page_long)"),
     "why": (("scale", "examples"), "why_data()'s dict"),
 }
 _STARTS = ("X", "QK", "scores")
@@ -73,6 +75,12 @@ def check(key: str, value) -> None:
         L, H, T = value["layers"], value["heads"], value["T"]
         if not (_int(L) and _int(H) and _int(T) and len(tokens) == T and _maps_ok(value["maps"], L * H)):
             raise _fail(key, value, " (layers × heads coded maps of T tokens)")
+    elif key == "long":
+        L, H, T = value["layers"], value["heads"], value["T"]
+        if not (value["kind"] == "long" and _int(L) and _int(H) and _int(T) and len(tokens) == T
+                and _maps_ok(value["pooled"], L * H) and isinstance(value["rows"], list)
+                and (not value["rows"] or _maps_ok(value.get("exact"), L * H))):
+            raise _fail(key, value, " (layers × heads pooled maps of T tokens, and the chosen rows' maps)")
     elif key == "generation":
         if not (_int(value["layers"]) and _int(value["heads"]) and isinstance(value["steps"], dict)
                 and isinstance(value["steps"].get("blobs"), list)):

@@ -1209,6 +1209,134 @@
     go(0);
   }
 
+  // ------------------------------------------------------------------ long-input view (issue 41)
+  // qkv view --hf DIR --text-file FILE (qkv.viz.page_long): a text of up to 32,768 tokens. Everything here was
+  // computed in Python without the N² weights: each head's summary streamed over blocks of query rows (entropy,
+  // mean distance, sink share, kind), its map max-pooled to at most 256 × 256 cells (a cell: the largest weight of
+  // its block of queries and keys) and the query rows asked for (--rows) exactly. Map m = layer · H + head.
+  function renderLong(D) {
+    var sec = document.getElementById("long");
+    sec.hidden = false;
+    sec.setAttribute("aria-label", msg("page.section_long"));
+    var L = D.layers, H = D.heads, T = D.T, S = D.summary, toks = D.tokens, digits = D.pooled.digits;
+    var re = D.row_edges, ce = D.col_edges, sd = S.digits, pooled = new MapStore(D.pooled);
+    var exact = D.exact ? new MapStore(D.exact) : null, sel = { layer: 0, head: 0 }, marks = [];
+    sec.appendChild(el("h2", null, msg("page.long_title", { name: D.name, tokens: T })));
+    sec.appendChild(el("p", { "class": "note", "data-testid": "long-note" },
+                       msg("page.long_note", { tokens: T, rows: re.length - 1, cols: ce.length - 1 })));
+    var top = Math.pow(10, digits), lut = colourTable(top, false);
+    var grid = el("table", { "class": "grid", "data-testid": "long-grid" }), hr = el("tr");
+    hr.appendChild(el("th"));
+    for (var h = 0; h < H; h++) hr.appendChild(el("th", null, msg("page.head", { h: h })));
+    grid.appendChild(hr);
+    var tbytes = D.pooled.thumbs ? b64bytes(D.pooled.thumbs) : null, toff = 0;
+    for (var l = 0; l < L; l++) {
+      var tr = el("tr");
+      tr.appendChild(el("th", null, msg("page.layer", { l: l })));
+      for (h = 0; h < H; h++) {
+        var b = el("button", { "type": "button", "class": "thumb", "data-testid": "long-thumb-" + l + "-" + h,
+                               "aria-label": msg("page.layer_head", { layer: l, head: h }) }), cv = el("canvas"), m = l * H + h;
+        if (tbytes) { drawThumb(cv, tbytes, toff, D.pooled.thumb_shapes[m], lut, top); toff += D.pooled.thumb_shapes[m][0] * D.pooled.thumb_shapes[m][1]; }
+        b.appendChild(cv);
+        b.appendChild(el("span", { "class": "kind" }, kindShort(l, h)));
+        b.setAttribute("data-kind", S.kind[l][h]);
+        b.addEventListener("click", pick(l, h));
+        marks.push(b);
+        var td = el("td"); td.appendChild(b); tr.appendChild(td);
+      }
+      grid.appendChild(tr);
+    }
+    sec.appendChild(grid);
+    var legend = KIND_ORDER.map(function (k) { return KIND_LETTERS[k] + " " + msg(KIND_KEYS[k]); }).join(" \u00b7 ");
+    sec.appendChild(el("p", { "class": "note" }, msg("page.kinds_note", { legend: legend, pattern: S.pattern_min, broad: S.broad_min })));
+    // The summaries, one row per head.
+    var table = el("table", { "class": "matrix long-table", "data-testid": "long-table" });
+    table.appendChild(el("caption", null, msg("page.long_table")));
+    var head = el("tr");
+    ["page.long_layer", "page.long_head", "page.long_kind", "page.long_entropy", "page.long_distance", "page.long_sink"].forEach(function (k) {
+      head.appendChild(el("th", { "scope": "col" }, msg(k)));
+    });
+    table.appendChild(el("thead")).appendChild(head);
+    var body = el("tbody");
+    for (l = 0; l < L; l++) {
+      for (h = 0; h < H; h++) {
+        var row = el("tr", { "data-testid": "long-row-" + l + "-" + h, "tabindex": "0" });
+        row.appendChild(el("td", null, String(l)));
+        row.appendChild(el("td", null, String(h)));
+        row.appendChild(el("td", { "data-testid": "long-" + l + "-" + h + "-kind", "data-kind": S.kind[l][h] }, msg(KIND_KEYS[S.kind[l][h]])));
+        [["entropy", S.entropy], ["distance", S.distance], ["sink", S.sink]].forEach(function (f) {
+          row.appendChild(el("td", { "data-testid": "long-" + l + "-" + h + "-" + f[0] }, f[1][l][h].toFixed(sd)));
+        });
+        row.addEventListener("click", pick(l, h));
+        marks.push(row);
+        body.appendChild(row);
+      }
+    }
+    table.appendChild(body);
+    var scroll = el("div", { "class": "long-scroll" });
+    scroll.appendChild(table);
+    sec.appendChild(scroll);
+    var heading = el("h3", { "data-testid": "long-selected" });
+    sec.appendChild(heading);
+    var view = new MapView({ testid: "long-map", digits: digits, hoverKey: "page.long_hover" });
+    sec.appendChild(view.box);
+    var rowsBox = el("div", { "data-testid": "long-rows-box" }), rowsView = null, topBox = el("div", { "data-testid": "long-top" });
+    sec.appendChild(el("h3", null, msg("page.long_rows_title")));
+    if (exact) {
+      sec.appendChild(el("p", { "class": "note" }, msg("page.long_rows_note", { digits: digits, rows: D.rows.join(", ") })));
+      rowsView = new MapView({ testid: "long-rows", digits: digits });
+      rowsBox.appendChild(rowsView.box);
+      rowsBox.appendChild(topBox);
+    } else {
+      rowsBox.appendChild(el("p", { "class": "note", "data-testid": "long-no-rows" }, msg("page.long_no_rows")));
+    }
+    sec.appendChild(rowsBox);
+    function kindShort(l, h) {
+      var k = S.kind[l][h], sc = S.scores[l], shownKind = k;
+      if (k === "mixed") shownKind = KIND_ORDER.slice(0, 5).reduce(function (a, c) { return sc[c][h] > sc[a][h] ? c : a; }, "previous");
+      var letter = KIND_LETTERS[shownKind];
+      return (k === "mixed" ? letter.toLowerCase() : letter) + Math.min(99, Math.round(100 * sc[shownKind][h]));
+    }
+    function span(edges, i) {                     // the tokens a pooled row or column covers
+      var a = edges[i], b = edges[i + 1] - 1;
+      return a === b ? a + " " + toks[a] : a + "\u2013" + b;
+    }
+    function pick(l, h) { return function () { sel.layer = l; sel.head = h; show(); }; }
+    function show() {
+      var m = sel.layer * H + sel.head, where = msg("page.layer_head", { layer: sel.layer, head: sel.head });
+      marks.forEach(function (b) {
+        var id = b.getAttribute("data-testid"), mine = /-(\d+)-(\d+)$/.exec(id);
+        b.setAttribute("aria-pressed", String(+mine[1] === sel.layer && +mine[2] === sel.head));
+      });
+      heading.textContent = msg("page.long_where", { where: where });
+      var sh = pooled.shape(m);
+      view.show(pooled.get(m), sh[0], sh[1], pooled.causal(m), function (i) { return span(re, i); },
+                function (j) { return span(ce, j); }, where);
+      if (!rowsView) return;
+      var K = exact.get(m), es = exact.shape(m), R = es[0], C = es[1];
+      rowsView.show(K, R, C, false, function (r) { return "#" + D.rows[r] + " " + toks[D.rows[r]]; },
+                    function (j) { return toks[j]; }, where);
+      topBox.textContent = "";
+      for (var r = 0; r < R; r++) {                // each row's strongest keys, from the exact weights
+        var best = [];
+        for (var j = 0; j < C; j++) {
+          var k = K[r * C + j];
+          if (best.length < 5 || k > best[best.length - 1][0]) {
+            best.push([k, j]);
+            best.sort(function (x, y) { return y[0] - x[0] || x[1] - y[1]; });
+            if (best.length > 5) best.pop();
+          }
+        }
+        var line = best.map(function (x) { return tk(visible(toks[x[1]])) + "#" + x[1] + " " + kText(x[0], digits); }).join("  ");
+        var p = msgRich(el("p", { "class": "note", "data-testid": "long-top-" + r }), "page.long_top",
+                        { row: D.rows[r], q: tk(visible(toks[D.rows[r]])), keys: line });
+        p.setAttribute("data-keys", best.map(function (x) { return x[1] + ":" + kText(x[0], digits); }).join(" "));
+        topBox.appendChild(p);
+      }
+    }
+    show();
+  }
+
   // ------------------------------------------------------------------ why ÷ √d_k
   // qkv.lab.scale's rows and one sampled query row per d_k, all computed in Python (page.py why_data); a slider
   // picks the d_k whose numbers are shown, the bars and the curves only draw them.
@@ -1421,6 +1549,7 @@
   if (DATA.example) guarded(function () { renderAtlas(DATA.example, document.getElementById("example"), "example"); }, "example");
   if (DATA.generation) guarded(function () { renderGeneration(DATA.generation); }, "generation");
   if (DATA.model) guarded(function () { renderAtlas(DATA.model, document.getElementById("model"), "model"); }, "model");
+  if (DATA.long) guarded(function () { renderLong(DATA.long); }, "long");
   // First paint done: every view drawn. The browser tests read the time since navigation started.
   document.body.setAttribute("data-ready-ms", String(Math.round(performance.now())));
   document.body.setAttribute("data-ready", "true");
