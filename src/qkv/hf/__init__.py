@@ -24,7 +24,7 @@ from __future__ import annotations
 from ._record import Recording, record
 from ._register import NAME, register
 
-__all__ = ["NAME", "Model", "Recording", "load", "record", "register"]
+__all__ = ["NAME", "Model", "Recording", "compare", "load", "record", "register"]
 
 
 def load(path, **kwargs):
@@ -33,6 +33,13 @@ def load(path, **kwargs):
     and ``qkv view`` read. See :func:`qkv.hf._model.load`."""
     from ._model import load as _load
     return _load(path, **kwargs)
+
+
+def compare(a, b, inputs, layers=None, heads=None):
+    """How far each head's attention moved between two checkpoints of one architecture: the heads ranked by the
+    Jensen–Shannon divergence (bits) of their rows on ``inputs``. See :func:`qkv.hf._compare.compare`."""
+    from ._compare import compare as _compare
+    return _compare(a, b, inputs, layers=layers, heads=heads)
 
 
 def __getattr__(name):
