@@ -183,13 +183,57 @@ def _model_view_data(viz, name: str, text: str, lang: str, model=None):
     return data
 
 
-def _check_hf(text, prompt) -> None:
-    """``--hf DIR`` takes its text from --text and does not generate (also not with --model)."""
+def _check_hf(text, prompt, compare_dir) -> None:
+    """``--hf DIR`` reads --text or continues --generate (not with --model); ``--compare DIR`` needs --hf and
+    --text."""
+    if compare_dir is not None:
+        if prompt is not None:
+            raise UserError("give either --generate PROMPT or --compare DIR, not both")
+        if text is None:
+            raise UserError("--compare DIR: give the text with --text TEXT")
     _model_weights.check_hf_alone()
-    if prompt is not None:
-        raise UserError("--generate: works with --model smollm2, not --hf DIR (use --hf DIR --text TEXT)")
-    if text is None:
-        raise UserError("--hf DIR: give the text with --text TEXT")
+    if prompt is not None and text is not None:
+        raise UserError("give either --text TEXT or --generate PROMPT, not both")
+    if text is None and prompt is None:
+        raise UserError("--hf DIR: give the text with --text TEXT (or --generate PROMPT for a decoder)")
+
+
+def _load_compare(path):
+    """The ``--compare`` folder, loaded as --hf's is; its errors name --compare."""
+    try:
+        return _model_weights.load_hf(path)
+    except UserError as exc:
+        msg = str(exc)
+        raise UserError("--compare" + msg[len("--hf"):] if msg.startswith("--hf") else msg) from None
+
+
+def _compare_view_data(model, path, text: str) -> dict:
+    """The page's comparison of ``model`` (--hf) with the folder ``path`` (--compare) on ``text``."""
+    from qkv.viz.page_hf import compare_data
+
+    if not text.strip():
+        raise UserError("--text: expected a non-empty sentence")
+    other = _load_compare(path)
+    try:
+        return compare_data(model, other, text)
+    except ValueError as exc:                                      # another architecture, the page's limits
+        msg = " ".join(str(exc).split()).replace("a's architecture", "--hf's architecture")
+        raise UserError("--compare: " + msg[len("b: "):] if msg.startswith("b: ") else msg) from None
+
+
+def _hf_generation(model, prompt: str, **options) -> dict:
+    """The generation view of a transformers folder (--hf DIR --generate PROMPT): a decoder's only."""
+    from qkv.viz.page_hf import hf_generation_data
+
+    from .generate_cmd import option_error
+
+    if not model.config.decoder:
+        raise UserError(f"--generate: needs a causal language model; {model.config.name} is an encoder "
+                        f"({model.config.model_type or 'not …ForCausalLM'}): it does not generate")
+    try:
+        return hf_generation_data(model, prompt, **options)
+    except (ValueError, TypeError) as exc:                         # -n over the context, the chat template, limits
+        raise option_error(exc, _VIEW_OPTIONS) from None
 
 
 def _view_model(model_name, text, prompt, lang: str) -> str | None:
@@ -237,11 +281,15 @@ _VIEW_OPTIONS = dict(GENERATE_OPTIONS, prompt="--generate")
                    "with a d_k slider (about a second to compute).")
 @click.option("--hf", "hf_dir", metavar="DIR", default=None,
               help="With --text: the model view of a local transformers model folder (config.json, safetensors "
-                   "weights, tokenizer; nothing is downloaded), its attention computed by qkv (qkv.hf).")
+                   "weights, tokenizer; nothing is downloaded), its attention computed by qkv (qkv.hf); with "
+                   "--generate: its generation view (a causal language model).")
+@click.option("--compare", "compare_dir", metavar="DIR", default=None,
+              help="With --hf A --text TEXT: compare the checkpoint in DIR with A (one architecture): each head "
+                   "side by side, the heads ranked by the Jensen–Shannon divergence of their rows.")
 @click.option("-o", "--output", default="attention.html", show_default=True, metavar="FILE", help="The HTML file.")
 @lang_option("Language of the page (qkv.locales).")
 def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, temperature, seed, chat, why, hf_dir,
-             output, lang):
+             compare_dir, output, lang):
     """Write one self-contained HTML page (no network access; open it from disk, offline).
 
     The playground starts from seed 003's example, --example NAME or FILE: edit tokens, X, W_Q, W_K and W_V
@@ -252,13 +300,18 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
     --text "A sentence." adds every layer and head of the MiniLM model; --model smollm2 --text "..." those of
     the decoder (up to 1,024 tokens); --generate "PROMPT" (--model smollm2) the generation view: step through
     the generated tokens and see which earlier tokens each attended to, in every layer and head. --hf DIR
-    --text "..." shows every layer and head of a local transformers model folder, run on qkv (qkv.hf).
+    --text "..." shows every layer and head of a local transformers model folder, run on qkv (qkv.hf); --hf DIR
+    --generate "PROMPT" its generation view; --hf A --compare B --text "..." how each head moved from A to B.
+    The page opens on the model view asked for; the playground and "Why ÷ √d_k" are folded below it.
     """
     from qkv import viz
 
     _check_output(output, (".html", ".htm"))
+    if compare_dir is not None and hf_dir is None:
+        raise UserError("--compare DIR: compares two model folders; give the first with --hf DIR "
+                        "(qkv view --hf A --compare B --text TEXT)")
     if hf_dir is not None:
-        _check_hf(text, prompt)
+        _check_hf(text, prompt, compare_dir)
         name, hf_model = None, _model_weights.load_hf(hf_dir)
     else:
         name, hf_model = _view_model(model_name, text, prompt, lang), None
@@ -274,7 +327,10 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
         data["example"] = viz.worked_data(worked, tokens=_tokens(tokens, len(worked.tokens), "one per row of X"))
         if why:
             data["why"] = viz.why_data()
-    if prompt is not None:
+    if prompt is not None and hf_model is not None:
+        data["generation"] = _hf_generation(hf_model, prompt, max_new_tokens=max_new_tokens, chat=chat,
+                                            temperature=temperature, seed=seed)
+    elif prompt is not None:
         from .generate_cmd import load_smollm2, option_error
         model = load_smollm2(lang)
         try:
@@ -282,8 +338,11 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
                                                      temperature=temperature, seed=seed)
         except (ValueError, TypeError) as exc:                     # the prompt's length, the page's limits
             raise option_error(exc, _VIEW_OPTIONS) from None
+    elif compare_dir is not None:
+        data["compare"] = _compare_view_data(hf_model, compare_dir, text)
     elif text is not None:
         data["model"] = _model_view_data(viz, name, text, lang, model=hf_model)
+    data["first"] = next((k for k in ("generation", "compare", "model") if k in data), None)
     from qkv.viz.page_data import normalize
     data = normalize(data)                                         # worked_data's notices, generation's model view
     for n in data["notices"]:
@@ -298,3 +357,4 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
         raise UserError(str(exc)) from None
     if output != "-":                                     # (standard output carried the output itself)
         click.echo(f"wrote {output}")
+

@@ -381,7 +381,8 @@ def model_data(text: str, *, model=None, digits: int = 6, name: str | None = Non
         layers = (np.asarray(a)[0, :, :T, :T] for a in out.attentions)
     data = _layers_data(layers, L, H, T, causal, what=f"a text of {T:,} tokens", small_digits=digits, tokens=tokens)
     data.update({"kind": "model", "name": name or _model_name(model), "text": text, "tokens": tokens,
-                 "decoder": causal, "kv_heads": int(getattr(c, "num_kv_heads", H) or H)})
+                 "decoder": causal, "kv_heads": int(getattr(c, "num_kv_heads", H) or H),
+                 "source": "qkv.hf" if type(model).__module__.startswith("qkv.hf") else "qkv.models"})
     return data
 
 
@@ -592,7 +593,7 @@ def _json_for_script(data) -> str:
             .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
 
 
-_PARTS = ("playground", "model", "example", "generation", "long", "why")
+_PARTS = ("playground", "model", "example", "generation", "compare", "long", "why")
 
 
 def render_page(data: dict, *, lang: str | None = None) -> str:
@@ -626,7 +627,7 @@ def render_page(data: dict, *, lang: str | None = None) -> str:
         why = dict(why, paragraph=lab.paragraph("scale", why["scale"], lang),
                    strings={k: lab_words[k] for k in WHY_LAB_KEYS})
     payload = {"digits": DIGITS, "lang": lang, "strings": strings, "notices": notices,
-               **{k: data.get(k) for k in _PARTS}, "playground": playground, "why": why}
+               **{k: data.get(k) for k in _PARTS}, "playground": playground, "why": why, "first": data.get("first")}
     css, js = _asset("page.css"), _asset("page.js")
     for name, text in (("page.css", css), ("page.js", js)):
         if re.search(r"</(script|style)", text, re.IGNORECASE):

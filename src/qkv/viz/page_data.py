@@ -16,7 +16,10 @@ A value that does not have its view's shape is a ValueError naming the key, what
 """
 from __future__ import annotations
 
-PARTS = ("playground", "model", "example", "generation", "long", "why")
+PARTS = ("playground", "model", "example", "generation", "compare", "long", "why")
+#: The views a page may open on (``data["first"]``): the page's title names its model and input, the view comes
+#: first, and the playground and "Why ÷ √d_k" are folded below it (one click away).
+FIRST = ("model", "generation", "compare", "long")
 #: The keys of each view's dict that the page reads, and where such a dict comes from.
 REQUIRED = {
     "playground": (("title", "start", "tokens", "heads", "causal", "scaling"),
@@ -25,6 +28,8 @@ REQUIRED = {
     "example": (("kind", "name", "layers", "heads", "T", "maps", "tokens"), "worked_data()'s dict"),
     "generation": (("name", "prompt", "text", "tokens", "prompt_len", "layers", "heads", "steps"),
                    "generation_data()'s dict"),
+    "compare": (("kind", "name", "name_b", "text", "tokens", "T", "pairs", "maps", "table"),
+                "compare_data()'s dict (qkv.viz.page_hf)"),
     "long": (("kind", "name", "layers", "heads", "T", "tokens", "summary", "pooled", "rows"),
              "long_data()'s dict (qkv.viz.page_long)"),
     "why": (("scale", "examples"), "why_data()'s dict"),
@@ -75,6 +80,12 @@ def check(key: str, value) -> None:
         L, H, T = value["layers"], value["heads"], value["T"]
         if not (_int(L) and _int(H) and _int(T) and len(tokens) == T and _maps_ok(value["maps"], L * H)):
             raise _fail(key, value, " (layers × heads coded maps of T tokens)")
+    elif key == "compare":
+        pairs, T = value["pairs"], value["T"]
+        if not (value["kind"] == "compare" and _int(T) and len(tokens) == T and isinstance(pairs, list) and pairs
+                and _maps_ok(value["maps"], 2 * len(pairs)) and isinstance(value["table"], list)
+                and len(value["table"]) == len(pairs)):
+            raise _fail(key, value, " (two coded maps per compared head of T tokens, one table row each)")
     elif key == "long":
         L, H, T = value["layers"], value["heads"], value["T"]
         if not (value["kind"] == "long" and _int(L) and _int(H) and _int(T) and len(tokens) == T
@@ -108,9 +119,9 @@ def normalize(data) -> dict:
     if not isinstance(data, dict):
         raise TypeError(f"data: expected a dict of the page's views ({', '.join(PARTS)}, notices), "
                         f"got {type(data).__name__}")
-    unknown = [k for k in data if k not in PARTS + ("notices", "lang")]
+    unknown = [k for k in data if k not in PARTS + ("notices", "lang", "first")]
     if unknown:
-        raise ValueError(f"data: unknown key {unknown[0]!r}; expected {', '.join(PARTS)}, notices or lang")
+        raise ValueError(f"data: unknown key {unknown[0]!r}; expected {', '.join(PARTS)}, notices, lang or first")
     out = {k: data.get(k) for k in PARTS}
     notices = _notices(data.get("notices"))
     ex = out["example"]
@@ -136,7 +147,19 @@ def normalize(data) -> dict:
         raise ValueError(f"data: expected a dict with at least one of {', '.join(PARTS)} or notices, "
                          f"got {_got(data)}")
     out["notices"] = notices
+    out["first"] = _first(data.get("first"), out)
     return out
+
+
+def _first(first, out: dict):
+    """``data["first"]`` checked: None, or one of :data:`FIRST` whose view the page has."""
+    if first is None:
+        return None
+    if first not in FIRST or out.get(first) is None:
+        have = [k for k in FIRST if out.get(k) is not None]
+        raise ValueError(f"first: expected None or the view the page opens on, one of {', '.join(have) or 'none'} "
+                         f"(those it has), got {first!r}")
+    return first
 
 
 # ---------------------------------------------------------------------------------------------- titles
@@ -152,12 +175,35 @@ def words(key: str) -> dict:
 
 def in_language(out: dict, lang: str) -> str:
     """The playground's title and the example view's name in ``lang`` where qkv gave them (their ``titles``), in
-    :func:`normalize`'s ``out``; returns the page's own title (the browser tab's)."""
+    :func:`normalize`'s ``out``; returns the page's own title (the browser tab's and the top heading's): with
+    ``out["first"]`` the model and the input of the view it opens on (:func:`lead_title`)."""
     from qkv import locales
 
     for key, field in (("playground", "title"), ("example", "name")):
         view = out.get(key)
         if isinstance(view, dict) and isinstance(view.get("titles"), dict):
             out[key] = dict(view, **{field: str(view["titles"].get(lang) or view[field])})
+    if out.get("first"):
+        return lead_title(out, lang)
     return ((out.get("playground") or {}).get("title") or (out.get("example") or {}).get("name")
             or locales.t("page.doc_title", lang))
+
+
+#: The most characters of the input a page title shows (then "…").
+TITLE_INPUT_CHARS = 60
+
+
+def lead_title(out: dict, lang: str) -> str:
+    """The title of a page that opens on ``out["first"]``: its model and its input, e.g. "tiny-llama · the cat
+    sat" (the prompt for a generation; both models for a comparison), the input on one line, cut at
+    :data:`TITLE_INPUT_CHARS` characters."""
+    from qkv import locales
+
+    view = out[out["first"]]
+    text = view["prompt"] if out["first"] == "generation" else view.get("text") or view.get("source") or ""
+    text = " ".join(str(text).split())
+    if len(text) > TITLE_INPUT_CHARS:
+        text = text[:TITLE_INPUT_CHARS - 1] + "…"
+    if out["first"] == "compare":
+        return locales.t("page.title_compare", lang, a=view["name"], b=view["name_b"], text=text)
+    return locales.t("page.title_model", lang, name=view["name"], text=text)

@@ -651,7 +651,7 @@
     status.textContent = bad === 0 ? "" : msg(bad === 1 ? "page.invalid_one" : "page.invalid_many", { n: bad });
   }
   function update() {
-    document.getElementById("title").textContent = state.title;
+    playgroundTitle().textContent = state.title;
     updateStatus();
     renderResults();
   }
@@ -1014,6 +1014,7 @@
       sec.appendChild(msgRich(el("p", { "class": "note", "data-testid": "model-text" }), "page.sentence", { text: tk(M.text) }));
     }
     sec.appendChild(el("p", { "class": "note" }, msg(kind === "example" ? "page.example_note"
+                                                     : M.source === "qkv.hf" ? (small ? "page.model_note_hf" : "page.model_note_canvas_hf")
                                                      : (small ? "page.model_note" : "page.model_note_canvas"))));
     sec.appendChild(el("p", { "class": "note", "data-testid": kind + "-size" },
                        msg("page.model_size", { tokens: T, layers: L, heads: H, maps: store.count() })));
@@ -1152,7 +1153,7 @@
     sec.appendChild(msgRich(el("p", { "class": "note", "data-testid": "gen-prompt" }), "page.gen_prompt", { text: tk(G.prompt) }));
     sec.appendChild(msgRich(el("p", { "class": "note", "data-testid": "gen-text" }),
                             G.finish === "eos" ? "page.gen_text_eos" : "page.gen_text_length", { text: tk(G.text), n: N }));
-    sec.appendChild(el("p", { "class": "note" }, msg("page.gen_note", { n: N, p: P })));
+    sec.appendChild(el("p", { "class": "note" }, msg(G.source === "qkv.hf" ? "page.gen_note_hf" : "page.gen_note", { n: N, p: P })));
     var bar = el("div", { "class": "tabs" });
     var prev = el("button", { "type": "button", "data-testid": "gen-prev" }, msg("page.gen_prev"));
     var range = el("input", { "type": "range", "min": "0", "max": String(N - 1), "value": "0", "data-testid": "gen-step",
@@ -1207,6 +1208,102 @@
     next.addEventListener("click", function () { go(state.step + 1); });
     range.addEventListener("input", function () { go(Number(range.value)); });
     go(0);
+  }
+
+  // ------------------------------------------------------------------ compare view (qkv.hf.compare)
+  // Two checkpoints of one architecture on the same text: the heads ranked by the Jensen–Shannon divergence (bits)
+  // of their rows, computed in Python (page_hf.compare_data); a row of the table shows that head's weights in
+  // both models side by side (A | B), exact on hover. Map k is pair k of model A, map n + k the same of model B.
+  function renderCompare(C) {
+    var sec = document.getElementById("compare");
+    sec.hidden = false;
+    var store = new MapStore(C.maps), n = C.pairs.length, digits = C.maps.digits, toks = C.tokens;
+    sec.appendChild(el("h2", null, msg("page.cmp_title", { a: C.name, b: C.name_b })));
+    sec.appendChild(msgRich(el("p", { "class": "note", "data-testid": "cmp-text" }), "page.sentence", { text: tk(C.text) }));
+    sec.appendChild(el("p", { "class": "note" }, msg("page.cmp_note", { tokens: C.T })));
+    var selected = el("p", { "class": "note", "data-testid": "cmp-selected" });
+    var table = el("table", { "class": "matrix cmp-table", "data-testid": "cmp-table" });
+    table.appendChild(el("caption", null, msg("page.cmp_table")));
+    var hr = el("tr");
+    ["page.cmp_rank", "page.cmp_layer", "page.cmp_head", "page.cmp_mean", "page.cmp_max"].forEach(function (k) {
+      hr.appendChild(el("th", { "scope": "col" }, msg(k)));
+    });
+    table.appendChild(el("thead")).appendChild(hr);
+    var body = el("tbody"), rows = [];
+    C.table.forEach(function (r, k) {
+      var tr = el("tr", { "data-testid": "cmp-row-" + k, "data-layer": String(r[0]), "data-head": String(r[1]),
+                          "data-js-mean": String(r[2]), "data-js-max": String(r[3]), "tabindex": "0",
+                          "aria-pressed": "false" });
+      tr.appendChild(el("th", { "scope": "row" }, String(k + 1)));
+      [String(r[0]), String(r[1]), r[2].toFixed(6), r[3].toFixed(6)].forEach(function (t, c) {
+        tr.appendChild(el("td", { "data-testid": "cmp-" + k + "-" + c }, t));
+      });
+      tr.addEventListener("click", function () { select(k); });
+      tr.addEventListener("keydown", function (e) {
+        if (e.key === "Enter" || e.key === " ") { select(k); e.preventDefault(); }
+      });
+      rows.push(tr);
+      body.appendChild(tr);
+    });
+    table.appendChild(body);
+    var box = el("div", { "class": "cmp-scroll" });
+    box.appendChild(table);
+    sec.appendChild(box);
+    sec.appendChild(selected);
+    var pair = el("div", { "class": "model-views pair" }), left = el("div"), right = el("div");
+    pair.appendChild(left); pair.appendChild(right);
+    sec.appendChild(pair);
+    var views = [[left, "cmp-map-a", C.name], [right, "cmp-map-b", C.name_b]].map(function (v) {
+      v[0].appendChild(el("h3", { "data-testid": v[1] + "-title" }, v[2]));
+      var mv = new MapView({ testid: v[1], digits: digits, width: 560 });
+      v[0].appendChild(mv.box);
+      return mv;
+    });
+    function select(k) {
+      var r = C.table[k], m = -1;
+      C.pairs.forEach(function (p, i) { if (p[0] === r[0] && p[1] === r[1]) m = i; });
+      rows.forEach(function (tr, i) { tr.setAttribute("aria-pressed", String(i === k)); });
+      selected.textContent = msg("page.cmp_selected", { layer: r[0], head: r[1], mean: r[2].toFixed(6), max: r[3].toFixed(6) });
+      selected.setAttribute("data-pair", String(m));
+      [m, n + m].forEach(function (map, side) {
+        var sh = store.shape(map), name = side ? C.name_b : C.name;
+        views[side].show(store.get(map), sh[0], sh[1], store.causal(map), function (i) { return toks[i]; },
+                         function (j) { return toks[j]; }, msg("page.cmp_where", { name: name, layer: r[0], head: r[1] }));
+      });
+    }
+    select(0);
+  }
+
+  // ------------------------------------------------------------------ the page opens on what was asked
+  // With DATA.first (qkv view --hf, --text, --generate, --compare) the page's title (the tab's, set in Python:
+  // the model and the input) is the top heading, the view asked for comes first, then the other model views,
+  // and the playground and "Why ÷ √d_k" are folded at the end (a <details>, one click away).
+  var FOLDED = !!DATA.first;
+  function playgroundTitle() {
+    return document.getElementById(FOLDED ? "playground-title" : "title");
+  }
+  function foldPage() {
+    var notices = document.getElementById("notices"), after = notices;
+    document.getElementById("title").textContent = document.title;
+    [DATA.first].concat(["compare", "generation", "model", "example"]).forEach(function (id, n, all) {
+      var s = document.getElementById(id);
+      if (all.indexOf(id) !== n || !s) return;
+      after.after(s);
+      after = s;
+    });
+    var what = [];
+    if (DATA.playground) what.push(msg("page.playground") + " \u2014 " + DATA.playground.title);
+    if (DATA.why) what.push(msg("page.why_title"));
+    var pg = document.getElementById("playground"), why = document.getElementById("why");
+    if (!what.length) return;
+    var more = el("details", { "id": "more", "data-testid": "more" });
+    more.appendChild(el("summary", { "data-testid": "more-summary" }, msg("page.more", { what: what.join(" \u00b7 ") })));
+    document.querySelector("main").appendChild(more);
+    more.appendChild(document.querySelector("header .lead"));     // it describes the playground
+    more.appendChild(pg);
+    more.appendChild(why);
+    var h = el("h3", { "id": "playground-title", "data-testid": "playground-title" });
+    pg.insertBefore(h, pg.children[1] || null);
   }
 
   // ------------------------------------------------------------------ long-input view (issue 41)
@@ -1531,24 +1628,28 @@
   setText("#playground > h2", msg("page.playground"));
   setText("#arith", msg("page.hover"));
   [["playground", "page.section_playground"], ["example", "page.section_example"],
-   ["generation", "page.section_generation"], ["model", "page.section_model"]].forEach(function (s) {
+   ["generation", "page.section_generation"], ["model", "page.section_model"], ["compare", "page.section_compare"]].forEach(function (s) {
     document.getElementById(s[0]).setAttribute("aria-label", msg(s[1]));
   });
   var generator = document.querySelector('meta[name="generator"]');
   setText("footer", msg("page.footer", { version: generator ? generator.getAttribute("content").replace(/^qkv /, "") : "" }));
   renderNotices(DATA.notices);
+  if (FOLDED) foldPage();
   if (initial) { resetState(); renderAll(); }
   else {
     document.getElementById("playground").hidden = true;
     document.querySelector("header .lead").hidden = true;          // it describes the playground
-    document.getElementById("title").textContent =
-      DATA.example ? DATA.example.name : DATA.generation ? msg("page.gen_title", { name: DATA.generation.name })
-      : DATA.model ? msg("page.model_title", { name: DATA.model.name }) : "qkv";
+    if (!FOLDED) {
+      document.getElementById("title").textContent =
+        DATA.example ? DATA.example.name : DATA.generation ? msg("page.gen_title", { name: DATA.generation.name })
+        : DATA.model ? msg("page.model_title", { name: DATA.model.name }) : "qkv";
+    }
   }
   if (DATA.why) guarded(function () { renderWhy(DATA.why); }, "why");
   if (DATA.example) guarded(function () { renderAtlas(DATA.example, document.getElementById("example"), "example"); }, "example");
   if (DATA.generation) guarded(function () { renderGeneration(DATA.generation); }, "generation");
   if (DATA.model) guarded(function () { renderAtlas(DATA.model, document.getElementById("model"), "model"); }, "model");
+  if (DATA.compare) guarded(function () { renderCompare(DATA.compare); }, "compare");
   if (DATA.long) guarded(function () { renderLong(DATA.long); }, "long");
   // First paint done: every view drawn. The browser tests read the time since navigation started.
   document.body.setAttribute("data-ready-ms", String(Math.round(performance.now())));
