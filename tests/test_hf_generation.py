@@ -43,10 +43,11 @@ def _eager_and_recorded(model, layers, heads):
 
 # ------------------------------------------------------------------------------------------ transformers
 @pytest.mark.parametrize("layers, heads", [(None, None), ([1], [3, 1])])
-@pytest.mark.parametrize("name", ("llama", "qwen2", "gemma2", "gpt2", "mistral"))
+@pytest.mark.parametrize("name", ("llama", "qwen2", "gemma2", "gpt2", "mistral", "gptoss"))
 def test_generation_equals_eagers_attentions_of_every_step(name, layers, heads):
     """Row t of rec.generation[layer] is eager's out.attentions[t][layer][:, :, -1] over that step's keys (Gemma
-    2: window + soft-capping; Mistral: a window shorter than the prompt), 0 after them, within 1e-6."""
+    2: window + soft-capping; Mistral: a window shorter than the prompt; gpt-oss: sinks), 0 after them, within
+    1e-6."""
     model = _model(name)
     ref, rec, mask = _eager_and_recorded(model, layers, heads)
     assert model.config._attn_implementation == "eager" and "generate" not in vars(model)

@@ -5,10 +5,11 @@ the generated ids (``rec.tokens``) from the model's ``generate``, and qkv's own 
 A generation is one call of every layer per new token: the prompt's call (L = P queries over P keys) makes token
 0, the call of token t − 1 (one query) makes token t. The query that made a token is its call's last row, so each
 call keeps that row alone, (B, heads, S) — O(S) memory per step, never the L × S weights of a call — and
-``rec.generation[layer]`` stacks them, (B, heads, new_tokens, S_total), S_total the largest S (P + new_tokens − 1
-for a dynamic cache). Key j of row t is key j of that call as transformers' ``out.attentions[t][layer]`` counts
+``rec.generation[layer]`` stacks them, (B, heads, new_tokens, S_total), S_total = P + new_tokens − 1 (a static
+cache: its length). Key j of row t is key j of that call as transformers' ``out.attentions[t][layer]`` counts
 it: where a layer's cache keeps only a sliding window (Mistral, Gemma 2's local layers), the window's keys, the
-first of them token ``rec.key_offsets[layer][t]``.
+first of them token ``rec.key_offsets[layer][t]`` (``rec.generation_by_position`` puts them there). Beam search
+records its beams' rows as they ran, B × num_beams of them.
 
 Nothing here imports torch: ``record`` of qkv's decoder runs on NumPy alone.
 """
