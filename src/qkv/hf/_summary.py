@@ -38,6 +38,9 @@ from ._state import numpy as _numpy
 ROW_BLOCK = 256
 #: The most cells a pooled map has on a side.
 POOL = 256
+#: Added to a weight before its log in the entropy: 0 · log(TINY) = 0, and a weight w ≥ 1e-20 keeps log w to
+#: float32's precision (smaller ones add under 1e-18 nats).
+TINY = np.float32(1e-30)
 #: ``record(model)`` without rows refuses a layer whose (B, heads, L, S) float32 weights pass this many bytes;
 #: it says so and offers rows=[…] or summaries=True.
 MAX_WEIGHT_BYTES = 1 << 30
@@ -145,17 +148,24 @@ def check_weights(layer, B: int, heads: int, L: int, S: int, limit: int | None =
             f"summaries=True (every head's entropy, distance, sink share, kind and pooled map, without the weights)")
 
 
+#: The running sums :func:`_fold` keeps per head.
+SUMS = ("entropy", "distance", "first", "previous", "next", "same", "sink", "long_range", "broad_causal",
+        "broad_full")
+
+
 @dataclass
 class _Sums:
-    """The running sums of one layer: (B, h) each, and the pooled maps."""
+    """The running sums of one layer: (B, h) each (all made up front: heads run on several threads, each adding
+    to its own column), and the pooled maps."""
     B: int
     h: int
     pooled: np.ndarray
     s: dict = field(default_factory=dict)
 
+    def __post_init__(self):
+        self.s = {name: np.zeros((self.B, self.h)) for name in SUMS}
+
     def add(self, name: str, hi: int, value) -> None:
-        if name not in self.s:
-            self.s[name] = np.zeros((self.B, self.h))
         self.s[name][:, hi] += value
 
 
@@ -172,35 +182,55 @@ def summarize(spec, q, k, heads, opts: Summaries) -> LayerSummary:
     sums = _Sums(B, len(heads), np.zeros((B, len(heads), len(re) - 1, len(ce) - 1), np.float32))
     keys = _KeyInfo(opts.tokens, S, L, opts.near)
     per = max(1, opts.block // max(1, L // (len(re) - 1)))            # pooled rows per block
-    upper = False
-    for hi, h in enumerate(heads):
+
+    def head(hi: int) -> bool:
+        # one head's queries and keys contiguous (the tensors are views of (B, L, H, E)): BLAS's GEMM, not a loop
+        h = int(heads[hi])
+        qh = np.ascontiguousarray(q[:, h:h + 1])                         # (B, 1, L, E)
+        kh = np.ascontiguousarray(k[:, h // (Hq // k.shape[1])][:, None])    # (B, 1, S, E)
+        upper = False
         for a in range(0, len(re) - 1, per):
             b = min(len(re) - 1, a + per)
             rows = np.arange(re[a], re[b])
-            w = block_weights(spec, q, k, int(h), rows)                  # (B, R, c1)
+            w = block_weights(spec, qh, kh, h, rows, head_axis=0)        # (B, R, c1)
             upper |= _fold(sums, hi, w, rows, keys)
             cols = ce[:-1][ce[:-1] < w.shape[-1]]
-            if cols.size:
-                pooled = np.maximum.reduceat(w, cols, axis=-1)           # (B, R, Qc)
-                sums.pooled[:, hi, a:b, :cols.size] = np.maximum.reduceat(pooled, re[a:b] - re[a], axis=1)
-    return _finish(sums, heads, L, S, re, ce, causal=not upper, near=opts.near)
+            pooled = np.maximum.reduceat(w, re[a:b] - re[a], axis=1)     # (B, b − a, c1): rows first, then keys
+            sums.pooled[:, hi, a:b, :cols.size] = np.maximum.reduceat(pooled, cols, axis=-1)
+        return upper
+
+    # Heads on the runtime's threads (NumPy releases the GIL), BLAS on one thread each: these GEMMs are thin
+    # (E = 16 … 128), and two BLAS threads per call on 2 busy cores ran 8× slower than one (24 vs 3 ms).
+    from ..backends.runtime import RUNTIME, get_num_threads
+    workers = max(1, min(len(heads), get_num_threads()))
+    with RUNTIME.blas_single_threaded():
+        if workers == 1:
+            upper = [head(hi) for hi in range(len(heads))]
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(workers) as pool:
+                upper = list(pool.map(head, range(len(heads))))
+    return _finish(sums, heads, L, S, re, ce, causal=not any(upper), near=opts.near)
 
 
-def block_weights(spec, q: np.ndarray, k: np.ndarray, head: int, rows: np.ndarray) -> np.ndarray:
+def block_weights(spec, q: np.ndarray, k: np.ndarray, head: int, rows: np.ndarray, *,
+                  head_axis: int | None = None) -> np.ndarray:
     """The weights (B, R, c1) float of query ``rows`` of ``head`` on keys 0 … c1−1, as ``spec.weights(q, k,
     [head], rows)[:, 0, :, :c1]`` computes them, c1 the column after the last key the mask lets any of these rows
-    see (S without a boolean mask): the keys after it have weight 0 and are not computed."""
+    see (S without a boolean mask): the keys after it have weight 0 and are not computed. ``head_axis``: q and k
+    hold that head alone, at this index of their head axis (its key/value head already chosen)."""
     B, Hq, _, _ = q.shape
     S = k.shape[-2]
     heads = np.asarray([head], dtype=np.int64)
+    at = heads if head_axis is None else np.asarray([head_axis], dtype=np.int64)
     mask = spec.mask_rows(rows, heads)                                   # (B or 1, 1, R, S) or None
     c1 = S
     if mask is not None and mask.dtype == bool:
         seen = np.flatnonzero(mask.any(axis=(0, 1, 2)))
         c1 = int(seen[-1]) + 1 if seen.size else 1
         mask = mask[..., :c1]
-    qs = q[:, heads][:, :, rows]                                         # (B, 1, R, E)
-    ks = k[:, heads // (Hq // k.shape[1]), :c1]                          # (B, 1, c1, E)
+    qs = q[:, at][:, :, rows]                                            # (B, 1, R, E)
+    ks = k[:, at if head_axis is not None else heads // (Hq // k.shape[1]), :c1]    # (B, 1, c1, E)
     s = stages.scale(stages.score(qs, ks), spec.scale)                   # (B, 1, R, E) x (B, 1, E, c1) -> (B, 1, R, c1)
     if spec.score_mod is not None:
         s = mods.call_score_mod(spec.score_mod, s, np.arange(B).reshape(B, 1, 1, 1), heads.reshape(-1, 1, 1),
@@ -238,8 +268,7 @@ def _fold(sums: _Sums, hi: int, w: np.ndarray, rows: np.ndarray, keys: _KeyInfo)
     diagonal (a key after the query's position)."""
     c1 = w.shape[-1]
     p = rows + keys.offset                                               # (R,) the queries' positions
-    ent = np.log(w, out=np.zeros_like(w), where=w > 0)
-    ent = -np.einsum("brc,brc->br", w, ent)                               # (B, R)
+    ent = -np.einsum("brc,brc->br", w, np.log(w + TINY))                  # (B, R): −Σ w log w (0 log 0 = 0)
     total = w.sum(-1)                                                     # (B, R): 1, or less with sinks
     js = np.arange(c1, dtype=w.dtype)
     sums.add("entropy", hi, ent.sum(-1))
