@@ -286,10 +286,16 @@ _VIEW_OPTIONS = dict(GENERATE_OPTIONS, prompt="--generate")
 @click.option("--compare", "compare_dir", metavar="DIR", default=None,
               help="With --hf A --text TEXT: compare the checkpoint in DIR with A (one architecture): each head "
                    "side by side, the heads ranked by the Jensen–Shannon divergence of their rows.")
+@click.option("--text-file", "text_file", metavar="FILE", default=None,
+              help="With --hf DIR: the long-input view of a UTF-8 text file (up to 32,768 tokens): every layer and "
+                   "head summarised (entropy, mean distance, sink share, kind) and its map max-pooled, without the "
+                   "N² weights.")
+@click.option("--rows", "rows_opt", metavar="I,J,…", default=None,
+              help="With --text-file: query rows whose weights the page carries exactly (0-based, −1 the last).")
 @click.option("-o", "--output", default="attention.html", show_default=True, metavar="FILE", help="The HTML file.")
 @lang_option("Language of the page (qkv.locales).")
 def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, temperature, seed, chat, why, hf_dir,
-             compare_dir, output, lang):
+             compare_dir, text_file, rows_opt, output, lang):
     """Write one self-contained HTML page (no network access; open it from disk, offline).
 
     The playground starts from seed 003's example, --example NAME or FILE: edit tokens, X, W_Q, W_K and W_V
@@ -301,12 +307,18 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
     the decoder (up to 1,024 tokens); --generate "PROMPT" (--model smollm2) the generation view: step through
     the generated tokens and see which earlier tokens each attended to, in every layer and head. --hf DIR
     --text "..." shows every layer and head of a local transformers model folder, run on qkv (qkv.hf); --hf DIR
-    --generate "PROMPT" its generation view; --hf A --compare B --text "..." how each head moved from A to B.
+    --generate "PROMPT" its generation view; --hf A --compare B --text "..." how each head moved from A to B;
+    --hf DIR --text-file FILE [--rows 0,100,-1] the long-input view (up to 32,768 tokens): every head's
+    summary and max-pooled map without the N² weights, and the rows asked for exactly.
     The page opens on the model view asked for; the playground and "Why ÷ √d_k" are folded below it.
     """
     from qkv import viz
 
     _check_output(output, (".html", ".htm"))
+    if text_file is not None or rows_opt is not None:               # the long-input view (issue 41)
+        if compare_dir is not None:
+            raise UserError("give either --text-file FILE or --compare DIR, not both")
+        return _view_long(hf_dir, text, text_file, rows_opt, prompt, output, lang)
     if compare_dir is not None and hf_dir is None:
         raise UserError("--compare DIR: compares two model folders; give the first with --hf DIR "
                         "(qkv view --hf A --compare B --text TEXT)")
@@ -358,3 +370,64 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
     if output != "-":                                     # (standard output carried the output itself)
         click.echo(f"wrote {output}")
 
+
+# ---------------------------------------------------------------------------------------------- view: long inputs
+def _read_text_file(path: str) -> str:
+    """The UTF-8 text of ``--text-file``; one line naming the option for a missing, unreadable or non-UTF-8 file."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise UserError(f"--text-file: cannot read {path!r}: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"--text-file: {path!r} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                        f"{exc.start:,})") from None
+    if not text.strip():
+        raise UserError(f"--text-file: {path!r} holds no text")
+    return text
+
+
+def _parse_rows(value: str) -> list[int]:
+    """``--rows 0,100,-1`` as ints; one line naming the option otherwise."""
+    try:
+        rows = [int(x) for x in value.replace(" ", "").split(",") if x]
+    except ValueError:
+        rows = []
+    if not rows:
+        raise UserError(f"--rows: expected query rows as integers separated by commas (0,100,-1), got {value!r}")
+    return rows
+
+
+def _view_long(hf_dir, text, text_file, rows_opt, prompt, output: str, lang: str) -> None:
+    """``qkv view --hf DIR --text-file FILE [--rows …]``: the page of the long-input view alone
+    (:mod:`qkv.viz.page_long`)."""
+    from qkv import viz
+    from qkv.viz.page_long import long_data
+
+    if text_file is None:
+        raise UserError("--rows: works with --text-file FILE (the long-input view)")
+    if text is not None or prompt is not None:
+        raise UserError("give either --text-file FILE or " + ("--text TEXT" if text is not None else
+                                                              "--generate PROMPT") + ", not both")
+    if hf_dir is None:
+        raise UserError("--text-file: works with --hf DIR (a local transformers model folder)")
+    _model_weights.check_hf_alone()
+    rows = _parse_rows(rows_opt) if rows_opt is not None else None
+    content = _read_text_file(text_file)
+    model = _model_weights.load_hf(hf_dir)
+    try:
+        data = {"long": long_data(model, content, rows=rows, source=os.path.basename(text_file)), "first": "long"}
+    except (ValueError, TypeError) as exc:                          # over the context, rows out of range, too large
+        msg = str(exc)
+        for name, option in (("text: ", "--text-file: "), ("rows: ", "--rows: ")):
+            if msg.startswith(name):
+                msg = option + msg[len(name):]
+        raise UserError(msg) from None
+    try:
+        _write(lambda p: viz.write_page(p, data, lang=lang), output)
+    except viz.PageTooLarge as exc:
+        raise UserError(str(exc)) from None
+    if output != "-":
+        click.echo(f"wrote {output}")
