@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from ._record import Recording, record
 from ._register import NAME, register
+from ._summary import LayerSummary, Summaries
 
-__all__ = ["NAME", "Model", "Recording", "compare", "load", "record", "register"]
+__all__ = ["NAME", "LayerSummary", "Model", "Recording", "Summaries", "compare", "load", "record", "register"]
 
 
 def load(path, **kwargs):

@@ -59,7 +59,7 @@ class Recording:
             layer's cache keeps only a sliding window); ``generation_by_position`` the rows placed there.
         attentions: the weights as transformers' ``outputs.attentions``: a tuple over the recorded layers of
             (B, h, rows, S).
-        summaries: ``{layer: qkv.hf._summary.LayerSummary}`` with ``summaries=``: every chosen head's entropy,
+        summaries: ``{layer: qkv.hf.LayerSummary}`` with ``summaries=``: every chosen head's entropy,
             mean distance, sink share, kind and max-pooled map, streamed over blocks of query rows (no L × S
             weights; without ``rows`` nothing else is kept).
     """
@@ -255,7 +255,7 @@ def record(model, layers=None, heads=None, rows=None, *, summaries=False) -> Ite
             modules' names, where an encoder–decoder repeats the indices (see the module).
         heads: None (all) or the query heads whose weights to keep; the trace follows the first (0 by default).
         rows: None (all) or the query rows (0-based within the call; −1 the last) to keep.
-        summaries: True (or ``qkv.hf._summary.Summaries(tokens=…, pool=…)``): also ``rec.summaries[layer]``,
+        summaries: True (or ``qkv.hf.Summaries(tokens=…, pool=…)``): also ``rec.summaries[layer]``,
             every chosen head summarised without its L × S weights; without ``rows`` no weights are kept.
 
     Yields:
