@@ -287,6 +287,18 @@ def test_compare_data_carries_both_models_weights_and_the_ranked_table(folders):
     assert "<title>tiny-llama 对比 tiny-llama-tuned · the cat sat on the mat</title>" in page
 
 
+def test_an_encoders_comparison_keeps_every_key(folders):
+    """BERT: bidirectional maps (nothing above the diagonal is dropped), every row real, identical models 0."""
+    bert = qkv.hf.load(folders["bert"])
+    d = viz.compare_data(bert, bert, "the cat sat on the mat")
+    t = qkv.hf.compare(bert, bert, "the cat sat on the mat")
+    assert d["causal"] is False and all(row[2] == row[3] == 0.0 for row in d["table"])
+    maps = decode_maps(d["maps"])
+    layer, head = d["pairs"][5]
+    np.testing.assert_array_equal(maps[5], quantize(t.weights_a[layer][0, head]))
+    assert np.triu(maps[5], 1).any()                                     # keys after the query are kept
+
+
 # ------------------------------------------------------------------------------------------ titles
 def test_the_title_names_the_model_and_the_input_in_both_languages(folders):
     from qkv.explain import examples as ex
