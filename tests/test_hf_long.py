@@ -379,3 +379,26 @@ def test_a_text_over_32768_tokens_is_refused_before_the_forward():
 
     with pytest.raises(ValueError, match=r"^text: 40,000 tokens, over the long-input view's limit of 32,768"):
         page_long.encode(Model(), "the cat")
+
+
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_a_padded_batch_is_summarised_row_by_row(name):
+    """Two texts, the second right-padded by 40 keys (masked): each batch row's summaries are its own weights'."""
+    m = _model(name, sharpen=4.0)
+    ids = torch.cat([_ids(1), _ids(2)])
+    mask = torch.ones_like(ids)
+    mask[1, -40:] = 0
+    with torch.no_grad():
+        full = [a.double().numpy() for a in m(input_ids=ids, attention_mask=mask, output_attentions=True).attentions]
+    with qkv.hf.record(m, summaries=True) as rec, torch.no_grad():
+        m(input_ids=ids, attention_mask=mask)
+    for layer, A in enumerate(full):                                       # A: (2, H, T, T)
+        s = rec.summaries[layer]
+        assert s.entropy.shape == (2, 4) and s.pooled.shape == (2, 4, 256, 256)
+        for b in range(2):
+            ent, dist, sink, hk = _reference(A[b], None)
+            np.testing.assert_allclose(s.entropy[b], ent, atol=1e-5)
+            np.testing.assert_allclose(s.distance[b], dist, rtol=1e-5, atol=1e-4)
+            np.testing.assert_allclose(s.sink[b], sink, atol=1e-6)
+            np.testing.assert_allclose(s.pooled[b], _max_pool(A[b], s.row_edges, s.col_edges), atol=1e-6)
+        assert np.abs(s.pooled[1, :, :, -30:]).max() == 0                  # the masked keys hold no weight
