@@ -7,6 +7,7 @@ from .heatmap import cjk_font, heatmap, heads_grid, layout, save
 from .page import (MAX_PAGE_BYTES, PageTooLarge, decoder_attentions, from_worked, generation_data, model_data,
                    playground_data, render_page, why_data, worked_data, write_page)
 from .page_hf import compare_data, hf_generation_data
+from .page_long import long_data
 from .notebook import Shown, show
 from .lab_plots import plot as plot_lab   # qkv.lab's experiments drawn (the lab returns data)
 
@@ -16,3 +17,4 @@ __all__ += ["MAX_PAGE_BYTES", "PageTooLarge", "Shown", "decoder_attentions", "ge
             "why_data", "worked_data"]
 __all__ += ["plot_lab"]
 __all__ += ["compare_data", "hf_generation_data"]
+__all__ += ["long_data"]

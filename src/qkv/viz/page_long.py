@@ -1,6 +1,6 @@
 """The page's long-input view: every layer and head of a transformers model on a text of up to 32,768 tokens.
 
-    data = {"long": long_data(qkv.hf.load(folder), text, rows=[0, 100, -1]), "first": "long"}
+    data = {"long": qkv.viz.long_data(qkv.hf.load(folder), text, rows=[0, 100, -1]), "first": "long"}
     write_page("p.html", data)
 
 No N² weights are held: one forward pass on qkv (``attn_implementation="qkv"``: the tiled engine) records every
