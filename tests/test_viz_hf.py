@@ -24,7 +24,7 @@ from test_hf import WORDS, _configs, _tokenizer  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
-DECODERS = ("llama", "qwen2", "gemma2")
+DECODERS = ("llama", "qwen2", "gemma2", "gpt2")
 #: A chat template written with the word-level vocabulary's words: the user's message, then "and it".
 CHAT = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}and it{% endif %}"
 
@@ -34,9 +34,9 @@ def save_decoder(path, name: str = "llama", *, seed: int = 0, chat: str | None =
                  perturb_layer: int | None = None):
     """A tiny random decoder of ``_configs()[name]`` (the word-level vocabulary) saved in ``path`` with its
     tokenizer; ``perturb_layer``: that layer's q_proj moved (a "fine-tuned" checkpoint of the same model)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, GPT2Config
 
-    c = _configs()[name]
+    c = GPT2Config(n_embd=64, n_head=4, n_positions=256) if name == "gpt2" else _configs()[name]
     c.vocab_size, c.num_hidden_layers = len(WORDS), layers
     if hasattr(c, "layer_types") and c.layer_types is not None:
         c.layer_types = c.layer_types[:layers]

@@ -4,7 +4,7 @@
 (``local_files_only=True``) — and returns a :class:`Model`: ``run(texts)`` (every layer's attention weights, as
 :func:`qkv.hf.record` kept them), ``tokenize(text)``, ``trace_layer(text, layer)`` (one layer's attention through
 qkv's pipeline, every head, a :class:`qkv.Trace`), and ``config`` (layers, heads, key/value heads, name). A
-decoder (``…ForCausalLM``) is causal; an encoder (BERT-like) is not.
+decoder (``…ForCausalLM``, ``GPT2LMHeadModel``) is causal; an encoder (BERT-like) is not.
 """
 from __future__ import annotations
 
@@ -145,6 +145,11 @@ class Model:
         return rec.traces[int(layer)]
 
 
+#: The class-name endings of a causal language model in a config's ``architectures``: ``LlamaForCausalLM`` and the
+#: like, and the older ``…LMHeadModel`` (GPT-2's ``GPT2LMHeadModel``, which ``…ForCausalLM`` alone missed).
+_CAUSAL_LM = ("ForCausalLM", "LMHeadModel")
+
+
 def load(path, *, dtype=None) -> Model:
     """The model in folder ``path`` on qkv (``attn_implementation="qkv"``), in evaluation mode, float32 unless
     ``dtype`` (a torch dtype) says otherwise.
@@ -164,7 +169,7 @@ def load(path, *, dtype=None) -> Model:
         hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (ValueError, OSError, KeyError) as exc:
         raise ValueError(f"path: {path!r}: transformers cannot read its config.json ({_first_line(exc)})") from None
-    decoder = any(a.endswith("ForCausalLM") for a in (getattr(hf_config, "architectures", None) or []))
+    decoder = any(a.endswith(_CAUSAL_LM) for a in (getattr(hf_config, "architectures", None) or []))
     cls = AutoModelForCausalLM if decoder else AutoModel
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
