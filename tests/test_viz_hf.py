@@ -304,7 +304,9 @@ def test_the_title_names_the_model_and_the_input_in_both_languages(folders):
     from qkv.explain import examples as ex
     m = qkv.hf.load(folders["llama"])
     md = viz.model_data("the cat sat", model=m)
-    assert md["source"] == "qkv.hf"
+    assert md["source"] == "qkv.hf" and md["decoder"] is True and md["maps"]["causal"] == [True] * 8
+    bert = viz.model_data("the cat sat", model=qkv.hf.load(folders["bert"]))
+    assert bert["decoder"] is False and bert["source"] == "qkv.hf"
     pg = viz.from_worked(ex.load_example("seed003"))
     for lang in ("en", "zh"):
         page = viz.render_page({"playground": pg, "model": md, "first": "model"}, lang=lang)

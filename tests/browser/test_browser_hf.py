@@ -166,6 +166,7 @@ def test_the_model_view_of_a_folder_opens_first_and_says_qkv_hf(browser, tmp_pat
         w = qkv.hf.load(folders["gemma2"]).run([text]).attentions[1][0]            # (H, T, T)
         o.page.get_by_test_id("thumb-1-3").click()
         assert hover_cell(o, "model-map", 5, 2) == shown(w[3, 5, 2])
+        assert hover_cell(o, "model-map", 2, 5) == ""                              # causal: a masked cell
         check_folded(o, f"tiny-gemma2 · {text}", "model", "Seed 003 · 我 爱 吃 (self-attention, one head)")
         o.check_clean()
     finally:

@@ -374,8 +374,8 @@ def model_data(text: str, *, model=None, digits: int = 6, name: str | None = Non
         _check_cells(L * H, T, T, causal, f"text of {T:,} tokens")
         layers = decoder_attentions(model, ids)
     else:
-        out = model.run([text])
-        T, causal = int(np.asarray(out.attention_mask)[0].sum()), False
+        out = model.run([text])                                    # BERT, or a transformers folder (qkv.hf)
+        T, causal = int(np.asarray(out.attention_mask)[0].sum()), getattr(c, "decoder", False) is True
         tokens = [str(t) for t in out.tokens[0][:T]]
         _check_cells(L * H, T, T, causal, f"text of {T:,} tokens")
         layers = (np.asarray(a)[0, :, :T, :T] for a in out.attentions)
