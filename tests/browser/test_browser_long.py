@@ -116,6 +116,12 @@ def test_a_page_without_rows_says_how_to_ask_for_them(browser, folder, tmp_path)
     try:
         note = o.page.get_by_test_id("long-no-rows").text_content()
         assert "--rows 0,100,-1" in note and "qkv.hf.record(model, rows=[…])" in note
+        o.page.get_by_test_id("long-row-1-3").focus()                       # a table row picks its head
+        o.page.keyboard.press("Enter")
+        assert o.page.get_by_test_id("long-thumb-1-3").get_attribute("aria-pressed") == "true"
+        assert o.page.get_by_test_id("long-row-1-3").get_attribute("aria-pressed") == "true"
+        assert o.page.get_by_test_id("long-thumb-0-0").get_attribute("aria-pressed") == "false"
+        assert o.page.get_by_test_id("long-selected").text_content().startswith("layer 1, head 3")
         o.check_clean()
     finally:
         o.context.close()

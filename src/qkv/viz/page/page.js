@@ -1365,6 +1365,9 @@
           row.appendChild(el("td", { "data-testid": "long-" + l + "-" + h + "-" + f[0] }, f[1][l][h].toFixed(sd)));
         });
         row.addEventListener("click", pick(l, h));
+        row.addEventListener("keydown", (function (go) {
+          return function (e) { if (e.key === "Enter" || e.key === " ") { go(); e.preventDefault(); } };
+        })(pick(l, h)));
         marks.push(row);
         body.appendChild(row);
       }
