@@ -148,6 +148,11 @@ def test_designed_heads_get_head_kinds_own_labels_from_the_streamed_sums():
     assert s.distance[0, 3] == pytest.approx((T - 1) / 4, rel=1e-5)           # uniform: row i's mean is i / 2
     assert s.entropy[0, 3] == pytest.approx(np.mean(np.log(np.arange(1, T + 1))), rel=1e-5)   # log(i + 1)
     assert s.sink[0, 2] > 0.5 and s.sink[0, 3] == pytest.approx(np.mean(1 / np.arange(1, T + 1)), rel=1e-5)
+    rows = np.array([3, 5, 40])                                             # a block: keys 0 … 40 computed
+    w = _summary.block_weights(spec, q, k, 2, rows)
+    assert w.shape == (1, 3, 41)
+    np.testing.assert_array_equal(w, spec.weights(q, k, [2], rows)[:, 0, :, :41])
+    assert not spec.weights(q, k, [2], rows)[:, 0, :, 41:].any()
 
 
 def test_many_small_blocks_and_a_coarse_pool_give_the_same_summaries():
