@@ -17,9 +17,7 @@ F = torch.nn.functional
 def _parallel_even_when_small(monkeypatch):
     """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS) and, through the public function, on
     whole arrays (BACKWARD_WHOLE_SCORES); these tests want the tiled engine and its pool."""
-    from qkv import engine
-    monkeypatch.setattr(engine, "BACKWARD_WHOLE_SCORES", 0)
-    with tiled.limits(serial_below_flops=0):
+    with tiled.limits(serial_below_flops=0, backward_whole_scores=0):
         yield
 
 
@@ -30,8 +28,7 @@ def _parallel_even_when_small(monkeypatch):
 def test_small_problems_run_whole_and_large_ones_tiled(rng, monkeypatch, lead, L, S, E, mask, expected):
     # The public backward picks the reference backend up to BACKWARD_WHOLE_SCORES scores, the tiled engine
     # beyond (counted); either way the gradients are torch's.
-    from qkv import backends, engine
-    monkeypatch.setattr(engine, "BACKWARD_WHOLE_SCORES", 1 << 18)
+    from qkv import backends
     used = []
     for name in ("reference", "tiled"):
         b = backends.get(name)
@@ -41,7 +38,8 @@ def test_small_problems_run_whole_and_large_ones_tiled(rng, monkeypatch, lead, L
     k, v = (rng.standard_normal(tuple(lead) + (S, E)).astype(np.float32) for _ in range(2))
     go = rng.standard_normal(tuple(lead) + (L, E)).astype(np.float32)
     m = rng.random((L, S)) < 0.7 if mask == "bool" else None
-    got = qkv.scaled_dot_product_attention_backward(go, q, k, v, attn_mask=m, is_causal=mask == "causal")
+    with tiled.limits(backward_whole_scores=1 << 18):
+        got = qkv.scaled_dot_product_attention_backward(go, q, k, v, attn_mask=m, is_causal=mask == "causal")
     assert used == [expected]
     for g, w in zip(got, _torch_grads(go, q, k, v, mask=m, is_causal=mask == "causal")):
         np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-4)

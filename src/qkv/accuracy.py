@@ -538,21 +538,20 @@ def _reference_backward(p: Problem, ref: dict, q, k, v, P, es, total, g) -> None
 @contextlib.contextmanager
 def configured(spec: Spec):
     """The spec's block kernels, GEMM provider and engine limits for the calls inside, restored on leaving
-    (also the backward's own size rule, :data:`qkv.engine.BACKWARD_WHOLE_SCORES`, where ``backend=None`` is to
-    take the tiled engine on small inputs)."""
-    from . import engine, gemm, kernels
+    (where ``backend=None`` is to take the tiled engine on small inputs, the backward's size rule too:
+    ``backward_whole_scores`` 0)."""
+    from . import gemm, kernels
     from .backends import tiled
-    old = (kernels.KERNELS.choice, gemm.GEMM.choice, engine.BACKWARD_WHOLE_SCORES)
+    old = (kernels.KERNELS.choice, gemm.GEMM.choice)
     lim = dict(spec.limits)
+    if lim.get("auto_tiled_min_scores") == 0:
+        lim.setdefault("backward_whole_scores", 0)
     try:
         kernels.set_kernels(spec.kernels)
         gemm.set_gemm(spec.gemm)
-        if lim.get("auto_tiled_min_scores") == 0:
-            engine.BACKWARD_WHOLE_SCORES = 0
         with tiled.limits(**lim):
             yield
     finally:
-        engine.BACKWARD_WHOLE_SCORES = old[2]
         kernels.set_kernels(old[0])
         gemm.set_gemm(old[1])
 

@@ -16,18 +16,16 @@ import numpy as np
 
 from . import _checks, backends, gemm, shapes, stages
 from .sdpa import _validate
-from .backends.tiled import get_num_threads, set_num_threads
+from .backends.tiled import get_num_threads, set_num_threads, thresholds as _thresholds
 from .cache import KVCache
 
 __all__ = ["KVCache", "attention_weights", "get_num_threads", "scaled_dot_product_attention_backward",
            "set_num_threads"]
 
-#: The backward of problems up to this many scores (batch × heads × L × S) runs on whole arrays (the
-#: reference backend), larger ones tiled. Measured here (2-core AMD EPYC, float32, causal, best of 5):
-#: (1, 4, 64, 64) 0.7 ms whole vs 3.4 tiled; (1, 16, 128, 64) 6.2 vs 16.8; (1, 4, 256, 64) 5.4 vs 9.1;
-#: (1, 8, 192, 64) 15.6 vs 16.8; (1, 8, 256, 64) 22 vs 17; (1, 2, 512, 64) 20 vs 13 — the tiled engine's
-#: per-block steps cost more than they save below about 2^18 scores.
-BACKWARD_WHOLE_SCORES = 1 << 18
+#: The default of :attr:`qkv.backends.tiled.Limits.backward_whole_scores` (2^18), kept as the name
+#: docs/engine.md used to give it: a thin alias, read by nothing — the backward's size rule reads the limits in
+#: force (move it with ``qkv.config(limits=...)`` or ``qkv.backends.tiled.limits(backward_whole_scores=...)``).
+BACKWARD_WHOLE_SCORES = _thresholds.BACKWARD_WHOLE_SCORES
 
 
 def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask=None, is_causal=False,
@@ -38,8 +36,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask
     computed by the tiled engine: the forward runs once more to get the output and the log-sum-exp of each
     row, then each key block recomputes its probabilities ``P = exp(S − lse)`` instead of storing the
     (…, L, S) matrix (FlashAttention-2). Memory stays linear in L and S. Small problems (up to
-    :data:`BACKWARD_WHOLE_SCORES` scores) run on whole arrays instead (the reference backend), where the
-    tiled engine's per-block steps cost more than they save.
+    ``backward_whole_scores`` scores, :class:`qkv.backends.tiled.Limits`) run on whole arrays instead (the
+    reference backend), where the tiled engine's per-block steps cost more than they save
+    (:func:`qkv.backends.select` chooses).
 
     Args:
         grad_out: (..., Hq, L, Ev), the gradient of the loss with respect to the attention output.
@@ -70,11 +69,9 @@ def scaled_dot_product_attention_backward(grad_out, query, key, value, attn_mask
     dt = query.dtype
     if _checks.range_check(query, key, value, scale, grad_out=grad_out):     # float32 would overflow
         grad_out, query, key, value = (a.astype(np.float64) for a in (grad_out, query, key, value))
-    lead = shapes.lead(query.shape, key.shape, enable_gqa)
-    scores = int(np.prod(lead, dtype=np.int64)) * query.shape[-2] * key.shape[-2]
-    name = "reference" if scores <= BACKWARD_WHOLE_SCORES else "tiled"
-    grads = backends.get(name).backward(grad_out, query, key, value, attn_mask=attn_mask,
-                                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    b, _ = backends.select(backends.Request(backward=True), backends.Problem(query, key, value, enable_gqa))
+    grads = b.backward(grad_out, query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                       enable_gqa=enable_gqa)
     if query.dtype == dt:
         return grads
     top = float(np.finfo(dt).max)

@@ -98,8 +98,9 @@ def flex_attention_backward(grad_out, query, key, value, score_mod=None, block_m
             the query's dtype.
         query, key, value, score_mod, block_mask, scale, enable_gqa, sink_logits, threads: as
             :func:`flex_attention`.
-        backend: None/"auto" (the tiled backward when it supports the request, the reference otherwise),
-            "reference" or "tiled".
+        backend: None/"auto" (:func:`qkv.backends.select`: the tiled backward when it supports the request and
+            the problem has more than ``backward_whole_scores`` scores, :class:`qkv.backends.tiled.Limits`; the
+            reference otherwise), "reference" or "tiled".
 
     Returns:
         ``(grad_query, grad_key, grad_value)`` with the shapes and dtype of query, key, value (grouped-query
@@ -122,14 +123,8 @@ def flex_attention_backward(grad_out, query, key, value, score_mod=None, block_m
     if _checks.range_check(p.q, p.k, p.v, p.scale, grad_out=grad_out):      # float32 would overflow
         grad_out, p.q, p.k, p.v = (a.astype(np.float64) for a in (grad_out, p.q, p.k, p.v))
     request = dict(score_mod=p.score_mod, block_mask=p.block_mask, sink_logits=p.sink_logits)
-    if backend is None or backend == "auto":
-        tiled = backends.get("tiled")
-        b = tiled if tiled.supports(backward=True, **request) is None else backends.get("reference")
-    else:
-        b = backends.get(backend)
-        reason = b.supports(backward=True, **request)
-        if reason is not None:
-            raise ValueError(f"backend: {reason}; use backend='reference' or None (auto)")
+    b, _ = backends.select(backends.Request(backend, backward=True, **request),
+                           backends.Problem(p.q, p.k, p.v, p.enable_gqa))
     res = b.backward(grad_out.reshape(p.out4_shape), p.q, p.k, p.v, attn_mask=None, is_causal=False,
                      scale=p.scale, enable_gqa=p.enable_gqa, threads=threads, **request)
     grads = [res[0].reshape(p.query_shape), res[1].reshape(p.key_shape), res[2].reshape(p.value_shape)]

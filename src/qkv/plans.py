@@ -1,8 +1,7 @@
 """``qkv.plan``: what a call of :func:`qkv.flex_attention` / :func:`qkv.scaled_dot_product_attention` (or their
 backward) would do, without computing attention.
 
-The backend is chosen as the call would choose it (:func:`qkv.sdpa._choose_backend`; the backward's rule as
-:func:`qkv.flex_attention_backward`'s), and for the tiled engine the plan comes from the code the call runs
+The backend and its reason come from :func:`qkv.backends.select`, the function the call asks, and for the tiled engine the plan comes from the code the call runs
 (:mod:`qkv.backends.tiled.schedule`): block sizes, split-K, workers, and per task the strategy, the reason it was
 chosen and the pieces. ``print(plan)`` shows it as a table; :func:`qkv.backends.tiled.proof.check` proves it
 against the mask.
@@ -12,7 +11,6 @@ from __future__ import annotations
 from . import backends, flex, sdpa, shapes
 from .backends.tiled import proof as _proof, schedule as _schedule
 from .backends.tiled.schedule import Piece, Plan, TaskPlan
-from .backends.tiled.thresholds import current_limits
 
 __all__ = ["plan", "check_plan", "Plan", "TaskPlan", "Piece"]
 
@@ -47,9 +45,9 @@ def plan(query, key, value, *, score_mod=None, block_mask=None, attn_mask=None, 
               **request)
     if backward:
         flex._check_backward_mod(p)
-        name, reason = _backward_backend(backend, request)
-    else:
-        name, reason = _forward_backend(backend, q, k, v, dict(kw, dropout_p=0.0, return_weights=False))
+    b, reason = backends.select(backends.Request(backend, backward=bool(backward), **request),
+                                backends.Problem(q, k, v, p.enable_gqa))
+    name = backends.name_of(b)
     if name != "tiled":
         lead = shapes.lead(q.shape, k.shape, p.enable_gqa)
         return Plan("backward" if backward else "forward", name, reason, lead, q.shape[-2], k.shape[-2],
@@ -64,35 +62,3 @@ def check_plan(p: Plan) -> None:
     exactly once, nothing else, every row's state written before it is added to. Raises ``PlanError``."""
     if p.tasks:
         _proof.check(p)
-
-
-def _forward_backend(backend, q, k, v, request: dict) -> tuple:
-    """The forward's backend, as the call chooses it, and why."""
-    threads = request.pop("threads")
-    name = sdpa._choose_backend(backend, q, k, v, traced=False,
-                                request={x: y for x, y in request.items() if x not in ("scale",)})
-    request["threads"] = threads
-    if backend is not None and backend != "auto":
-        return name, f"named: backend={backend!r}"
-    lim = current_limits()
-    n = shapes.n_scores(q.shape, k.shape, request["enable_gqa"])
-    rule = (f"{n:,} scores (tiled from {lim.auto_tiled_min_scores:,}), {q.shape[-2] * k.shape[-2]:,} a head "
-            f"(from {lim.auto_tiled_min_head_scores:,}), {k.shape[-2]:,} keys (from {lim.auto_min_keys:,})")
-    if name == "tiled":
-        return name, f"auto: large enough for the tiled engine — {rule}"
-    why = backends.get("tiled").supports(**{x: request[x] for x in ("score_mod", "block_mask", "sink_logits")})
-    return name, f"auto: {why}" if why else f"auto: below the tiled engine's size rule — {rule}"
-
-
-def _backward_backend(backend, request: dict) -> tuple:
-    """The backward's backend, as :func:`qkv.flex_attention_backward` chooses it, and why."""
-    if backend is not None and backend != "auto":
-        b = backends.get(backend)
-        why = b.supports(backward=True, **request)
-        if why is not None:
-            raise ValueError(f"backend: {why}; use backend='reference' or None (auto)")
-        return backend, f"named: backend={backend!r}"
-    why = backends.get("tiled").supports(backward=True, **request)
-    if why is None:
-        return "tiled", "auto: the backward runs on the tiled engine whenever it supports the request"
-    return "reference", f"auto: {why}"

@@ -135,13 +135,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if threads is not None:
         threads = _checks.positive_int(threads, "threads")
     if _is_torch_tensor(query):
-        if backend not in (None, "auto", "torch"):
-            backends.get(backend)                        # an unknown name is reported as such
-            raise ValueError(f"backend: torch tensors run on the 'torch' backend, got {backend!r}; pass "
-                             "NumPy arrays (tensor.numpy()) for the other backends")
+        b, _ = backends.select(backends.Request(backend, torch_tensors=True))
         attn_mask, scale = _validate_torch(query, key, value, attn_mask, dropout_p, is_causal, scale,
                                            enable_gqa, return_weights, rng)
-        res = backends.forward(backends.get("torch"), query, key, value, attn_mask=attn_mask,
+        res = backends.forward(b, query, key, value, attn_mask=attn_mask,
                                dropout_p=float(dropout_p), is_causal=is_causal, scale=scale,
                                enable_gqa=enable_gqa, rng=rng, return_weights=return_weights,
                                return_lse=return_lse)
@@ -176,21 +173,21 @@ def attention_with_extents(query, key, value, extents: dict, attn_mask=None, is_
 
 
 def dispatch(query, key, value, *, backend=None, trace: Trace | None = None, threads=None, **kw):
-    """Run validated arrays on the chosen backend (recording into ``trace``): ``(out, weights, lse)``.
+    """Run validated arrays on the backend :func:`qkv.backends.select` chooses (recording into ``trace``, which
+    keeps the choice and its reason: ``trace.backends``): ``(out, weights, lse)``.
 
-    The one place that picks a backend, for :func:`scaled_dot_product_attention` and
-    :func:`qkv.flex_attention`; ``kw`` are the backend's forward arguments (see :mod:`qkv.backends.base`).
+    For :func:`scaled_dot_product_attention` and :func:`qkv.flex_attention`; ``kw`` are the backend's forward
+    arguments (see :mod:`qkv.backends.base`).
     """
     with maybe(trace) as active:
-        name = _choose_backend(backend, query, key, value, traced=active is not None, request=kw)
-        b = backends.get(name)
-        if active is not None and len(active) == 0:      # called directly: its inputs are Q, K, V
-            stages.observe_input("Q", query)
-            stages.observe_input("K", key)
-            stages.observe_input("V", value)
-        reason = b.supports(**kw) if isinstance(b, backends.Backend) else None
-        if reason is not None:
-            raise ValueError(f"backend: {reason}; use backend='reference' or 'tiled'")
+        b, reason = backends.select(backends.Request.of(backend, traced=active is not None, **kw),
+                                    backends.Problem(query, key, value, kw.get("enable_gqa")))
+        if active is not None:
+            if len(active) == 0:                         # called directly: its inputs are Q, K, V
+                stages.observe_input("Q", query)
+                stages.observe_input("K", key)
+                stages.observe_input("V", value)
+            active.chose(backends.name_of(b), reason)
         return backends.forward(b, query, key, value, threads=threads, **kw)
 
 
@@ -230,21 +227,6 @@ def _validate_torch(query, key, value, attn_mask, dropout_p, is_causal, scale, e
     if rng is not None and not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng: expected a numpy.random.Generator or None, got {type(rng).__name__}")
     return attn_mask, scale
-
-
-def _choose_backend(backend, query, key, value, *, traced: bool, request: dict | None = None) -> str:
-    """Reference when traced; the named one when given; otherwise :func:`qkv.backends.choose_auto`."""
-    if backend is not None and backend != "auto":
-        backends.get(backend)  # validates the name
-        if traced and backend != "reference":
-            raise ValueError(f"backend: only 'reference' records a trace, got backend={backend!r} with a "
-                             "trace; drop one of them")
-        return backend
-    if traced:
-        return "reference"
-    request = dict(request or {})
-    enable_gqa = request.pop("enable_gqa", None)
-    return backends.choose_auto(query, key, value, enable_gqa=enable_gqa, **request)
 
 
 #: ``backend="auto"``'s size rule lives with the tiled engine (it is the engine's to say when it pays).

@@ -45,7 +45,6 @@ from . import _checks, backends, mods, shapes
 from . import flex as _flex, sdpa as _sdpa
 from ._extras import need
 from .blockmask import BlockMask
-from .engine import BACKWARD_WHOLE_SCORES
 
 torch = need("torch", "qkv.torch")                   # an ImportError naming the extra when torch is missing
 from . import _torch_mods  # noqa: E402  (imports torch)
@@ -168,10 +167,11 @@ class _Flex(torch.autograd.Function):
         Ev = v.shape[-1]
         if grad_lse is not None:
             do, v, out = _with_lse_column(do, v, out, _numpy(grad_lse).reshape(lse.shape).astype(cdt))
-        res = backends.get("tiled").backward(do, q, k, v, attn_mask=None, is_causal=call.is_causal, scale=p.scale,
-                                             enable_gqa=p.enable_gqa, score_mod=mod,
-                                             block_mask=None if call.is_causal else p.block_mask,
-                                             sink_logits=p.sink_logits, out=out, lse=lse)
+        # named: the tiled backward takes the forward's out and lse (and a torch mod's vjp collects its tensors)
+        b, _ = backends.select(backends.Request("tiled", backward=True, score_mod=mod, sink_logits=p.sink_logits))
+        res = b.backward(do, q, k, v, attn_mask=None, is_causal=call.is_causal, scale=p.scale,
+                         enable_gqa=p.enable_gqa, score_mod=mod, block_mask=None if call.is_causal else p.block_mask,
+                         sink_logits=p.sink_logits, out=out, lse=lse)
         dq = res[0].reshape(p.query_shape)
         dk = res[1].reshape(p.key_shape)
         dv = res[2][..., :Ev].reshape(p.value_shape)
@@ -290,20 +290,18 @@ def _mask_numpy(mask: torch.Tensor) -> np.ndarray:
 
 
 def _sdpa_backward(call, do, q, k, v, mask, out, lse) -> tuple:
-    """``(dq, dk, dv)`` by qkv's backward, from the forward's output and lse (not recomputed); whole arrays up
-    to :data:`qkv.engine.BACKWARD_WHOLE_SCORES` scores, tiled beyond."""
+    """``(dq, dk, dv)`` by qkv's backward, from the forward's output and lse (not recomputed); the backend as
+    :func:`qkv.backends.select` chooses it (whole arrays up to ``backward_whole_scores`` scores, tiled beyond)."""
     q, k, v, mask, _, scale, _ = _sdpa._validate(q, k, v, mask, 0.0, call.is_causal, call.scale, call.enable_gqa,
                                                  False, None, check_range=False)
     dt = q.dtype
     if lse.dtype != q.dtype:                                  # the forward widened to float64: so does this
         q, k, v = (a.astype(lse.dtype) for a in (q, k, v))
     do = do.astype(q.dtype, copy=False)
-    lead = shapes.lead(q.shape, k.shape, call.enable_gqa)
-    scores = int(np.prod(lead, dtype=np.int64)) * q.shape[-2] * k.shape[-2]
-    name = "reference" if scores <= BACKWARD_WHOLE_SCORES else "tiled"
-    saved = {} if name == "reference" else dict(out=out.astype(q.dtype, copy=False), lse=lse)
-    grads = backends.get(name).backward(do, q, k, v, attn_mask=mask, is_causal=call.is_causal, scale=scale,
-                                        enable_gqa=call.enable_gqa, **saved)
+    b, _ = backends.select(backends.Request(backward=True), backends.Problem(q, k, v, call.enable_gqa))
+    saved = {} if backends.name_of(b) == "reference" else dict(out=out.astype(q.dtype, copy=False), lse=lse)
+    grads = b.backward(do, q, k, v, attn_mask=mask, is_causal=call.is_causal, scale=scale,
+                       enable_gqa=call.enable_gqa, **saved)
     return tuple(g.astype(dt, copy=False) for g in grads)
 
 

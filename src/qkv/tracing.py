@@ -74,11 +74,19 @@ class Trace:
     ``substitute(name, array) -> array``, when given, is called with every step's result; what it returns
     is what the computation continues with (the checker puts a worked example's claimed numbers in place this
     way, to see what follows from them). The step keeps the value the stage computed.
+
+    ``backends`` lists, per attention call recorded, ``(backend, reason)`` as :func:`qkv.backends.select` chose
+    it (a traced call runs on the reference, the one backend that records the stages).
     """
 
     def __init__(self, substitute=None) -> None:
         self.steps: list[Step] = []
         self.substitute = substitute
+        self.backends: list[tuple[str, str]] = []
+
+    def chose(self, backend: str, reason: str) -> None:
+        """Keep the backend an attention call recorded here ran on, and why."""
+        self.backends.append((backend, reason))
 
     def record(self, step: Step) -> None:
         self.steps.append(step)

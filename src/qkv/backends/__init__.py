@@ -6,17 +6,17 @@ observable), ``"tiled"`` (the memory-efficient engine) and ``"torch"`` (torch's 
 ``fn(query, key, value, *, attn_mask, dropout_p, is_causal, scale, enable_gqa, rng, return_weights,
 return_lse=False, threads=None) -> (output, weights or None[, lse])``).
 
-``backend="auto"`` asks the backends in :data:`AUTO_ORDER` whether they support the request and prefer
-its shapes (:func:`choose_auto`); the reference takes what no other does.
+``backend="auto"`` asks the backends in registration order whether they support the request and prefer
+its shapes; the reference takes what no other does. :func:`select` is the one place a backend is chosen,
+forward and backward, with the reason (:mod:`qkv.backends.select`).
 """
 from __future__ import annotations
 
 from .base import Backend, FunctionBackend
+from .select import Problem, Request, select
 
+#: The registry, name → backend, in registration order (the order ``backend="auto"`` asks them in).
 BACKENDS: dict[str, Backend] = {}
-
-#: The order in which ``backend="auto"`` asks the backends (the reference last: it takes everything).
-AUTO_ORDER = ("tiled", "reference")
 
 
 def register(name: str, backend=None):
@@ -63,28 +63,24 @@ def forward(backend, query, key, value, **kw):
 
 
 def choose_auto(query, key, value, *, enable_gqa: bool | None = None, **request) -> str:
-    """The backend ``backend="auto"`` runs: the first of :data:`AUTO_ORDER` that supports the request
-    (``score_mod=``, ``block_mask=``, ``sink_logits=``, ``return_weights=``, ``dropout_p=`` …, see
-    :meth:`Backend.supports`) and prefers these shapes (the tiled engine: large scores, see
-    :mod:`qkv.backends.tiled`).
+    """The name of the backend ``backend="auto"`` runs (:func:`select`): the first registered backend that
+    supports the request (``score_mod=``, ``block_mask=``, ``sink_logits=``, ``return_weights=``,
+    ``dropout_p=``, ``backward=`` …, see :meth:`Backend.supports`) and prefers these shapes (the tiled engine:
+    large scores, see :class:`qkv.backends.tiled.Limits`), else the reference.
 
     Args: validated query (..., Hq, L, E), key (..., Hk, S, E), value (..., Hk, S, Ev); ``enable_gqa``
     None means: grouped-query when the head counts differ.
     """
-    _load_builtin()
-    if enable_gqa is None:
-        enable_gqa = query.ndim >= 3 and key.ndim >= 3 and query.shape[-3] != key.shape[-3]
-    for name in AUTO_ORDER:
-        b = BACKENDS.get(name)
-        if b is None:
-            continue
-        if not isinstance(b, Backend):                   # a stand-in function: ask the built-in of that name
-            b = _BUILTIN.get(name)
-            if b is None:
-                continue
-        if b.supports(**request) is None and b.prefers(query, key, value, enable_gqa=enable_gqa):
-            return name
-    return "reference"
+    b, _ = select(Request.of(None, **request), Problem(query, key, value, enable_gqa))
+    return name_of(b)
+
+
+def name_of(backend) -> str:
+    """The registry's name of ``backend`` (an entry :func:`select` returned)."""
+    name = getattr(backend, "name", None)
+    if isinstance(name, str) and BACKENDS.get(name) is backend:
+        return name
+    return next((n for n, b in BACKENDS.items() if b is backend), str(name))
 
 
 _BUILTIN: dict[str, Backend] = {}

@@ -18,8 +18,9 @@ that may attend to nothing. ``scale`` is a float, ``attn_mask`` None or a bool (
 :class:`qkv.mods.ScoreMod` (or a callable ``(score, b, h, q_idx, kv_idx) -> score``) applied to the scaled
 scores, ``block_mask`` a :class:`qkv.flex.BlockMask`, ``sink_logits`` (Hq,) learned sink logits.
 
-:meth:`Backend.supports` says whether a backend can run a request (``None``) or why not (a sentence);
-:func:`qkv.backends.choose_auto` asks each backend in turn.
+:meth:`Backend.supports` says whether a backend can run a request (``None``) or why not (a sentence), and
+:meth:`Backend.preference` whether ``backend="auto"`` should take it for these shapes;
+:func:`qkv.backends.select` asks each backend in turn.
 """
 from __future__ import annotations
 
@@ -45,8 +46,18 @@ class Backend:
         return None
 
     def prefers(self, query, key, value, *, enable_gqa: bool = False) -> bool:
-        """Whether ``backend="auto"`` should pick this backend for these (validated) shapes."""
+        """Whether ``backend="auto"`` should pick this backend's forward for these (validated) shapes."""
         return False
+
+    def prefers_backward(self, query, key, value, *, enable_gqa: bool = False) -> bool:
+        """Whether ``backend="auto"`` should pick this backend's backward for these (validated) shapes."""
+        return False
+
+    def preference(self, query, key, value, *, enable_gqa: bool = False, backward: bool = False) -> tuple:
+        """``(prefers, rule)``: :meth:`prefers` (or :meth:`prefers_backward`) and the rule behind it as a
+        sentence for :func:`qkv.backends.select`'s reason (None: no rule to tell)."""
+        ask = self.prefers_backward if backward else self.prefers
+        return bool(ask(query, key, value, enable_gqa=enable_gqa)), None
 
     def forward(self, query, key, value, **kw):
         raise NotImplementedError(f"the {self.name!r} backend has no forward")

@@ -36,7 +36,8 @@ from __future__ import annotations
 from ..runtime import RUNTIME, default_num_threads, get_num_threads, set_num_threads
 from . import backend, backward_pass, forward_pass, plan, scoring, split, thresholds  # noqa: F401  (submodules)
 from .backend import TILED, TiledBackend, backward, forward, tiled_attention
-from .thresholds import (AUTO_MIN_KEYS, AUTO_TILED_MIN_HEAD_SCORES, AUTO_TILED_MIN_SCORES, BAND_GROUP_SCORES,
+from .thresholds import (AUTO_MIN_KEYS, AUTO_TILED_MIN_HEAD_SCORES, AUTO_TILED_MIN_SCORES, BACKWARD_WHOLE_SCORES,
+                         BAND_GROUP_SCORES,
                          BAND_KEYS_PLAIN, BAND_ROWS_PLAIN, BLOCK_K, BLOCK_K_BACKWARD, BLOCK_K_PLAIN, BLOCK_Q,
                          BLOCK_Q_BACKWARD, BLOCK_Q_PLAIN, BLOCK_Q_TILES, DIAGONAL_MIN, DIAGONAL_MIN_PLAIN,
                          GRID_CALL_COST, GRID_CALL_COST_BACKWARD, GRID_CELL, GRID_CELL_BACKWARD, GROUP_GQA,
@@ -45,7 +46,8 @@ from .thresholds import (AUTO_MIN_KEYS, AUTO_TILED_MIN_HEAD_SCORES, AUTO_TILED_M
 
 __all__ = ["forward", "backward", "TiledBackend", "TILED", "tiled_attention", "Limits", "limits", "current_limits",
            "RUNTIME", "default_num_threads", "get_num_threads", "set_num_threads",
-           "AUTO_MIN_KEYS", "AUTO_TILED_MIN_HEAD_SCORES", "AUTO_TILED_MIN_SCORES", "BAND_GROUP_SCORES",
+           "AUTO_MIN_KEYS", "AUTO_TILED_MIN_HEAD_SCORES", "AUTO_TILED_MIN_SCORES", "BACKWARD_WHOLE_SCORES",
+           "BAND_GROUP_SCORES",
            "BAND_KEYS_PLAIN", "BAND_ROWS_PLAIN", "BLOCK_K", "BLOCK_K_BACKWARD", "BLOCK_K_PLAIN", "BLOCK_Q",
            "BLOCK_Q_BACKWARD", "BLOCK_Q_PLAIN", "BLOCK_Q_TILES", "DIAGONAL_MIN", "DIAGONAL_MIN_PLAIN",
            "GRID_CALL_COST", "GRID_CALL_COST_BACKWARD", "GRID_CELL", "GRID_CELL_BACKWARD", "GROUP_GQA", "LAZY_BOUND",

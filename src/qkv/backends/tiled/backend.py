@@ -71,10 +71,29 @@ class TiledBackend(Backend):
                           "backward", "threads"})
 
     def prefers(self, query, key, value, *, enable_gqa=False) -> bool:
-        per_head = query.shape[-2] * key.shape[-2]
+        return self.preference(query, key, value, enable_gqa=enable_gqa)[0]
+
+    def prefers_backward(self, query, key, value, *, enable_gqa=False) -> bool:
+        return self.preference(query, key, value, enable_gqa=enable_gqa, backward=True)[0]
+
+    def preference(self, query, key, value, *, enable_gqa=False, backward=False) -> tuple:
+        """The size rule of ``backend="auto"``, from the limits in force (:class:`Limits`): forward, at least
+        ``auto_tiled_min_scores`` scores, ``auto_tiled_min_head_scores`` a head and ``auto_min_keys`` keys;
+        backward, more than ``backward_whole_scores`` scores. ``(prefers, the rule as a sentence)``."""
         lim = current_limits()
-        return (shapes.n_scores(query.shape, key.shape, enable_gqa) >= lim.auto_tiled_min_scores
-                and per_head >= lim.auto_tiled_min_head_scores and key.shape[-2] >= lim.auto_min_keys)
+        n = shapes.n_scores(query.shape, key.shape, enable_gqa)
+        L, S = query.shape[-2], key.shape[-2]
+        if backward:
+            yes = n > lim.backward_whole_scores
+            rule = f"{n:,} scores (tiled above {lim.backward_whole_scores:,}: backward_whole_scores)"
+        else:
+            yes = (n >= lim.auto_tiled_min_scores and L * S >= lim.auto_tiled_min_head_scores
+                   and S >= lim.auto_min_keys)
+            rule = (f"{n:,} scores (tiled from {lim.auto_tiled_min_scores:,}), {L * S:,} a head (from "
+                    f"{lim.auto_tiled_min_head_scores:,}), {S:,} keys (from {lim.auto_min_keys:,})")
+        if yes:
+            return True, f"large enough for the tiled engine — {rule}"
+        return False, f"below the tiled engine's size rule — {rule}"
 
     def forward(self, query, key, value, **kw):
         return forward(query, key, value, **kw)

@@ -123,6 +123,12 @@ AUTO_TILED_MIN_SCORES = 1 << 19
 AUTO_TILED_MIN_HEAD_SCORES = 1 << 17
 #: …and at least this many keys (a key block narrower than this makes thin, inefficient matmuls).
 AUTO_MIN_KEYS = 128
+#: The backward of problems up to this many scores (batch × heads × L × S) runs on whole arrays (the
+#: reference backend) under ``backend="auto"``, larger ones tiled. Measured (2-core AMD EPYC, float32, causal,
+#: best of 5): (1, 4, 64, 64) 0.7 ms whole vs 3.4 tiled; (1, 16, 128, 64) 6.2 vs 16.8; (1, 4, 256, 64) 5.4 vs
+#: 9.1; (1, 8, 192, 64) 15.6 vs 16.8; (1, 8, 256, 64) 22 vs 17; (1, 2, 512, 64) 20 vs 13 — the tiled engine's
+#: per-block steps cost more than they save below about 2^18 scores.
+BACKWARD_WHOLE_SCORES = 1 << 18
 
 
 #: A block-mask problem's tasks in the compiled loop, full cells plain and partial cells by their 0/1 tiles
@@ -178,6 +184,7 @@ class Limits:
     auto_tiled_min_scores: int = AUTO_TILED_MIN_SCORES
     auto_tiled_min_head_scores: int = AUTO_TILED_MIN_HEAD_SCORES
     auto_min_keys: int = AUTO_MIN_KEYS
+    backward_whole_scores: int = BACKWARD_WHOLE_SCORES
 
 
 _LIMITS: contextvars.ContextVar[Limits] = contextvars.ContextVar("qkv_tiled_limits", default=Limits())
