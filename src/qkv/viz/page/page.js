@@ -1631,7 +1631,7 @@
   setText("#playground > h2", msg("page.playground"));
   setText("#arith", msg("page.hover"));
   [["playground", "page.section_playground"], ["example", "page.section_example"],
-   ["generation", "page.section_generation"], ["model", "page.section_model"], ["compare", "page.section_compare"]].forEach(function (s) {
+   ["generation", "page.section_generation"], ["model", "page.section_model"], ["compare", "page.section_compare"], ["long", "page.section_long"]].forEach(function (s) {
     document.getElementById(s[0]).setAttribute("aria-label", msg(s[1]));
   });
   var generator = document.querySelector('meta[name="generator"]');
