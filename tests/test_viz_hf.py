@@ -287,6 +287,18 @@ def test_compare_data_carries_both_models_weights_and_the_ranked_table(folders):
     assert "<title>tiny-llama 对比 tiny-llama-tuned · the cat sat on the mat</title>" in page
 
 
+def test_a_comparison_over_the_pages_limit_is_refused_before_running_the_models(folders, monkeypatch):
+    from qkv.viz import page
+    a = qkv.hf.load(folders["llama"])
+    monkeypatch.setattr(page, "MAX_CELLS", 50)
+    monkeypatch.setattr(qkv.hf, "compare", lambda *x, **k: pytest.fail("the models ran"))
+    with pytest.raises(viz.PageTooLarge, match=r"^two models' attention over 6 tokens: 16 maps of 6 × 6 tokens are "
+                                               r"336 weights; the page holds at most 50"):
+        viz.compare_data(a, a, "the cat sat on the mat")
+    with pytest.raises(viz.PageTooLarge, match=r"4 maps of 6 × 6 tokens are 84 weights"):     # layer 1, 2 heads
+        viz.compare_data(a, a, "the cat sat on the mat", layers=[1], heads=[0, 2])
+
+
 def test_an_encoders_comparison_keeps_every_key(folders):
     """BERT: bidirectional maps (nothing above the diagonal is dropped), every row real, identical models 0."""
     bert = qkv.hf.load(folders["bert"])

@@ -107,12 +107,13 @@ def compare_data(a, b, text: str, *, layers=None, heads=None) -> dict:
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text: expected a non-empty sentence, got {text!r}")
     ids, _ = a._ids([text])                                                     # (1, T), the context's limit
-    result = compare(a, b, text, layers=layers, heads=heads)
     T, causal = ids.shape[1], bool(a.config.decoder)
-    pairs = [[int(layer), int(h)] for layer, hs in result.heads_of.items() for h in hs]
-    n = len(pairs)
     what = f"two models' attention over {T:,} tokens"
-    _check_cells(2 * n, T, T, causal, what)
+    chosen = [len(x) if x is not None and not isinstance(x, (int, np.integer)) else (1 if x is not None else n)
+              for x, n in ((layers, a.config.num_layers), (heads, a.config.num_heads))]
+    _check_cells(2 * chosen[0] * chosen[1], T, T, causal, what)                # before both forward passes
+    result = compare(a, b, text, layers=layers, heads=heads)
+    pairs = [[int(layer), int(h)] for layer, hs in result.heads_of.items() for h in hs]
     maps = MapSet(thumbs=False, budget=MAX_PAGE_BYTES - 1_000_000, what=what)
     for side in (result.weights_a, result.weights_b):
         for layer, w in side.items():
