@@ -242,6 +242,9 @@ def test_compare_is_the_js_divergence_of_eagers_weights_and_ranks_the_perturbed_
 def test_identical_checkpoints_are_zero_and_choices_are_kept(folders):
     m = qkv.hf.load(folders["llama"])
     t = qkv.hf.compare(m, eager(folders["llama"]), "the cat sat on the mat", layers=[1], heads=[0, 2])
+    enc = m.hf_tokenizer(["the cat sat on the mat"], return_tensors="pt", return_token_type_ids=False)
+    assert not isinstance(enc, dict)                                     # a BatchEncoding: taken as it is
+    assert qkv.hf.compare(m.model, m.model, enc, layers=[1], heads=[0, 2]).rows == t.rows
     assert [(r.layer, r.head) for r in t.rows] == [(1, 0), (1, 2)]
     assert all(r.js_mean == 0.0 and r.js_max == 0.0 for r in t.rows)
     np.testing.assert_array_equal(t.weights_a[1], t.weights_b[1])

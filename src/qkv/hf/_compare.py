@@ -16,6 +16,7 @@ table is ranked by ``js_mean`` (then ``js_max``), the heads whose rows moved mos
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,9 +28,10 @@ SHAPE_FIELDS = ("model_type", "num_hidden_layers", "num_attention_heads", "num_k
 
 @dataclass(frozen=True)
 class HeadShift:
-    """One row of the table: layer and head (0-based), the mean and the largest JS divergence (bits) of its
-    query rows between the two models."""
-    layer: int
+    """One row of the table: layer and head (0-based; the layer is the attention module's name where an
+    encoder–decoder repeats the indices, as in :func:`qkv.hf.record`), the mean and the largest JS divergence
+    (bits) of its query rows between the two models."""
+    layer: int | str
     head: int
     js_mean: float
     js_max: float
@@ -113,10 +115,10 @@ def _inputs(a_wrapper, inputs):
             raise ValueError(f"inputs: expected a non-empty text, got {inputs!r}")
         ids, mask = a_wrapper._ids([inputs])                    # (1, L) each, cut to the context (a warning)
         return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask.astype(np.int64))}
-    if not isinstance(inputs, dict) or not all(isinstance(v, torch.Tensor) for v in inputs.values()):
+    if not isinstance(inputs, Mapping) or not all(isinstance(v, torch.Tensor) for v in inputs.values()):
         raise TypeError(f"inputs: expected a dict of tensors (as for model(**inputs)) or a str, got "
                         f"{type(inputs).__name__}")
-    return inputs
+    return dict(inputs)                                          # a tokenizer's BatchEncoding is a Mapping
 
 
 def _weights(model, inputs, layers, heads):

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .page import (MAP_DIGITS, MAX_PAGE_BYTES, MapSet, PageTooLarge, _check_cells, _layers_data,  # noqa: F401
-                   _model_name)
+from .page import MAP_DIGITS, MAX_PAGE_BYTES, MapSet, _check_cells, _layers_data, _model_name
 
 
 def chat_prompt(model, prompt: str) -> str:
