@@ -15,17 +15,20 @@
 function, :func:`qkv.hf._mask.mask_function`: the model's mask as qkv's block structure — causal, sliding windows,
 padding — never a dense (B, 1, L, S) tensor). Forward and backward: with gradients the layers run on
 ``qkv.torch`` (autograd through qkv's own backward), without on qkv's NumPy functions. :func:`record` keeps what
-chosen layers, heads and query rows computed. :func:`load` reads a local model folder for ``qkv model --hf`` and
+chosen layers, heads and query rows computed; :func:`compare` ranks the heads of two checkpoints by how far their
+rows moved. :func:`load` reads a local model folder for ``qkv model --hf`` and
 ``qkv view --hf``. Needs torch and transformers (the ``dev`` extra installs both); ``import qkv`` does not import
 them. Mask convention: True = may attend.
 """
 from __future__ import annotations
 
+from ._compare import Comparison, HeadShift, compare
 from ._record import Recording, record
 from ._register import NAME, register
 from ._summary import LayerSummary, Summaries
 
-__all__ = ["NAME", "LayerSummary", "Model", "Recording", "Summaries", "compare", "load", "record", "register"]
+__all__ = ["NAME", "Comparison", "HeadShift", "LayerSummary", "Model", "Recording", "Summaries", "compare", "load",
+           "record", "register"]
 
 
 def load(path, **kwargs):
@@ -34,13 +37,6 @@ def load(path, **kwargs):
     and ``qkv view`` read. See :func:`qkv.hf._model.load`."""
     from ._model import load as _load
     return _load(path, **kwargs)
-
-
-def compare(a, b, inputs, layers=None, heads=None):
-    """How far each head's attention moved between two checkpoints of one architecture: the heads ranked by the
-    Jensen–Shannon divergence (bits) of their rows on ``inputs``. See :func:`qkv.hf._compare.compare`."""
-    from ._compare import compare as _compare
-    return _compare(a, b, inputs, layers=layers, heads=heads)
 
 
 def __getattr__(name):
