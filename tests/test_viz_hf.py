@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 import qkv.hf  # noqa: E402
 from qkv import viz  # noqa: E402
+from qkv.viz import page_hf  # noqa: E402,F401  (viz.page_hf)
 from qkv.viz.page_maps import decode_maps, quantize  # noqa: E402
 from test_hf import WORDS, _configs, _tokenizer  # noqa: E402
 
@@ -173,6 +174,10 @@ def test_chat_uses_the_folders_template_in_qkvs_sandbox_not_transformers(folders
     d = viz.hf_generation_data(m, "the cat", max_new_tokens=2, chat=True)
     assert d["tokens"][:d["prompt_len"]] == ["the", "cat", "and", "it"] and d["chat"] is True
     assert d["model"]["text"] == "the cat and it"
+    m.hf_tokenizer.chat_template = "{{ bos_token }}|{% for m in messages %}{{ m['content'] }}{% endfor %}|{{ eos_token }}"
+    assert viz.page_hf.chat_prompt(m, "the cat") == "|the cat|"            # no BOS/EOS: undefined, not "None"
+    m.hf_tokenizer.bos_token = "the"
+    assert viz.page_hf.chat_prompt(m, "the cat") == "the|the cat|"
     m.hf_tokenizer.chat_template = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
     with pytest.raises(ValueError, match=r"^tiny-chat: tokenizer.chat_template: refused by the sandbox"):
         viz.hf_generation_data(m, "the cat", max_new_tokens=2, chat=True)

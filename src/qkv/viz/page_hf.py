@@ -34,8 +34,9 @@ def chat_prompt(model, prompt: str) -> str:
         raise ValueError(f"chat: {name} has no chat template (tokenizer_config.json's chat_template or "
                          f"chat_template.jinja)")
     template = _chat.compile_template(source, name)
+    special = {k: v for k, v in (("bos_token", tok.bos_token), ("eos_token", tok.eos_token)) if v is not None}
     return _chat.render(template, name, messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
-                        bos_token=tok.bos_token, eos_token=tok.eos_token)
+                        **special)                                  # (a token the tokenizer lacks stays undefined)
 
 
 def _shown(model, ids) -> list[str]:
