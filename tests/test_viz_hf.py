@@ -31,14 +31,30 @@ CHAT = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generati
 
 
 # ------------------------------------------------------------------------------------------ folders
+def byte_level_tokenizer():
+    """A byte-level BPE tokenizer trained here on a few words: what a Qwen2 folder holds. (transformers'
+    AutoTokenizer gives a Qwen2 folder its own Qwen2Tokenizer whatever tokenizer_config.json says — qwen2 is in
+    its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS — which reads a word-level vocabulary as no tokens at all.)"""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([" ".join(WORDS[2:])] * 50, vocab_size=300, min_frequency=1,
+                            special_tokens=["<|endoftext|>"], show_progress=False)
+    return PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>")
+
+
 def save_decoder(path, name: str = "llama", *, seed: int = 0, chat: str | None = None, layers: int = 2,
                  perturb_layer: int | None = None):
-    """A tiny random decoder of ``_configs()[name]`` (the word-level vocabulary) saved in ``path`` with its
-    tokenizer; ``perturb_layer``: that layer's q_proj moved (a "fine-tuned" checkpoint of the same model)."""
+    """A tiny random decoder of ``_configs()[name]`` saved in ``path`` with its tokenizer (the word-level one of
+    tests/test_hf.py; Qwen2: a byte-level BPE); ``perturb_layer``: that layer's q_proj moved (a "fine-tuned"
+    checkpoint of the same model)."""
     from transformers import AutoModelForCausalLM, GPT2Config
 
+    tok = byte_level_tokenizer() if name == "qwen2" else _tokenizer()
     c = GPT2Config(n_embd=64, n_head=4, n_positions=256) if name == "gpt2" else _configs()[name]
-    c.vocab_size, c.num_hidden_layers = len(WORDS), layers
+    c.vocab_size, c.num_hidden_layers = len(tok), layers
     if hasattr(c, "layer_types") and c.layer_types is not None:
         c.layer_types = c.layer_types[:layers]
     torch.manual_seed(seed)
@@ -49,7 +65,6 @@ def save_decoder(path, name: str = "llama", *, seed: int = 0, chat: str | None =
             w = m.model.layers[perturb_layer].self_attn.q_proj.weight
             w.add_(0.5 * torch.randn(w.shape, generator=g))
     m.save_pretrained(path)
-    tok = _tokenizer()
     if chat is not None:
         tok.chat_template = chat
     tok.save_pretrained(path)
@@ -77,16 +92,6 @@ def folders(tmp_path_factory):
     return out
 
 
-def load(path):
-    """``qkv.hf.load(path)`` with the word-level tokenizer: transformers' AutoTokenizer gives a Qwen2 folder its
-    own Qwen2Tokenizer whatever tokenizer_config.json says (qwen2 is in its MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS),
-    which reads the word-level vocabulary as no tokens at all."""
-    m = qkv.hf.load(path)
-    if m.config.model_type == "qwen2":
-        m.hf_tokenizer = _tokenizer()
-    return m
-
-
 def eager(path):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
@@ -104,7 +109,7 @@ def test_each_generated_tokens_row_is_the_row_its_step_computed_in_eager(folders
     1e-6. A sliding window's cache keeps only the window's keys: ours holds exact zeros before them."""
     from qkv.hf._hf_generation import generate, sequence_attentions
 
-    m = load(folders[name])
+    m = qkv.hf.load(folders[name])
     g = generate(m, "the cat sat on", max_new_tokens=6)
     ids = g.prompt_ids + g.ids
     P, G = len(g.prompt_ids), len(g.ids)

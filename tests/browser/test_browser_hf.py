@@ -13,11 +13,10 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import qkv.hf  # noqa: E402
-from qkv import viz  # noqa: E402
 from qkv.hf._hf_generation import generate, sequence_attentions  # noqa: E402
 from test_browser_page import Opened  # noqa: E402
 from test_browser_scale import hover_cell, shown  # noqa: E402
-from test_viz_hf import load, save_decoder  # noqa: E402
+from test_viz_hf import save_decoder  # noqa: E402
 
 pytestmark = [pytest.mark.browser, pytest.mark.torch]
 
@@ -82,7 +81,7 @@ def check_generation(o: Opened, tokens: list[str], P: int, layers: list[np.ndarr
                 assert hover_cell(o, "gen-map", row, j) == shown(layers[layer][head, q, j]), (s, row, j)
 
 
-@pytest.mark.parametrize("name, lang", [("llama", "en"), ("gemma2", "zh")])
+@pytest.mark.parametrize("name, lang", [("llama", "en"), ("gemma2", "zh"), ("qwen2", "en")])
 def test_the_generation_view_of_a_transformers_folder(browser, tmp_path, folders, name, lang):
     prompt = "the cat sat on"
     path = cli_page(tmp_path, "--hf", folders[name], "--generate", prompt, "-n", "5", "--lang", lang,
@@ -103,22 +102,6 @@ def test_the_generation_view_of_a_transformers_folder(browser, tmp_path, folders
         if lang == "zh":
             assert "本页还有" in o.page.get_by_test_id("more-summary").text_content()
         o.screenshot(f"hf-generation-{name}-{lang}")
-        o.check_clean()
-    finally:
-        o.context.close()
-
-
-def test_the_generation_view_of_qwen2_from_the_library(browser, tmp_path, folders):
-    m = load(folders["qwen2"])                                    # (the word-level tokenizer: see test_viz_hf.load)
-    d = viz.hf_generation_data(m, "the cat", max_new_tokens=4)
-    path = viz.write_page(tmp_path / "q.html", {"generation": d, "first": "generation"})
-    ids = [m.hf_tokenizer.convert_tokens_to_ids(t) for t in d["tokens"]]
-    layers = list(sequence_attentions(m, ids))
-    o = Opened(browser, path)
-    o.lang = "en"
-    try:
-        check_generation(o, d["tokens"], d["prompt_len"], layers, 4)
-        check_folded(o, "tiny-qwen2 · the cat", "generation", None)
         o.check_clean()
     finally:
         o.context.close()
