@@ -94,6 +94,13 @@ def hf_generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bo
             "steps": steps.to_json(), "source": "qkv.hf", "model": view}
 
 
+def _count(choice, n: int) -> int:
+    """How many of ``n`` layers or heads ``choice`` (None: all, an int, or a sequence) picks."""
+    if choice is None:
+        return n
+    return 1 if isinstance(choice, (int, np.integer)) else len(choice)
+
+
 def compare_data(a, b, text: str, *, layers=None, heads=None) -> dict:
     """The page's ``"compare"`` value: :func:`qkv.hf.compare` of two :class:`qkv.hf.Model` on ``text`` (one
     sequence, tokenized by ``a``'s tokenizer): every compared head's weights in both models (maps ``k`` and
@@ -109,9 +116,8 @@ def compare_data(a, b, text: str, *, layers=None, heads=None) -> dict:
     ids, _ = a._ids([text])                                                     # (1, T), the context's limit
     T, causal = ids.shape[1], bool(a.config.decoder)
     what = f"two models' attention over {T:,} tokens"
-    chosen = [len(x) if x is not None and not isinstance(x, (int, np.integer)) else (1 if x is not None else n)
-              for x, n in ((layers, a.config.num_layers), (heads, a.config.num_heads))]
-    _check_cells(2 * chosen[0] * chosen[1], T, T, causal, what)                # before both forward passes
+    maps_per_model = _count(layers, a.config.num_layers) * _count(heads, a.config.num_heads)
+    _check_cells(2 * maps_per_model, T, T, causal, what)                       # before both forward passes
     result = compare(a, b, text, layers=layers, heads=heads)
     pairs = [[int(layer), int(h)] for layer, hs in result.heads_of.items() for h in hs]
     maps = MapSet(thumbs=False, budget=MAX_PAGE_BYTES - 1_000_000, what=what)
