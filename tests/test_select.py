@@ -37,9 +37,11 @@ class Tiny(Backend):
 def tiny(monkeypatch):
     """Tiny registered with qkv.backends.register (after the built-ins), taken out again afterwards."""
     backends.names()                                      # the built-ins registered first
-    monkeypatch.setattr(backends, "BACKENDS", dict(backends.BACKENDS))
+    from qkv.backends import registry
+    monkeypatch.setattr(registry, "BACKENDS", dict(registry.BACKENDS))
+    monkeypatch.setattr(backends, "BACKENDS", registry.BACKENDS)
     backends.register("tiny", Tiny())
-    return backends.BACKENDS["tiny"]
+    return registry.BACKENDS["tiny"]
 
 
 def test_a_registered_backend_takes_part_in_auto_forward_backward_and_plan(tiny):

@@ -12,36 +12,9 @@ forward and backward, with the reason (:mod:`qkv.backends.select`).
 """
 from __future__ import annotations
 
-from .base import Backend, FunctionBackend
+from .base import Backend, FunctionBackend  # noqa: F401  (re-exported)
+from .registry import _BUILTIN, BACKENDS, _load_builtin, get, name_of, names, register  # noqa: F401
 from .select import Problem, Request, select
-
-#: The registry, name → backend, in registration order (the order ``backend="auto"`` asks them in).
-BACKENDS: dict[str, Backend] = {}
-
-
-def register(name: str, backend=None):
-    """Add a backend under ``name``: ``register(name, backend_object)``, or as a decorator of a function
-    with the older signature (it is wrapped in a :class:`FunctionBackend`)."""
-    def add(obj):
-        BACKENDS[name] = obj if isinstance(obj, Backend) else FunctionBackend(name, obj)
-        return obj
-    return add if backend is None else add(backend)
-
-
-def get(name: str) -> Backend:
-    """The backend called ``name``; a ValueError lists the known names otherwise."""
-    _load_builtin()
-    if not isinstance(name, str):
-        raise TypeError(f"backend: expected a string, one of {sorted(BACKENDS)}, got {type(name).__name__}")
-    try:
-        return BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"backend: expected one of {sorted(BACKENDS)}, got {name!r}") from None
-
-
-def names() -> list[str]:
-    _load_builtin()
-    return sorted(BACKENDS)
 
 
 def forward(backend, query, key, value, **kw):
@@ -73,25 +46,3 @@ def choose_auto(query, key, value, *, enable_gqa: bool | None = None, **request)
     """
     b, _ = select(Request.of(None, **request), Problem(query, key, value, enable_gqa))
     return name_of(b)
-
-
-def name_of(backend) -> str:
-    """The registry's name of ``backend`` (an entry :func:`select` returned)."""
-    name = getattr(backend, "name", None)
-    if isinstance(name, str) and BACKENDS.get(name) is backend:
-        return name
-    return next((n for n, b in BACKENDS.items() if b is backend), str(name))
-
-
-_BUILTIN: dict[str, Backend] = {}
-
-
-def _load_builtin() -> None:
-    if _BUILTIN:
-        return
-    from .reference import REFERENCE
-    from .tiled import TILED
-    from .torch_backend import TORCH                     # importing it does not import torch
-    _BUILTIN.update(reference=REFERENCE, tiled=TILED, torch=TORCH)
-    for name, b in _BUILTIN.items():
-        BACKENDS.setdefault(name, b)

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from . import registry as _registry
+from .base import Backend
+from .registry import get
+
 __all__ = ["Problem", "Request", "select"]
 
 #: The backend ``auto`` falls back to: it computes every request (``supports`` is always None) and records traces.
@@ -71,7 +75,6 @@ def select(request: Request, problem: Problem | None = None) -> tuple:
     """``(backend, reason)``: the backend the request runs on (the registry's entry) and why, as a sentence that
     starts with ``"torch tensors:"``, ``"named:"``, ``"traced:"`` or ``"auto:"``. ``problem`` is needed for
     ``auto`` only. A ValueError names the ``backend`` argument when the named one cannot run the request."""
-    from . import BACKENDS, get
     if request.torch_tensors:
         return _torch_tensors(request)
     if request.backend is not None and request.backend != "auto":
@@ -82,7 +85,7 @@ def select(request: Request, problem: Problem | None = None) -> tuple:
         raise TypeError("problem: expected a Problem (the shapes) for backend=None/'auto', got None")
     get(FALLBACK)                                          # the built-ins registered
     declined = []
-    for name, entry in list(BACKENDS.items()):
+    for name, entry in list(_registry.BACKENDS.items()):
         if name == FALLBACK:
             continue
         b = _asked(name, entry)
@@ -99,20 +102,16 @@ def select(request: Request, problem: Problem | None = None) -> tuple:
         if rule:
             declined.append(rule)
     why = "; ".join(declined) if declined else "no other backend takes it"
-    return BACKENDS[FALLBACK], f"auto: {why} — the reference takes it"
+    return _registry.BACKENDS[FALLBACK], f"auto: {why} — the reference takes it"
 
 
 def _asked(name: str, entry):
     """The object to ask about ``entry``: itself, or for a stand-in function registered in place of a built-in
     (a test's spy), the built-in of that name; None for other functions (:func:`register` wraps those)."""
-    from . import _BUILTIN
-    from .base import Backend
-    return entry if isinstance(entry, Backend) else _BUILTIN.get(name)
+    return entry if isinstance(entry, Backend) else _registry._BUILTIN.get(name)
 
 
 def _named(request: Request) -> tuple:
-    from . import get
-    from .base import Backend
     name = request.backend
     b = get(name)                                          # an unknown name is a ValueError listing the known
     if request.traced and name != FALLBACK:
@@ -126,7 +125,6 @@ def _named(request: Request) -> tuple:
 
 
 def _torch_tensors(request: Request) -> tuple:
-    from . import get
     if request.backend not in (None, "auto", "torch"):
         get(request.backend)                               # an unknown name is reported as such
         raise ValueError(f"backend: torch tensors run on the 'torch' backend, got {request.backend!r}; pass "
