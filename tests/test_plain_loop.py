@@ -506,7 +506,6 @@ def test_a_block_outside_the_buffers_is_refused_not_written(rng):
 
 def test_without_libcs_clock_the_python_loop_runs(rng, plain_calls, monkeypatch):
     # the loop needs libc's clock_gettime (for the share's timing); where ctypes cannot find it, no loop
-    monkeypatch.setattr(kernels, "_CLOCK", [])
     def no_libc(*a, **k):
         raise TypeError("CDLL(None): no process-wide symbol table here")
     monkeypatch.setattr(kernels, "_clock", lambda: no_libc())

@@ -14,6 +14,8 @@ from . import positions  # qkv.positions: rope, cos_sin, RoPE, sinusoidal_positi
 from .positions import RoPE, TokenEmbedding, sinusoidal_positions
 from .tracing import Step, Trace, trace
 from .gemm import get_gemm, set_gemm  # the engine's matrix multiply: "auto", "numpy" or "mkl" (qkv[mkl])
+from .kernels import get_kernels, set_kernels  # the engine's block kernels: "auto", "numpy" or "numba" (qkv[jit])
+from .backends.configuration import config  # GEMM, kernels, threads, limits for a with block (one context variable)
 
 __version__ = "0.1.0"
 
@@ -41,6 +43,9 @@ __all__ = [
     "flex_attention_backward",
     "plan",
     "check_plan",
+    "config",
+    "get_kernels",
+    "set_kernels",
     "mods",
     "KVCache",
     "attention_weights",

@@ -26,6 +26,8 @@ autograd.
 """
 from __future__ import annotations
 
+import types
+
 import contextlib
 import dataclasses
 import math
@@ -46,7 +48,7 @@ SCORE_MODS = ("none", "alibi", "softcap", "alibi_softcap", "custom_grad", "custo
 FEATURES = ("api", "masked", "mask", "mask_modded", "mask_mod", "score_modded", "score_mod", "sinks", "dropped",
             "dropout", "weights", "gqa")
 #: The variants of the accuracy table, each a spec's features (the rest drawn: dtype, sizes, leading dims, …).
-VARIANTS = {
+VARIANTS = types.MappingProxyType({
     "plain": dict(api="sdpa"), "causal": dict(api="sdpa", mask="causal"),
     "causal bottom-right": dict(api="sdpa", mask="causal_bottom_right"), "bool mask": dict(api="sdpa", mask="bool"),
     "float bias": dict(api="sdpa", mask="float"), "gqa": dict(api="sdpa", gqa=True),
@@ -56,7 +58,7 @@ VARIANTS = {
     "document": dict(api="flex", mask_mod="document"), "prefix lm": dict(api="flex", mask_mod="prefix_lm"),
     "streaming": dict(api="flex", mask_mod="streaming"), "custom mask mod": dict(api="flex", mask_mod="custom"),
     "sinks": dict(api="flex", sinks=True),
-}
+})
 #: The limits of backend=None's size rule: 0 makes it take the tiled engine on small inputs.
 AUTO_LIMITS = ("auto_tiled_min_scores", "auto_tiled_min_head_scores", "auto_min_keys")
 
@@ -235,7 +237,7 @@ def _draw_features(pick, api) -> dict:
 
 
 #: The engine's limits the matrix moves, each with its options (the first: the matrix's usual setting).
-LIMIT_OPTIONS = {
+LIMIT_OPTIONS = types.MappingProxyType({
     "block_q": (16, 8, 32, 5, 64), "block_k": (16, 8, 32, 6, 64),
     "block_q_plain": (16, 32, 8, 2048), "block_k_plain": (16, 8, 32, 256),
     "block_q_backward": (16, 8, 32, 7, 512), "block_k_backward": (16, 8, 32, 5, 512),
@@ -248,7 +250,7 @@ LIMIT_OPTIONS = {
     "band_rows_plain": (8, 64, 2), "band_keys_plain": (16, 128, 4), "block_q_tiles": (64, 16, 4096),
     "strip_rows_tiles": (16, 3, 64),
     "split_k_min_blocks": (2, 1), "split_k_min_part_keys": (8, 1 << 16),
-}
+})
 
 
 def _draw_limits(pick) -> tuple:
@@ -537,23 +539,15 @@ def _reference_backward(p: Problem, ref: dict, q, k, v, P, es, total, g) -> None
 # ====================================================================================================== run
 @contextlib.contextmanager
 def configured(spec: Spec):
-    """The spec's block kernels, GEMM provider and engine limits for the calls inside, restored on leaving
-    (where ``backend=None`` is to take the tiled engine on small inputs, the backward's size rule too:
-    ``backward_whole_scores`` 0)."""
-    from . import gemm, kernels
-    from .backends import tiled
-    old = (kernels.KERNELS.choice, gemm.GEMM.choice)
+    """The spec's block kernels, GEMM provider and engine limits for the calls inside (one
+    :func:`qkv.config` block: nothing of the process rewritten); where ``backend=None`` is to take the tiled
+    engine on small inputs, the backward's size rule too (``backward_whole_scores`` 0)."""
+    from .backends.configuration import config
     lim = dict(spec.limits)
     if lim.get("auto_tiled_min_scores") == 0:
         lim.setdefault("backward_whole_scores", 0)
-    try:
-        kernels.set_kernels(spec.kernels)
-        gemm.set_gemm(spec.gemm)
-        with tiled.limits(**lim):
-            yield
-    finally:
-        kernels.set_kernels(old[0])
-        gemm.set_gemm(old[1])
+    with config(gemm=spec.gemm, kernels=spec.kernels, limits=lim):
+        yield
 
 
 def _backend(spec: Spec):
@@ -631,7 +625,7 @@ def run(p: Problem, *, backward: bool = True) -> dict:
 #: Per dtype ``(a, b)``: a quantity's error, over its magnitude, may be ``a + b·max|score|``. float32: its
 #: rounding of each score (≈ 4 units of 2⁻²⁴ of the largest) and 2e-5 for the rest; float16 (computed in float32,
 #: rounded to float16 at the end): float16's unit roundoff twice (2⁻¹⁰) on top; float64 likewise, far tighter.
-TOLERANCES = {"float64": (1e-12, 4e-15), "float32": (2e-5, 2.4e-7), "float16": (2 ** -10 + 2e-5, 2.4e-7)}
+TOLERANCES = types.MappingProxyType({"float64": (1e-12, 4e-15), "float32": (2e-5, 2.4e-7), "float16": (2 ** -10 + 2e-5, 2.4e-7)})
 QUANTITIES = ("out", "lse", "weights", "dq", "dk", "dv", "dsink")
 
 

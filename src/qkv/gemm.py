@@ -35,6 +35,8 @@ else (other dtypes, mixed dtypes, a vector on the left) is ``np.matmul``'s.
 """
 from __future__ import annotations
 
+import types
+
 import contextlib
 import ctypes
 import os
@@ -43,7 +45,7 @@ import time
 
 import numpy as np
 
-from . import _checks
+from . import _checks, _settings
 from ._cblas import NO_TRANS as _NO_TRANS, ROW_MAJOR as _ROW_MAJOR, TRANS as _TRANS   # CBLAS enums
 
 __all__ = ["PROVIDERS", "Gemm", "GEMM", "exp", "get_gemm", "matmul", "set_gemm", "single_threaded"]
@@ -68,7 +70,7 @@ _MKL_INSTALL = "pip install 'qkv[mkl]'"
 _VML_MODE = 0x2 | 0x100
 #: VML's exp runs at full speed where every result is a normal float: x ≥ ln(smallest normal) (float32 −87.3,
 #: float64 −708.4), with a margin.
-_VML_FAST_MIN = {"f": -87.0, "d": -708.0}
+_VML_FAST_MIN = types.MappingProxyType({"f": -87.0, "d": -708.0})
 
 # threads of this process that must run MKL on one thread (the engine's workers, inline callers)
 _tl = threading.local()
@@ -490,24 +492,37 @@ class _suppress:
 
 # ---------------------------------------------------------------------------------------------- choice
 class Gemm:
-    """The GEMM provider of the process (held by the engine's runtime as ``RUNTIME.gemm``): the choice
-    (``auto``, ``numpy``, ``mkl``), the loaded providers, and the calibration behind ``auto``.
+    """The GEMM providers of the process (held by the engine's runtime as ``RUNTIME.gemm``): the loaded
+    providers and the calibration behind ``auto`` — resources; the *choice* is the configuration's
+    (:func:`qkv.config`'s ``gemm``, :func:`set_gemm` its process default), read on every matmul.
 
-    Safe under concurrent callers: choosing, loading and calibrating happen under one lock, and
-    :meth:`matmul` reads one attribute.
+    Safe under concurrent callers: loading and calibrating happen under one lock, and :meth:`matmul` reads the
+    configuration and one attribute.
     """
 
     def __init__(self):
         self._lock = threading.Lock()
-        #: The choice: ``auto`` unless the environment variable QKV_GEMM names another (e.g. ``QKV_GEMM=mkl``
-        #: for a script that has no option for it); an unknown name there is ignored with a warning.
-        self.choice = _checks.env_choice("QKV_GEMM", PROVIDERS)
+        #: The first choice: ``auto`` unless the environment variable QKV_GEMM names another (e.g.
+        #: ``QKV_GEMM=mkl`` for a script that has no option for it); an unknown name there is ignored with a
+        #: warning. In force while the configuration sets no ``gemm``.
+        self.initial = _checks.env_choice("QKV_GEMM", PROVIDERS)
         self._numpy = NumpyGemm()
         self._mkl = None                                   # MklGemm once loaded; False: not installed
-        self._active = None                                # the provider matmul uses; None: not resolved
-        self._exp = None                                   # the provider exp uses (auto: calibrated apart)
+        self._active = None                                # the provider auto resolved to; None: not yet
+        self._exp = None                                   # the provider auto's exp uses (calibrated apart)
         #: The calibration behind ``auto``: ``{"numpy": s, "mkl": s, "shapes": ..., "ms": ...}`` or None.
         self.calibration: dict | None = None
+
+    @property
+    def choice(self) -> str:
+        """The choice in force here: the configuration's ``gemm`` (:func:`qkv.config`, :func:`set_gemm`), else
+        :attr:`initial`. Assigning it sets the process default, unchecked (:meth:`set` checks)."""
+        c = _settings.current().gemm
+        return self.initial if c is None else c
+
+    @choice.setter
+    def choice(self, name: str) -> None:
+        _settings.set_default(gemm=None if name == self.initial else name)     # unchecked, as QKV_GEMM is
 
     # ---------------------------------------------------------------- providers
     def mkl(self):
@@ -539,18 +554,26 @@ class Gemm:
         return PROVIDERS if self.mkl() is not None else ("numpy",)
 
     # ---------------------------------------------------------------- choosing
-    def set(self, name: str = "auto") -> None:
-        """Choose the provider: ``"auto"`` (calibrated once per process), ``"numpy"`` or ``"mkl"``."""
+    def check(self, name: str, what: str = "name") -> str:
+        """``name`` if it is a choice that can run here (``"auto"``, ``"numpy"``, ``"mkl"`` with its extra);
+        a TypeError/ValueError naming ``what`` otherwise."""
         if not isinstance(name, str):
-            raise TypeError(f"name: expected a str, one of {('auto',) + PROVIDERS}, got {type(name).__name__}")
+            raise TypeError(f"{what}: expected a str, one of {('auto',) + PROVIDERS}, got {type(name).__name__}")
         if name not in ("auto",) + PROVIDERS:
-            raise ValueError(f"name: expected one of {('auto',) + PROVIDERS}, got {name!r}")
-        active = None if name == "auto" else self.provider(name)
+            raise ValueError(f"{what}: expected one of {('auto',) + PROVIDERS}, got {name!r}")
+        if name != "auto":
+            self.provider(name)
+        return name
+
+    def set(self, name: str = "auto") -> None:
+        """Choose the provider of the process (the configuration's default): ``"auto"`` (calibrated once per
+        process), ``"numpy"`` or ``"mkl"``. The environment's choice (:attr:`initial`) is the default's
+        not-set state."""
+        self.check(name)
         with self._lock:
-            self.choice = name
-            self._active = self._exp = active
-            if active is None and self.calibration is not None:
+            if name == "auto" and self.calibration is not None:
                 self._apply_calibration()
+        _settings.set_default(gemm=None if name == self.initial else name)
 
     def _apply_calibration(self) -> None:
         cal = self.calibration
@@ -576,47 +599,72 @@ class Gemm:
     def exp_provider(self) -> str:
         """The provider of :func:`exp` (``auto`` calibrates it apart from the GEMM: on the AMD EPYC test
         machine NumPy's GEMM but MKL's exp)."""
-        self.active()
+        if self.choice != "auto":
+            return self.active().name
+        self._auto()
         return self._exp.name
 
     def active(self):
-        """The provider :meth:`matmul` calls (resolving ``auto`` on first use)."""
-        p = self._active
-        if p is None:
-            p = self._resolve()
-        return p
+        """The provider :meth:`matmul` calls for large products (resolving ``auto`` on first use)."""
+        choice = self.choice
+        if choice == "auto":
+            return self._active if self._active is not None else self._auto()
+        return self._named(choice)
 
-    def _resolve(self):
+    def _named(self, choice: str):
+        if choice == "numpy":
+            return self._numpy
         mkl = self.mkl()
-        if self.choice == "mkl" and mkl is None:            # QKV_GEMM=mkl without the extra
+        if mkl is None:                                    # QKV_GEMM=mkl without the extra
             raise ValueError(f"QKV_GEMM: 'mkl' needs Intel MKL, which is not installed: {_MKL_INSTALL}")
+        return mkl
+
+    def _auto(self):
+        """``auto`` resolved: NumPy without MKL, else the calibration's choice (calibrating once)."""
+        mkl = self.mkl()
         with self._lock:
             if self._active is not None:
                 return self._active
-            if self.choice == "auto" and mkl is not None:
+            if mkl is None:
+                self._active = self._exp = self._numpy
+            else:
                 if self.calibration is None:
                     self.calibration = _calibrate(self._numpy, mkl)
                 self._apply_calibration()
-            else:
-                self._active = self._exp = mkl if self.choice == "mkl" else self._numpy
             return self._active
 
     def matmul(self, a, b, out=None):
         """``a @ b`` (into ``out``) by the chosen provider; ``np.matmul``'s semantics."""
-        p = self._active
-        if p is None:
-            p = self._first(a, b)
-        elif p is not self._numpy and self.choice == "auto" and _flops(a, b) < AUTO_RESOLVE_FLOPS:
-            p = self._numpy                                # auto took MKL: small products stay NumPy's
+        c = _settings.current().gemm
+        choice = self.initial if c is None else c
+        if choice != "auto":
+            p = self._numpy if choice == "numpy" else self._named(choice)
+        else:
+            p = self._active
+            if p is None:
+                p = self._first(a, b)
+            elif p is not self._numpy and _flops(a, b) < AUTO_RESOLVE_FLOPS:
+                p = self._numpy                            # auto took MKL: small products stay NumPy's
         return p.matmul(a, b, out=out)
+
+    def exp(self, x, out=None):
+        """``np.exp(x, out=out)`` by the chosen provider's exp (``auto``'s calibrated apart)."""
+        choice = self.choice
+        if choice != "auto":
+            p = self._named(choice)
+        else:
+            p = self._exp
+            if p is None:
+                p = self._numpy if np.size(x) < AUTO_RESOLVE_FLOPS else (self._auto() and self._exp)
+        return p.exp(x, out=out)
 
     def _first(self, a, b):
         """The provider for a matmul asked before ``auto`` is resolved: NumPy for products too small to
         matter (so that small work — the explainer, a short sentence — never loads MKL nor calibrates),
         else the resolved choice."""
-        if self.choice == "auto" and _flops(a, b) < AUTO_RESOLVE_FLOPS:
+        if _flops(a, b) < AUTO_RESOLVE_FLOPS:
             return self._numpy
-        return self._resolve()
+        return self._auto()
 
 
 def _flops(a, b) -> int:
@@ -685,12 +733,13 @@ def _choose(seconds: dict) -> str:
     return "mkl" if seconds["mkl"] < (1 - AUTO_MARGIN) * seconds["numpy"] else "numpy"
 
 
-#: The process's GEMM choice; the engine's runtime holds it as ``RUNTIME.gemm``.
+#: The process's GEMM providers; the engine's runtime holds them as ``RUNTIME.gemm``.
 GEMM = Gemm()
 
 
 def set_gemm(name: str = "auto") -> None:
-    """Choose the GEMM provider of the engine and the models: ``"auto"`` (the default: MKL where it is
+    """Choose the GEMM provider of the engine and the models — the process default of :func:`qkv.config`'s
+    ``gemm`` (a ``with qkv.config(gemm=...)`` block overrides it in its context): ``"auto"`` (the default: MKL where it is
     installed and measured faster on the engine's block shapes, else NumPy), ``"numpy"`` or ``"mkl"``
     (needs ``pip install 'qkv[mkl]'``)."""
     GEMM.set(name)
@@ -705,10 +754,7 @@ def get_gemm() -> str:
 def exp(x, out=None):
     """``np.exp(x, out=out)`` by the chosen provider (MKL's vector math for contiguous float32/float64 arrays,
     where ``auto`` measured it faster); the engine's exponentials of a block of scores."""
-    p = GEMM._exp
-    if p is None:
-        p = GEMM._numpy if GEMM.choice == "auto" and np.size(x) < AUTO_RESOLVE_FLOPS else (GEMM.active() and GEMM._exp)
-    return p.exp(x, out=out)
+    return GEMM.exp(x, out=out)
 
 
 def matmul(a, b, out=None):

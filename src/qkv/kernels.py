@@ -27,12 +27,14 @@ is within 2.1e-7 relative of the exact value, NumPy's float32 ``exp`` 1.2e-7).
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
+import types
 
 import numpy as np
 
-from . import _checks, paths
+from . import _checks, _settings, paths
 
 __all__ = ["KERNEL_MIN", "PROVIDERS", "Kernels", "KERNELS", "get_kernels", "set_kernels"]
 
@@ -45,20 +47,34 @@ _INSTALL = "pip install 'qkv[jit]'"
 NO_MASK = 1 << 62
 #: ``lo`` (a band's lower edge, :func:`qkv._jit.plain_rows`' eighth column) that masks nothing.
 NO_LO = -NO_MASK
-_KIND = {"exp": 0, "poly": 1, "tanh": 2}                  # the kernels' kinds of score function f
+_KIND = types.MappingProxyType({"exp": 0, "poly": 1, "tanh": 2})   # the kernels' kinds of score function f
 _NO_COEF = np.zeros(7, np.float32)
 
 
 class Kernels:
-    """The process's choice of block kernels (held by the engine's runtime as ``RUNTIME.kernels``)."""
+    """The process's block kernels (held by the engine's runtime as ``RUNTIME.kernels``): numba's compiled module
+    once loaded — a resource; the *choice* is the configuration's (:func:`qkv.config`'s ``kernels``,
+    :func:`set_kernels` its process default)."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self.choice = _checks.env_choice("QKV_KERNELS", PROVIDERS)   # "auto" unless the environment says
+        #: The first choice: "auto" unless QKV_KERNELS names another; in force while the configuration sets none.
+        self.initial = _checks.env_choice("QKV_KERNELS", PROVIDERS)
         self._jit = None                                   # qkv._jit once imported; False: numba missing
         #: Called once the kernels are loaded (the engine's runtime registers its BLAS rescan here).
         self.on_load: list = []
         self.error = None                                  # why numba could not be used, if it could not
+
+    @property
+    def choice(self) -> str:
+        """The choice in force here: the configuration's ``kernels``, else :attr:`initial`. Assigning it sets
+        the process default, unchecked (:meth:`set` checks)."""
+        c = _settings.current().kernels
+        return self.initial if c is None else c
+
+    @choice.setter
+    def choice(self, name: str) -> None:
+        _settings.set_default(kernels=None if name == self.initial else name)     # unchecked, as QKV_KERNELS is
 
     def jit(self):
         """The compiled kernels (:mod:`qkv._jit`), imported on first use; None without numba."""
@@ -81,20 +97,29 @@ class Kernels:
         from importlib.util import find_spec
         return find_spec("numba") is not None
 
-    def set(self, name: str = "auto") -> None:
+    def check(self, name: str, what: str = "name") -> str:
+        """``name`` if it is a choice that can run here (``"auto"``, ``"numpy"``, ``"numba"`` with its extra);
+        a TypeError/ValueError naming ``what`` otherwise."""
         if not isinstance(name, str):
-            raise TypeError(f"name: expected a str, one of {('auto',) + PROVIDERS}, got {type(name).__name__}")
+            raise TypeError(f"{what}: expected a str, one of {('auto',) + PROVIDERS}, got {type(name).__name__}")
         if name not in ("auto",) + PROVIDERS:
-            raise ValueError(f"name: expected one of {('auto',) + PROVIDERS}, got {name!r}")
+            raise ValueError(f"{what}: expected one of {('auto',) + PROVIDERS}, got {name!r}")
         if name == "numba" and self.jit() is None:
             raise ValueError(f"kernels: 'numba' needs numba, which is not installed ({self.error}): {_INSTALL}")
-        self.choice = name
+        return name
+
+    def set(self, name: str = "auto") -> None:
+        """The process default of the configuration's ``kernels`` (the environment's choice, :attr:`initial`, is
+        its not-set state)."""
+        self.check(name)
+        _settings.set_default(kernels=None if name == self.initial else name)
 
     def get(self) -> str:
         """The provider in use: ``"numba"`` or ``"numpy"``."""
-        if self.choice == "numpy":
+        choice = self.choice
+        if choice == "numpy":
             return "numpy"
-        if self.choice == "numba":
+        if choice == "numba":
             self._required()
         return "numba" if self._importable() else "numpy"
 
@@ -146,12 +171,12 @@ def _warm(jit) -> None:
     jit.ds_rows(s, s.copy(), np.zeros(2, np.float32))
 
 
-#: The process's kernel choice.
+#: The process's block kernels (the choice is the configuration's).
 KERNELS = Kernels()
 
 
 def set_kernels(name: str = "auto") -> None:
-    """Choose the engine's block kernels: ``"auto"`` (numba where installed), ``"numpy"`` (NumPy's passes
+    """Choose the engine's block kernels — the process default of :func:`qkv.config`'s ``kernels``: ``"auto"`` (numba where installed), ``"numpy"`` (NumPy's passes
     alone) or ``"numba"`` (needs ``pip install 'qkv[jit]'``)."""
     KERNELS.set(name)
 
@@ -162,8 +187,8 @@ def get_kernels() -> str:
 
 
 # The compiled kernels, counted where they run (qkv.paths): the matrix of tests proves it reaches each.
-_P_EXP = {k: paths.register(f"kernel.exp_rows.{k}", f"fused block pass: f(s) + shift, exp, row sums (f: {k})")
-          for k in ("exp", "poly", "tanh")}
+_P_EXP = types.MappingProxyType({k: paths.register(f"kernel.exp_rows.{k}", "fused block pass: f(s) + shift, exp, "
+                                                   f"row sums (f: {k})") for k in ("exp", "poly", "tanh")})
 _P_EXP2 = paths.register("kernel.exp_rows.base2", "fused block pass in base 2 (2^s, log2 e folded into the rows)")
 _P_MAX = paths.register("kernel.max_exp_rows", "fused block pass with the running max's update (max, shift, exp)")
 _P_BANDS = paths.register("kernel.pattern_exp_rows", "fused pass over a batch of bands sharing one mask pattern")
@@ -204,16 +229,13 @@ def run(jit, s: np.ndarray, sums: np.ndarray, plan, bounded: bool = False, base2
     jit.exp_rows(s.reshape(-1, s.shape[-1]), *_args(kind, arg), add, sums, d, rep, bool(bounded), bool(base2))
 
 
-_CLOCK: list = []                                          # [libc's clock_gettime as a ctypes function]
-
-
+@functools.cache
 def _clock():
-    if not _CLOCK:
-        import ctypes
-        fn = ctypes.CDLL(None).clock_gettime
-        fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_int
-        _CLOCK.append(fn)
-    return _CLOCK[0]
+    """libc's clock_gettime as a ctypes function (found once; functools.cache is thread-safe)."""
+    import ctypes
+    fn = ctypes.CDLL(None).clock_gettime
+    fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_int
+    return fn
 
 
 #: The clock the compiled loops time their GEMM calls on (when :func:`qkv.bench.gemm_share` asks): the monotonic

@@ -1,5 +1,8 @@
-"""The tiled engine's runtime: its worker threads and BLAS's thread limit, the process state of the engine,
-kept in one object (:data:`RUNTIME`) apart from the numerics in :mod:`qkv.backends.tiled`.
+"""The tiled engine's runtime: its resources — worker pools, BLAS's thread limit, the GEMM providers and block
+kernels once loaded, and every cache — kept in one object (:data:`RUNTIME`) apart from the numerics in
+:mod:`qkv.backends.tiled`. What the engine is *asked* to use (GEMM provider, kernels, worker threads, limits) is
+the configuration's (:func:`qkv.config`, one context variable over a process default: :mod:`qkv._settings`);
+the runtime's ``set_*`` methods are thin writers of that default.
 
 What it holds, and why each part is shaped as it is:
 
@@ -15,16 +18,22 @@ What it holds, and why each part is shaped as it is:
   OpenBLAS at 1 thread for good after two overlapping calls.)
 * **Fork.** A forked child has none of the parent's threads: it drops the pools (new ones start on first
   use) and, if parent callers held BLAS at one thread when it forked, gives the child its original setting.
-* **The GEMM provider** (:mod:`qkv.gemm`): :attr:`Runtime.gemm` is the process's choice of matrix multiply
-  (NumPy's BLAS or Intel MKL, ``set_gemm``/``get_gemm``). MKL has a per-thread setting, so each worker holds
+* **The GEMM providers** (:mod:`qkv.gemm`): :attr:`Runtime.gemm`, NumPy's BLAS and Intel MKL once loaded, and
+  ``auto``'s calibration (the choice: ``qkv.config(gemm=...)``, ``set_gemm``/``get_gemm``). MKL has a per-thread setting, so each worker holds
   it to one thread for good and a caller running tasks inline holds it for the call
   (:class:`qkv.gemm.single_threaded`); NumPy's BLAS has only the process-wide limit above.
-* **The kernel choice** (:mod:`qkv.kernels`): :attr:`Runtime.kernels`, numba's compiled block passes or
-  NumPy's (``set_kernels``/``get_kernels``); the engine asks it for each call and block.
+* **The block kernels** (:mod:`qkv.kernels`): :attr:`Runtime.kernels`, numba's compiled block passes once
+  loaded (the choice: ``qkv.config(kernels=...)``, ``set_kernels``/``get_kernels``); the engine asks it for each
+  call and block.
 * **Caches, thread-safe and bounded.** :attr:`Runtime.patterns` keeps the block patterns that recur call after
   call (the causal triangle per offset, ALiBi's bias per slope, a mask mod's partial cells), within a byte
   budget; :meth:`Runtime.plans` keeps what the engine derived from a block mask (its cell grids and block
-  plans) for as long as the block mask lives. Worker threads fill both: each has a lock.
+  plans) for as long as the block mask lives; :attr:`Runtime.memo` what small functions derive from a few
+  numbers (softcap's polynomial per bound, the row shares per shape), at most :attr:`Runtime.MEMO_ITEMS`
+  entries; :attr:`Runtime.base2_guess` the last task's base-2 choice (the next task's first guess). Worker
+  threads fill them all: each has a lock.
+* **Contexts.** Each task runs in a copy of its caller's context (:mod:`contextvars`), so that a worker sees
+  the configuration its task was started with (``qkv.config``, ``tiled.limits``), not its own thread's.
 * **Nested calls.** A call from inside a worker runs inline: a worker waiting on its own pool could wait
   forever.
 
@@ -42,9 +51,9 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from .. import _checks, gemm as _gemm, kernels as _kernels
+from .. import _checks, _settings, gemm as _gemm, kernels as _kernels
 
-__all__ = ["RUNTIME", "BoundedCache", "PlanCache", "Runtime", "default_num_threads", "get_gemm", "get_kernels", "get_num_threads", "set_gemm", "set_kernels", "set_num_threads"]
+__all__ = ["RUNTIME", "BoundedCache", "Memo", "PlanCache", "Runtime", "default_num_threads", "get_gemm", "get_kernels", "get_num_threads", "set_gemm", "set_kernels", "set_num_threads"]
 
 
 def default_num_threads() -> int:
@@ -121,8 +130,57 @@ class BoundedCache:
         return len(self._items)
 
 
+class Memo:
+    """Small values computed from a few numbers, kept per key: at most ``items`` of them (past that the memo
+    starts again empty). Thread-safe: a value is computed outside the lock (two threads may compute the same
+    one; the first stored wins)."""
+
+    def __init__(self, items: int):
+        self.items = items
+        self._lock = threading.Lock()
+        self._values: dict = {}
+
+    def get(self, key, compute):
+        """The value under ``key``, made by ``compute()`` the first time."""
+        try:
+            return self._values[key]
+        except KeyError:
+            pass
+        value = compute()
+        with self._lock:
+            if key not in self._values:
+                if len(self._values) >= self.items:
+                    self._values.clear()
+                self._values[key] = value
+            return self._values[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+
+class Hint:
+    """One value that tasks on any thread write and read (a guess: whichever write came last is as good),
+    written under a lock."""
+
+    def __init__(self, value=None):
+        self._lock = threading.Lock()
+        self._value = value
+
+    def get(self):
+        return self._value
+
+    def set(self, value) -> None:
+        with self._lock:
+            self._value = value
+
+
 class Runtime:
-    """Worker pools, the thread-count setting and the counted BLAS limit of the tiled engine.
+    """Worker pools, the counted BLAS limit, the loaded GEMM providers and kernels, and the caches of the
+    tiled engine — resources only (the settings are :func:`qkv.config`'s).
 
     Safe to call from any number of Python threads at once, with any mix of thread counts.
     """
@@ -136,16 +194,20 @@ class Runtime:
     WORKER_PREFIX = "qkv-tiled"
     #: The byte budget of :attr:`patterns`.
     PATTERN_BYTES = 64 << 20
+    #: The entries :attr:`memo` keeps at most.
+    MEMO_ITEMS = 1024
 
     def __init__(self):
-        #: The worker count set by :meth:`set_num_threads`; None: :func:`default_num_threads`.
-        self.threads: int | None = None
-        #: The GEMM provider (one per process, :data:`qkv.gemm.GEMM`): every matmul of the engine asks it.
+        #: The GEMM providers (one per process, :data:`qkv.gemm.GEMM`): every matmul of the engine asks them.
         self.gemm = _gemm.GEMM
         #: The block kernels (one per process, :data:`qkv.kernels.KERNELS`): numba's or NumPy's passes.
         self.kernels = _kernels.KERNELS
         #: Block patterns that recur call after call (64 MiB at most).
         self.patterns = BoundedCache(self.PATTERN_BYTES)
+        #: Small values derived from a few numbers, by key (``("tanh_poly", Y)``, ``("shares", L, S, …)``).
+        self.memo = Memo(self.MEMO_ITEMS)
+        #: Whether the last task planned, in any call, took base 2 (the next one's first guess; None: none yet).
+        self.base2_guess = Hint()
         self._plans: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
         self._plans_lock = threading.Lock()
         self._reset()
@@ -181,14 +243,24 @@ class Runtime:
     default_num_threads = staticmethod(default_num_threads)
 
     def set_num_threads(self, n: int | None) -> None:
-        """Set the worker threads of the tiled engine; ``None`` restores the default (the available cores)."""
+        """Set the worker threads of the tiled engine — the process default of :func:`qkv.config`'s ``threads``;
+        ``None`` restores the default (the available cores)."""
         if n is not None:
             n = _checks.positive_int(n, "n")
-        self.threads = n
+        _settings.set_default(threads=n)
 
     def get_num_threads(self) -> int:
-        """The worker threads the tiled engine uses (see :func:`set_num_threads`)."""
-        return self.threads or default_num_threads()
+        """The worker threads the tiled engine uses here (:func:`qkv.config`'s ``threads``, else the cores)."""
+        return _settings.current().threads or default_num_threads()
+
+    @property
+    def threads(self) -> int | None:
+        """The process default's worker count (None: not set); assigning it is :meth:`set_num_threads`."""
+        return _settings.process_default().threads
+
+    @threads.setter
+    def threads(self, n: int | None) -> None:
+        self.set_num_threads(n)
 
     def resolve_threads(self, threads) -> int:
         """A call's ``threads=`` argument: None means :meth:`get_num_threads`; else a positive int."""
@@ -317,7 +389,8 @@ class Runtime:
 
     # ------------------------------------------------------------------------------------------ running
     def run(self, tasks, fn, threads: int) -> None:
-        """Run ``fn(*task)`` for every task on ``threads`` workers, BLAS single-threaded inside.
+        """Run ``fn(*task)`` for every task on ``threads`` workers, BLAS single-threaded inside, each in a copy
+        of the caller's context (the configuration it was started with).
 
         Inline, on the calling thread, when ``threads == 1``, there is one task, or the caller is itself a
         worker. Returns when every task has finished, also when one raised (its exception is re-raised):
@@ -329,7 +402,7 @@ class Runtime:
                     fn(*t)
                 return
             pool = self.pool(threads)
-            futures = [pool.submit(fn, *t) for t in tasks]
+            futures = [pool.submit(contextvars.copy_context().run, fn, *t) for t in tasks]
             try:
                 for f in futures:
                     f.result()

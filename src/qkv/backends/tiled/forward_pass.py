@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import threading
+import types
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -137,7 +138,7 @@ class _Task:
         # its layers is a call; redone if wrong)
         may = alone and (sc.kind == "none" and (P.plain_scores or P.bm is not None)
                          or sc.kind == "alibi" and P.mod_loop and P.plain_gemm is not None)
-        guess = _LOG2E if may and _BASE2_SEEN[0] is not False else 1.0
+        guess = _LOG2E if may and RUNTIME.base2_guess.get() is not False else 1.0
         q_norm = P.q_prep(idx, i0, i1, self.qs, guess)
         scaled = q_norm is not None
         if not scaled:
@@ -169,7 +170,7 @@ class _Task:
         self.mod_loop = (shift_free and sc.kind != "none" and alone and self.jit is not None
                          and P.plain_gemm is not None and P.mod_loop)
         self.base2 = (bare or self.tiles is not None or self.mod_loop and sc.cap is None) and shift_free
-        _BASE2_SEEN[0] = self.base2                         # (tasks on other workers may read either: a guess)
+        RUNTIME.base2_guess.set(self.base2)                 # (tasks on other workers may read either: a guess)
         factor = _LOG2E if self.base2 else 1.0
         if not scaled:
             P.q_rows_group(idx, i0, i1, self.qs[:, :E], factor)
@@ -236,9 +237,6 @@ class _Task:
         self.seen = np.full(Bq, self.shift_free)                 # m_i is a max some block attained
         self.added = []                                          # (r0, r1) of the shift-free steps accumulated
 
-
-#: Whether the last task planned, in any call, took base 2 (the next call's first guess: see _Task._bounds).
-_BASE2_SEEN: list = [None]
 
 
 def _dropout_rng(seed, lead, idx, i0):
@@ -361,8 +359,8 @@ def _strategy(P, T) -> Strategy:
     raise AssertionError("no forward strategy supports the task")       # the last supports every task
 
 
-#: Why a task takes each strategy: what it has that the strategy needs.
-_TAKES = {
+#: Why a task takes each strategy: what it has that the strategy needs (never written).
+_TAKES = types.MappingProxyType({
     "compiled loop, tiles": "a block mask, no score mod or attn_mask, only the output reads the scores, scores "
                             "shift-free: full cells plain, partial ones by tiles or band edges",
     "compiled loop, mods": "ALiBi and/or a softcap, no mask, only the output reads the scores, scores shift-free",
@@ -373,7 +371,7 @@ _TAKES = {
     "batched bands": "a block mask, shift-free, a mod the band pattern carries",
     "shift-free blocks": "scores provably within the shift-free bound: no running max",
     "rescaled blocks": "scores not provably bounded (or a float mask, a custom mod): the running max",
-}
+})
 
 
 def strategy_reason(P, T, name: str) -> str:

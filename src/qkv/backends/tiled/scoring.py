@@ -421,7 +421,6 @@ def _apply_poly_chunk(s: np.ndarray, poly) -> None:
 
 #: Softcap's tanh by polynomial up to this bound of |s/cap| (fitted per bound on a grid of 1/32).
 TANH_POLY_MAX = 0.75
-_tanh_polys: dict = {}
 
 
 def _tanh_poly(bound: float):
@@ -440,17 +439,18 @@ def _tanh_poly(bound: float):
     if not bound <= TANH_POLY_MAX:
         return None
     Y = max(1, math.ceil(bound * 32)) / 32
-    got = _tanh_polys.get(Y)
-    if got is None:
-        from numpy.polynomial import Polynomial
-        for n in range(2, 8):
-            x = np.cos(np.pi * (np.arange(n) + 0.5) / n)              # Chebyshev nodes on [0, Y²]
-            tn = (x + 1) / 2 * Y * Y
-            yn = np.sqrt(tn)
-            fit = Polynomial.fit(tn, np.tanh(yn) / yn, n - 1, domain=[0, Y * Y]).convert()
-            t = np.linspace(0, Y * Y, 4001)[1:]
-            if np.abs(fit(t) * np.sqrt(t) / np.tanh(np.sqrt(t)) - 1).max() < 2e-8:
-                got = [float(a) for a in fit.coef]
-                break
-        _tanh_polys[Y] = got
-    return got
+    return RUNTIME.memo.get(("tanh_poly", Y), lambda: _fit_tanh(Y))      # kept per bound (the runtime's memo)
+
+
+def _fit_tanh(Y: float):
+    """:func:`_tanh_poly`'s coefficients for the bound ``Y``, fitted (None where 7 terms do not reach 2e-8)."""
+    from numpy.polynomial import Polynomial
+    for n in range(2, 8):
+        x = np.cos(np.pi * (np.arange(n) + 0.5) / n)              # Chebyshev nodes on [0, Y²]
+        tn = (x + 1) / 2 * Y * Y
+        yn = np.sqrt(tn)
+        fit = Polynomial.fit(tn, np.tanh(yn) / yn, n - 1, domain=[0, Y * Y]).convert()
+        t = np.linspace(0, Y * Y, 4001)[1:]
+        if np.abs(fit(t) * np.sqrt(t) / np.tanh(np.sqrt(t)) - 1).max() < 2e-8:
+            return [float(a) for a in fit.coef]
+    return None

@@ -10,7 +10,6 @@ fused kernels are resolved here, before the tasks, not in a worker.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
@@ -129,12 +128,12 @@ def _row_shares(P, n_heads: int, threads: int, align: int = 16) -> list:
     hands each worker about one share. SmolLM2's prefill (3 key/value heads of 512 rows, causal, 2 workers):
     4 tasks, two heads whole and one cut at row 368, where blocks halved until each worker had two tasks made
     6 of work 3:1 (each task's setup, 0.15–0.3 ms, paid 6 times, and more of them on both workers at once).
-    Kept per shape (:func:`_shares`): a decoder's layers ask the same, and it took 0.12 ms of each of SmolLM2's
+    Kept per shape in the runtime's memo (:func:`_shares`): a decoder's layers ask the same, and it took 0.12 ms of each of SmolLM2's
     attention calls before their tasks started."""
-    return list(_shares(P.L, P.S, bool(P.is_causal), n_heads, threads, align))
+    key = ("shares", P.L, P.S, bool(P.is_causal), n_heads, threads, align)
+    return list(RUNTIME.memo.get(key, lambda: _shares(*key[1:])))
 
 
-@functools.lru_cache(maxsize=256)
 def _shares(L: int, S: int, causal: bool, n_heads: int, threads: int, align: int) -> tuple:
     """:func:`_row_shares`' pieces for these shapes, as a tuple."""
     seen = np.minimum(np.arange(1, L + 1), S) if causal else np.full(L, S)

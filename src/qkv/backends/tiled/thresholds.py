@@ -4,8 +4,8 @@ Each module constant below is the default of the :class:`Limits` field of the sa
 engine never reads the constants while it runs: a call takes the limits in force once, at its start
 (:func:`current_limits`, into the problem: ``P.limits``), and everything it plans and runs reads them from
 there — so its workers see the caller's limits, and calls from other threads (or other contexts) theirs.
-:func:`limits` moves them for the calls inside a ``with`` block (a context variable: thread-safe, nothing
-global rewritten), e.g. so a test can put every threshold inside a small problem::
+:func:`limits` moves them for the calls inside a ``with`` block (the configuration's one context variable,
+:func:`qkv.config`'s ``limits``: thread-safe, nothing global rewritten), e.g. so a test can put every threshold inside a small problem::
 
     with tiled.limits(block_q=64, kernel_min=0, split_k_min_part_keys=16):
         tiled.forward(q, k, v, scale=0.125)
@@ -16,10 +16,9 @@ global rewritten), e.g. so a test can put every threshold inside a small problem
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 
-from ... import _checks
+from ... import _checks, _settings
 from ...kernels import KERNEL_MIN as _KERNEL_MIN
 
 #: Default query block of the forward (rows per task) and key block (columns per matmul). Measured on the
@@ -187,7 +186,8 @@ class Limits:
     backward_whole_scores: int = BACKWARD_WHOLE_SCORES
 
 
-_LIMITS: contextvars.ContextVar[Limits] = contextvars.ContextVar("qkv_tiled_limits", default=Limits())
+#: The limits where the configuration sets none (a frozen dataclass: never written).
+DEFAULT_LIMITS = Limits()
 _NAMES = frozenset(f.name for f in dataclasses.fields(Limits))
 #: The limits that are sizes (rows, keys, cells): a positive integer each — 0 would divide by zero or loop
 #: for ever in the planner.
@@ -197,24 +197,29 @@ _SIZES = frozenset({"block_q", "block_k", "block_q_plain", "block_k_plain", "ban
 
 
 def current_limits() -> Limits:
-    """The limits in force now (in this thread and context): what an engine call started here plans with."""
-    return _LIMITS.get()
+    """The limits in force now (in this thread and context: :func:`qkv.config`'s ``limits``): what an engine call
+    started here plans with."""
+    lim = _settings.current().limits
+    return DEFAULT_LIMITS if lim is None else lim
+
+
+def moved(base: Limits | None = None, /, **changes) -> Limits:
+    """``base`` (None: the limits in force) with ``changes`` (names: :class:`Limits`' fields), each checked: a
+    ValueError names an unknown one or a size that is not a positive integer."""
+    bad = sorted(set(changes) - _NAMES)
+    if bad:
+        raise ValueError(f"limits: unknown {', '.join(bad)}; expected some of {', '.join(sorted(_NAMES))}")
+    for name in sorted(_SIZES & set(changes)):
+        changes[name] = _checks.positive_int(changes[name], name)
+    return dataclasses.replace(current_limits() if base is None else base, **changes)
 
 
 @contextlib.contextmanager
 def limits(**changes):
     """Move the engine's thresholds for the calls inside the block (names: :class:`Limits`' fields), e.g.
     ``with limits(block_q=64, kernel_min=0, split_k_min_part_keys=16): ...``; restored on leaving. Yields the
-    limits in force inside. Per thread and context (a :mod:`contextvars` variable): calls made meanwhile from
-    other threads keep theirs."""
-    bad = sorted(set(changes) - _NAMES)
-    if bad:
-        raise ValueError(f"limits: unknown {', '.join(bad)}; expected some of {', '.join(sorted(_NAMES))}")
-    for name in sorted(_SIZES & set(changes)):
-        changes[name] = _checks.positive_int(changes[name], name)
-    new = dataclasses.replace(_LIMITS.get(), **changes)
-    token = _LIMITS.set(new)
-    try:
+    limits in force inside. Per thread and context (:func:`qkv.config`'s context variable, whose ``limits``
+    this sets): calls made meanwhile from other threads keep theirs."""
+    new = moved(**changes)
+    with _settings.override(limits=new):
         yield new
-    finally:
-        _LIMITS.reset(token)
