@@ -6,6 +6,8 @@ expected and what was found. Nothing here uses ``assert``.
 """
 from __future__ import annotations
 
+import types
+
 import math
 import os
 import numbers
@@ -242,7 +244,7 @@ def broadcastable(shape, target, name: str, target_desc: str) -> None:
 
 #: log10 of the largest magnitude each compute dtype is trusted with: float32 holds 3.4e38 and float64
 #: 1.8e308; the headroom (1e37, 1e300) is for the sums over keys and heads on top of the bounded terms.
-_LOG10_LIMIT = {np.dtype(np.float32): 37.0, np.dtype(np.float64): 300.0}
+_LOG10_LIMIT = types.MappingProxyType({np.dtype(np.float32): 37.0, np.dtype(np.float64): 300.0})
 #: log10 of how far the tiled engine lets a row's Σ exp(s − m_i) grow per key block before it rescales,
 #: exp(LAZY_BOUND = 40): its running sums of p·v reach S·e^40·max |v| before the final division.
 _LOG10_SUM_GROWTH = 40.0 / math.log(10.0)

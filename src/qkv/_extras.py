@@ -2,12 +2,14 @@
 extra that brings it (pyproject.toml), never a bare ModuleNotFoundError."""
 from __future__ import annotations
 
+import types
+
 import importlib
 
 #: The optional dependencies and the extra that brings each.
-EXTRAS = {"click": "cli", "rich": "cli", "yaml": "cli", "tqdm": "cli", "matplotlib": "viz", "networkx": "viz",
+EXTRAS = types.MappingProxyType({"click": "cli", "rich": "cli", "yaml": "cli", "tqdm": "cli", "matplotlib": "viz", "networkx": "viz",
           "safetensors": "model", "tokenizers": "model", "gguf": "llama", "jinja2": "llama", "threadpoolctl": "fast",
-          "numba": "jit", "mkl": "mkl", "torch": "torch"}
+          "numba": "jit", "mkl": "mkl", "torch": "torch"})
 
 
 def need(module: str, what: str):

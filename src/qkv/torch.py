@@ -39,6 +39,8 @@ Mask convention: True = may attend (torch's SDPA and flex alike).
 """
 from __future__ import annotations
 
+import types
+
 import numpy as np
 
 from . import _checks, backends, mods, shapes
@@ -51,8 +53,8 @@ from . import _torch_mods  # noqa: E402  (imports torch)
 
 __all__ = ["flex_attention", "scaled_dot_product_attention"]
 
-_DTYPES = {torch.float16: np.float32, torch.bfloat16: np.float32, torch.float32: np.float32,
-           torch.float64: np.float64}
+_DTYPES = types.MappingProxyType({torch.float16: np.float32, torch.bfloat16: np.float32, torch.float32: np.float32,
+           torch.float64: np.float64})
 
 
 # ============================================================================================== tensors

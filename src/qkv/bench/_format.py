@@ -22,7 +22,7 @@ def format_table(result: dict) -> list[list[str]]:
     return out
 
 
-HEADERS = ["mode", "N", "impl", "median ms", "GFLOP/s", "% matmul", "peak MB", "× torch"]
+HEADERS = ("mode", "N", "impl", "median ms", "GFLOP/s", "% matmul", "peak MB", "× torch")
 
 
 def markdown(result: dict) -> str:

@@ -2,6 +2,8 @@
 case runs as it does (strategy and reason per task, pieces, work fraction), on this machine's kernels and limits."""
 from __future__ import annotations
 
+import types
+
 import numpy as np
 
 from ..blockmask import create_block_mask
@@ -9,7 +11,7 @@ from ..plans import plan as _plan
 
 #: The variant cases whose plans are shown (the benchmark's own shapes: window 512 and sinks at N = 8192, 8 packed
 #: documents of 1024, ALiBi and softcap at 4096, the causal mask mod's backward at 4096).
-VARIANT_SIZES = {"window": 8192, "documents": 8192, "mods": 4096, "backward": 4096}
+VARIANT_SIZES = types.MappingProxyType({"window": 8192, "documents": 8192, "mods": 4096, "backward": 4096})
 
 
 def _inputs(n: int, heads: int, dim: int, batch: int = 1):

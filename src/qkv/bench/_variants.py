@@ -249,7 +249,7 @@ def long_window(n: int = 65536, *, heads: int = 8, dim: int = 64, window: int = 
         "finite=bool(np.isfinite(out).all()))", "long sliding-window run")
 
 
-VARIANT_HEADERS = ["variant", "N", "impl", "median ms"]
+VARIANT_HEADERS = ("variant", "N", "impl", "median ms")
 
 
 def variants_markdown(result: dict) -> str:

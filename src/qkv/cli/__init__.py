@@ -6,6 +6,8 @@ running out of memory.
 """
 from __future__ import annotations
 
+import types
+
 import sys
 
 
@@ -18,9 +20,9 @@ def _one_line(msg: str) -> str:
 
 
 #: The optional dependencies and the extra that brings each (pyproject.toml).
-EXTRAS = {"click": "cli", "rich": "cli", "yaml": "cli", "tqdm": "cli", "matplotlib": "viz", "networkx": "viz",
+EXTRAS = types.MappingProxyType({"click": "cli", "rich": "cli", "yaml": "cli", "tqdm": "cli", "matplotlib": "viz", "networkx": "viz",
           "safetensors": "model", "tokenizers": "model", "gguf": "llama", "jinja2": "llama", "threadpoolctl": "fast",
-          "torch": "torch"}
+          "torch": "torch"})
 
 
 def _command(argv) -> str:

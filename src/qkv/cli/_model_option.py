@@ -7,6 +7,8 @@ is one line on stderr, exit 2, before anything is loaded.
 """
 from __future__ import annotations
 
+import types
+
 import click
 
 from qkv.locales import t
@@ -14,7 +16,7 @@ from qkv.locales import t
 from . import UserError
 
 #: The models a command can name, and what each is.
-MODELS = {"minilm": "all-MiniLM-L6-v2 (encoder)", "smollm2": "SmolLM2-135M-Instruct (decoder)"}
+MODELS = types.MappingProxyType({"minilm": "all-MiniLM-L6-v2 (encoder)", "smollm2": "SmolLM2-135M-Instruct (decoder)"})
 
 
 def model_option(default: str | None, supported=tuple(MODELS), help_text: str = ""):

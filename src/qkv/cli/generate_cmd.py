@@ -6,6 +6,8 @@ the KV cache. Ctrl-C stops it: what was generated so far is on the screen, then 
 """
 from __future__ import annotations
 
+import types
+
 import sys
 
 import click
@@ -20,8 +22,8 @@ from .explain_cmd import lang_option
 _MODELS: dict = {}
 
 #: The command line's names for the arguments of LlamaModel.generate and load_llama.
-OPTIONS = {"max_new_tokens": "-n/--max-new-tokens", "temperature": "-T/--temperature", "top_k": "--top-k",
-           "top_p": "--top-p", "seed": "--seed", "chat": "--chat", "prompt": "PROMPT", "path": "--gguf"}
+OPTIONS = types.MappingProxyType({"max_new_tokens": "-n/--max-new-tokens", "temperature": "-T/--temperature", "top_k": "--top-k",
+           "top_p": "--top-p", "seed": "--seed", "chat": "--chat", "prompt": "PROMPT", "path": "--gguf"})
 
 
 def option_error(exc: Exception, options: dict = OPTIONS, blame: str | None = None) -> UserError:

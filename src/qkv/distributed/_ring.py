@@ -24,6 +24,8 @@ wait has a timeout (``timeout`` seconds, default :data:`DEFAULT_TIMEOUT`).
 """
 from __future__ import annotations
 
+import types
+
 import math
 import time
 import zlib
@@ -39,7 +41,7 @@ DEFAULT_TIMEOUT = 120.0
 #: Message tags: K/V blocks, dK/dV accumulators along the ring, the accumulators' last hop home.
 TAG_KV, TAG_DKV, TAG_HOME = 11, 12, 13
 
-_DTYPES = {np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.float64): 3}
+_DTYPES = types.MappingProxyType({np.dtype(np.float16): 1, np.dtype(np.float32): 2, np.dtype(np.float64): 3})
 _MSG_BYTES = 480
 _NDIM = 8
 

@@ -11,6 +11,8 @@ NumPy only: no torch, no processes.
 """
 from __future__ import annotations
 
+import types
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -258,11 +260,11 @@ def build_doc(tr: RingTrace, lang: str = "en", precision: int = 4, tokens=None):
 
 # ---------------------------------------------------------------------------------------------- explain
 #: ``qkv explain --ring P`` without an example: 8 positions, one head of width 2, causal.
-DEFAULT_EXAMPLE = {
+DEFAULT_EXAMPLE = types.MappingProxyType({
     "Q": [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.5, -0.5], [-1.0, 0.5], [0.0, -1.0], [1.0, -1.0], [0.5, 0.5]],
     "K": [[0.5, 0.5], [1.0, 0.0], [0.0, 1.0], [-0.5, 1.0], [1.0, 1.0], [0.5, -1.0], [-1.0, 0.0], [0.0, 0.5]],
     "V": [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [2.0, 0.0], [0.0, 2.0], [1.0, -1.0], [-1.0, 1.0], [0.5, 0.5]],
-}
+})
 
 
 def default_worked():

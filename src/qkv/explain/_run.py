@@ -257,7 +257,7 @@ def _at_row(substitute, row0: int, name: str, array):
 
 
 #: steps whose −∞ entries are the mask's doing (not an overflow)
-_MAY_HOLD_MINUS_INF = {"masked"}
+_MAY_HOLD_MINUS_INF = frozenset({"masked"})
 
 
 def _check_finite(trace, worked: Worked) -> None:

@@ -38,6 +38,8 @@ time, instead of 10×: no YAML node, mark or resolver call per number).
 """
 from __future__ import annotations
 
+import types
+
 from importlib import resources
 
 # The worked example's parts, one concern a module; every name this module held before the split is importable
@@ -92,12 +94,12 @@ def load_example(name: str) -> Worked:
 
 
 #: Each built-in example's title in every language: its key in qkv/locales (en.json holds the YAML file's title).
-TITLE_KEYS = {"alibi": "explain.example_alibi", "causal": "explain.example_causal", "cross": "explain.example_cross",
+TITLE_KEYS = types.MappingProxyType({"alibi": "explain.example_alibi", "causal": "explain.example_causal", "cross": "explain.example_cross",
               "document": "explain.example_document", "padding": "explain.example_padding",
               "rope": "explain.example_rope", "seed000": "explain.example_seed000",
               "seed002": "explain.example_seed002", "seed003": "explain.example_seed003",
               "sinks": "explain.example_sinks", "sliding_window": "explain.example_sliding_window",
-              "softcap": "explain.example_softcap", "two_head": "explain.example_two_head"}
+              "softcap": "explain.example_softcap", "two_head": "explain.example_two_head"})
 
 
 def titles(worked: Worked) -> dict[str, str] | None:

@@ -22,6 +22,8 @@ The training loops are NumPy: the attention's gradients come from qkv's backward
 """
 from __future__ import annotations
 
+import types
+
 import importlib
 import warnings
 
@@ -29,7 +31,7 @@ from . import _heads, _mask, _scale, _train
 
 #: The experiments, in the order the command lists them.
 NAMES = ("scale", "mask", "heads", "train")
-_MODULES = {"scale": _scale, "mask": _mask, "heads": _heads, "train": _train}
+_MODULES = types.MappingProxyType({"scale": _scale, "mask": _mask, "heads": _heads, "train": _train})
 
 scale = _scale.run
 mask = _mask.run

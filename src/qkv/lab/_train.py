@@ -23,6 +23,8 @@ mapping ``qkv explain`` reads: ``qkv lab train --json | jq .worked_example > w.j
 """
 from __future__ import annotations
 
+import types
+
 import math
 import re
 
@@ -41,8 +43,8 @@ NOUNS = IT_NOUNS + HE_NOUNS + SHE_NOUNS + PERSON_NOUNS
 PRONOUNS = ("它", "他", "她")
 #: the measure word of each noun (一 棵 树, 一 只 猫, 一 位 老师 …; 个 for the rest). Each is shared by two
 #: nouns or more, so a measure word never names its noun: the model must look at the noun itself.
-CLASSIFIER = {"树": "棵", "草": "棵", "猫": "只", "狗": "只", "桌子": "张", "床": "张", "银行": "家", "商店": "家",
-              "房子": "座", "山": "座", "老师": "位", "医生": "位"}
+CLASSIFIER = types.MappingProxyType({"树": "棵", "草": "棵", "猫": "只", "狗": "只", "桌子": "张", "床": "张", "银行": "家", "商店": "家",
+              "房子": "座", "山": "座", "老师": "位", "医生": "位"})
 ADJECTIVES = ("高", "大", "好")
 #: the templates: N<i> a noun slot, CL<i> the measure word of noun i, P the pronoun, A an adjective
 TEMPLATES = (

@@ -16,6 +16,8 @@ Hugging Face stores a Linear layer's weight as (out, in) and computes ``x @ W.T 
 """
 from __future__ import annotations
 
+import types
+
 import json
 import math
 import numbers
@@ -184,7 +186,7 @@ def _relu_(h: np.ndarray) -> np.ndarray:
     return np.maximum(h, 0, out=h)
 
 
-_ACT_FN = {"gelu": gelu_, "gelu_new": _gelu_tanh_, "gelu_pytorch_tanh": _gelu_tanh_, "relu": _relu_}
+_ACT_FN = types.MappingProxyType({"gelu": gelu_, "gelu_new": _gelu_tanh_, "gelu_pytorch_tanh": _gelu_tanh_, "relu": _relu_})
 
 
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
