@@ -121,26 +121,45 @@ def _tile_problem(mask_mod, L, S=None, block_size=128, causal=False, E=8):
     return tplan._Problem(z, zk, zk, None, causal, 1.0, False, block_mask=bm)
 
 
-@pytest.mark.parametrize("window", [100, 257, 511, 1000])
-@pytest.mark.parametrize("block_size", [32, 64, 128])
-@pytest.mark.parametrize("rows", [(0, 2048), (700, 1900)])
-def test_a_windows_strips_cut_their_keys_at_multiples_of_16_in_pieces_the_limits_allow(window, block_size, rows):
-    """A sliding window's pieces (no tiles: its cells are bands) start and end their keys at multiples of 16 —
-    the strip's lower edge rounded down, its upper edge up, the triangle's cut up — or at the keys' end; each
-    at most a strip's rows and ``band_rows_plain × band_keys_plain`` scores (the triangle: the strip's rows wide
-    and its rounding)."""
+WINDOW_LIMITS = [dict(), dict(band_rows_plain=4, band_keys_plain=16, strip_rows_tiles=4),
+                 dict(band_rows_plain=16, band_keys_plain=48, strip_rows_tiles=2), dict(strip_rows_tiles=64)]
+
+
+@pytest.mark.parametrize("window", [13, 100, 257, 511])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("rows", [(0, 1024), (300, 1000)])
+@pytest.mark.parametrize("moved", range(len(WINDOW_LIMITS)))
+def test_a_windows_strips_are_cut_at_multiples_of_16_as_the_limits_say(window, block_size, rows, moved):
+    """A sliding window's pieces (its cells are bands: no tiles) start and end their keys at multiples of 16 —
+    the strip's lower edge rounded down, its upper edge up — or at the keys' end; each keeps something; each is
+    at most a strip's rows and ``band_rows_plain × band_keys_plain`` scores; and a strip's lower edge is one
+    piece of its run, its triangle: from the first row's first key (rounded down) to the last row's first key,
+    rounded up to 16 — the first key every row of the strip takes — or to the run's end before it."""
     from qkv.backends.tiled import sparse
-    L = 2048
-    P = _tile_problem(M.sliding_window(window), L, block_size=block_size)
+    from qkv.kernels import NO_LO, NO_MASK
+    L = 1024
+    with limits(**WINDOW_LIMITS[moved]):
+        P = _tile_problem(M.sliding_window(window), L, block_size=block_size)
     plan, tiles, room, strips = sparse.masked_plan(P, (0, 0), *rows, 1, 512)
-    lim = P.limits
+    lim, i0 = P.limits, rows[0]
     area = lim.band_rows_plain * lim.band_keys_plain
+    allowed = np.broadcast_to(P.bm.dense((1, 1), L, L), (L, L))
     assert (plan[:, 6] < 0).all() and strips
-    for r0, r1, j0, j1, *_ in plan:
+    triangles: dict = {}
+    for r0, r1, j0, j1, d, fresh, t, lo, t0 in plan:
+        n, a = r1 - r0, i0 + r0
         assert j0 % 16 == 0 and (j1 % 16 == 0 or j1 == L), (r0, r1, j0, j1)
-        n = r1 - r0
-        assert n <= lim.strip_rows_tiles
+        assert allowed[a:a + n, j0:j1].any(), (r0, r1, j0, j1)
+        narrow = j1 - j0 <= sparse.NARROW and d == NO_MASK and lo == NO_LO      # a full column: tall pieces
+        assert n <= (lim.band_rows_plain * max(1, lim.band_keys_plain // (j1 - j0)) if narrow
+                     else lim.strip_rows_tiles), (r0, r1, j0, j1)
         assert j1 - j0 <= max(16, area // n // 16 * 16, n + 32), (r0, r1, j0, j1)
+        if lo != NO_LO:                                          # a run's lower edge: its triangle
+            first = int(np.argmax(allowed[a + n - 1]))          # the last row's first key
+            triangles.setdefault((r0, r1), []).append((j1, -(-first // 16) * 16))
+    assert triangles
+    for strip, ends in triangles.items():                       # at its rounded end, or its run's end before it
+        assert all(j1 == want or (j1 < want and (j1 % P.cell == 0 or j1 == L)) for j1, want in ends), (strip, ends)
 
 
 def test_the_tile_loops_plan_contract_room_strips_tiles_and_its_cache():

@@ -132,7 +132,8 @@ def _cut(a: int, b: int, run: tuple, strip: int, area: int) -> list:
     """A run ``(j0, j1, LO, D)`` of rows a … b in strips of ``strip`` rows, each in pieces: the lower edge's
     triangle first (its keys from a multiple of 16 down — not below j0 —, masked, to the first key every row of
     the strip takes), then pieces of ``area`` scores at most, the last to a multiple of 16 where the upper edge masks the
-    keys added; each piece with the edges that bind in it, none where nothing is allowed."""
+    keys added; none where nothing is allowed; each piece with the run's edges (:func:`_assemble` drops those that
+    bind nowhere in it)."""
     j0, j1, lo, hi = run
     out = []
     for x0 in range(a, b, strip):
@@ -149,9 +150,8 @@ def _cut(a: int, b: int, run: tuple, strip: int, area: int) -> list:
             cuts.append(min(end, cuts[-1] + step))
         for p0, p1 in zip(cuts, cuts[1:]):
             if (hi is not None and p0 > x1 - 1 + hi) or (lo is not None and p1 - 1 < x0 + lo):
-                continue
-            out.append((x0, x1, p0, p1, hi if hi is not None and p1 - 1 > x0 + hi else None, -1,
-                        lo if lo is not None and p0 < x1 - 1 + lo else None))
+                continue                                       # nothing of the strip's band in it
+            out.append((x0, x1, p0, p1, hi, -1, lo))           # (_assemble keeps an edge where it binds)
     return out
 
 
