@@ -215,3 +215,72 @@ def test_untidy_finds_a_wasteful_plan():
     assert any("over the strip" in x for x in proof.untidy(with_task(pieces=(wide,))))
     tall = dataclasses.replace(t.pieces[0], rows=(0, 600), keys=(0, 16), upper=None, lower=None, tile=None)
     assert any("narrow block" in x for x in proof.untidy(with_task(pieces=(tall,))))
+
+
+def _count_mask_calls(monkeypatch):
+    from qkv.backends.tiled import sparse
+    calls = []
+    real = sparse.call_mask_mod
+
+    def counted(mod, b, h, q, kv):
+        calls.append((int(np.min(q)), int(np.min(kv))))
+        return real(mod, b, h, q, kv)
+    monkeypatch.setattr(sparse, "call_mask_mod", counted)
+    return calls
+
+
+def test_a_tile_is_evaluated_once_per_offset_of_a_translation_invariant_mask(monkeypatch):
+    """A mask of ``i − j`` alone (a window with BLOCK_SIZE not a multiple of 16: partial cells that are not bands
+    everywhere) evaluates its mask mod once per distinct (offset, shape) of its partial cells; a mask that is not
+    invariant, once per partial cell; a cell that is partial only by the causal mask (``is_causal`` over whole
+    documents) never calls the mask mod."""
+    from qkv.backends.tiled import sparse
+    L = 1024
+    for mod, invariant in [(M.or_masks(M.sinks(3), M.sliding_window(40)), False),
+                           (M.and_masks(M.sliding_window(200), M.MaskMod(lambda b, h, q, kv: (q - kv) % 3 != 1,
+                                                                      traits=M.MaskTraits(invariant=True))), True)]:
+        calls = _count_mask_calls(monkeypatch)
+        P = _tile_problem(mod, L, block_size=64)
+        got = sparse._build(P, (0, 0), 0, L, 1, 512)
+        assert got[0] is not None
+        G = P.grid((0, 0))[0]
+        partial = int((G > 0).sum())
+        if invariant:
+            offsets = {(r - c) for r, c in zip(*np.nonzero(G > 0))}
+            assert len(calls) <= len(offsets) + 2 < partial, (len(calls), len(offsets), partial)
+        else:
+            assert len(calls) == partial, (len(calls), partial)
+    calls = _count_mask_calls(monkeypatch)
+    P = _tile_problem(M.document(np.arange(L) // 256), L, block_size=64, causal=True)
+    assert sparse._build(P, (0, 0), 0, L, 1, 512)[0] is not None
+    assert calls == []                                        # whole documents: only the diagonal is partial
+
+
+def test_a_partial_cell_with_nothing_allowed_is_skipped():
+    """A cell partial by both the mask mod and ``is_causal`` whose two allow nothing together (keys after the
+    query, and the causal mask) keeps no piece at all."""
+    from qkv.backends.tiled import proof
+    pytest.importorskip("numba")
+    r = np.random.default_rng(1)
+    L = 600
+    q, k, v = ((r.standard_normal((1, 1, L, 8)) * 0.05).astype(np.float32) for _ in range(3))
+    later = M.MaskMod(lambda b, h, qi, kv: (kv > qi) | (kv < qi - 100))
+    bm = qkv.create_block_mask(later, None, None, L, L, BLOCK_SIZE=64)
+    p = qkv.plan(q, k, v, block_mask=bm, is_causal=True, backend="tiled")
+    assert any(t.strategy == "compiled loop, tiles" for t in p.tasks)
+    proof.check(p)
+    assert not proof.untidy(p)
+
+
+def test_tiles_over_the_byte_limit_keep_the_other_strategies(monkeypatch):
+    """``MAX_TILE_BYTES`` is the tiles' float32 bytes: a plan whose tiles take exactly that many is made, one byte
+    less keeps the other strategies."""
+    from qkv.backends.tiled import sparse
+    mod = qkv.mods.MaskMod(lambda b, h, q, kv: (q * 7 + kv * 3) % 5 != 0)
+    P = _tile_problem(mod, 256, block_size=32)
+    plan, tiles, room, strips = sparse._build(P, (0, 0), 0, 256, 1, 512)
+    need = len(tiles) * P.cell * P.cell * 4
+    monkeypatch.setattr(sparse, "MAX_TILE_BYTES", need)
+    assert sparse._build(P, (0, 0), 0, 256, 1, 512)[0] is not None
+    monkeypatch.setattr(sparse, "MAX_TILE_BYTES", need - 1)
+    assert sparse._build(P, (0, 0), 0, 256, 1, 512)[0] is None
