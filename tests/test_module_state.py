@@ -65,3 +65,33 @@ def test_the_scan_finds_what_it_should(tmp_path):
                                    "D = collections.defaultdict(list)\nE = frozenset({1})\nF = bytearray(2)\n"
                                    "G = {k: 1 for k in 'ab'}\n")
     assert set(module_mutables(tmp_path)) == {"m.py:A", "m.py:B", "m.py:D", "m.py:F", "m.py:G"}
+
+
+#: Module names a function rebinds (``global``), and why.
+REBOUND = {
+    "_display.py:_show": "the notebook display qkv.viz registers once (a lower layer's hook)",
+    "gemm.py:_blas_single_threaded": "the runtime's counted BLAS limit, installed once when it is made (a hook: "
+                                     "gemm sits below the runtime)",
+    "viz/heatmap.py:_warned_no_cjk": "a warn-once flag (issue 41's module)",
+}
+
+
+def module_rebinds(root: pathlib.Path) -> set:
+    """``"path:NAME"`` of every module-level name a function of a file under ``root`` declares ``global``."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Global):
+                found |= {f"{path.relative_to(root).as_posix()}:{name}" for name in node.names}
+    return found
+
+
+def test_no_function_rebinds_a_module_name_outside_the_list():
+    found = module_rebinds(pathlib.Path(qkv.__file__).parent)
+    assert not sorted(found - set(REBOUND)), "a module name rebound at run time: state outside the runtime"
+    assert not sorted(set(REBOUND) - found), "allowed but gone: take it off the list"
+
+
+def test_the_rebind_scan_finds_what_it_should(tmp_path):
+    (tmp_path / "m.py").write_text("X = 1\ndef f():\n    global X\n    X = 2\ndef g():\n    return X\n")
+    assert module_rebinds(tmp_path) == {"m.py:X"}

@@ -128,22 +128,20 @@ def _blas_threads(n: int):
 
 @contextlib.contextmanager
 def _thread_counts(threads, torch):
-    """One thread count for qkv and torch (None: qkv's own), yielded resolved; both restored on leaving."""
-    from qkv.backends.runtime import RUNTIME
-    from qkv.engine import get_num_threads, set_num_threads
-    saved = RUNTIME.threads
-    if threads is not None:
-        set_num_threads(threads)
-    threads = get_num_threads()
-    old_torch = torch.get_num_threads() if torch is not None else None
-    if torch is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield threads
-    finally:
-        set_num_threads(saved)
+    """One thread count for qkv and torch (None: qkv's own), yielded resolved; qkv's a :func:`qkv.config`
+    block (nothing of the process changed), torch's restored on leaving."""
+    from qkv.backends.configuration import config
+    from qkv.engine import get_num_threads
+    with config(threads=threads):
+        threads = get_num_threads()
+        old_torch = torch.get_num_threads() if torch is not None else None
         if torch is not None:
-            torch.set_num_threads(old_torch)
+            torch.set_num_threads(threads)
+        try:
+            yield threads
+        finally:
+            if torch is not None:
+                torch.set_num_threads(old_torch)
 
 
 def _read_status(field: str) -> int | None:

@@ -27,7 +27,7 @@ def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repe
     GEMM alone runs at least as fast as inside the kernel, so that share is if anything low (``gemm_s`` None)."""
     from .. import gemm
     from ..backends import tiled
-    saved = gemm.GEMM.choice
+    from ..backends.configuration import config
     gemms = _check_gemms(gemms)
     rng = np.random.default_rng(n)
     q, k, v = (rng.standard_normal((1, heads, n, dim), dtype=np.float32) for _ in range(3))
@@ -37,9 +37,8 @@ def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repe
     if bad:
         raise ValueError(f"modes: expected some of {', '.join(MODES)}, got {bad[0]!r}")
     rows = []
-    try:
-        for g in gemms:
-            gemm.set_gemm(g)
+    for g in gemms:
+        with config(gemm=g):                                    # the provider for this row only
             p = gemm.GEMM.active()
             # every provider a product may go to: the chosen one, and NumPy, which keeps the small products
             # where auto took MKL (gemm.AUTO_RESOLVE_FLOPS)
@@ -60,8 +59,6 @@ def gemm_share(n: int = 4096, *, heads: int = 2, dim: int = 64, gemms=None, repe
                 rows.append(dict(gemm=g, mode=mode, n=n, heads=heads, cpu_s=total, wall_s=wall, gemm_s=in_gemm,
                                  gemm_gflops=rate, gflops=nominal / wall / 1e9,
                                  share=(nominal / wall / 1e9) / rate))
-    finally:
-        gemm.set_gemm(saved)
     if torch_sdpa is None or torch_sdpa:
         try:
             import torch  # noqa: F401

@@ -36,7 +36,7 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
     ``gemms``: the GEMM providers to run the tiled engine with, side by side (``("numpy", "mkl")``); None:
     the one in use (:func:`qkv.get_gemm`). Each row has ``gemm``: its provider (None for reference/torch).
     """
-    from qkv import _checks, gemm
+    from qkv import _checks
 
     lengths = [_checks.positive_int(n, "lengths") for n in lengths]
     heads = _checks.positive_int(heads, "heads")
@@ -56,34 +56,30 @@ def run(lengths=(512, 1024, 2048, 4096), *, heads: int = 8, dim: int = 64, batch
             import torch
         except ImportError:
             impls.remove("torch")
-    saved_gemm = gemm.GEMM.choice
     gemms = _check_gemms(gemms)
     labels = _labels(impls, gemms)
     with _thread_counts(threads, torch) as threads:
-        try:
-            size = 2048 if max(lengths) >= 1024 else 512                  # small sweeps: a quick estimate
-            rate = matmul_rate(threads, size)
-            providers = gemm_info(threads, gemms, size)
-            rows = []
-            cells = [(m, n) for m in modes for n in lengths]
-            bar = _progress(len(cells) * len(labels), progress)
-            for mode, n in cells:
-                rng = np.random.default_rng(n)
-                q, k, v, go = (rng.standard_normal((batch, heads, n, dim), dtype=np.float32) for _ in range(4))
-                calls = _cell_calls(labels, mode, q, k, v, go, threads, batch * heads * n * n, reference_max_bytes)
-                times = _interleaved(calls, repeats, threads)
-                mem = {}
-                if memory:
-                    for label, impl, g in labels:
-                        if label in calls:
-                            mem[label] = memory_in_fresh_process(impl, mode, n, heads=heads, dim=dim, batch=batch,
-                                                                 threads=threads, gemm=g)
-                work = flops(mode, batch, heads, n, dim)
-                rows += _cell_rows(labels, calls, times, mem, mode, n, work, rate, providers, bar)
-            if bar is not None:
-                bar.close()
-        finally:
-            gemm.set_gemm(saved_gemm)
+        size = 2048 if max(lengths) >= 1024 else 512                  # small sweeps: a quick estimate
+        rate = matmul_rate(threads, size)
+        providers = gemm_info(threads, gemms, size)
+        rows = []
+        cells = [(m, n) for m in modes for n in lengths]
+        bar = _progress(len(cells) * len(labels), progress)
+        for mode, n in cells:
+            rng = np.random.default_rng(n)
+            q, k, v, go = (rng.standard_normal((batch, heads, n, dim), dtype=np.float32) for _ in range(4))
+            calls = _cell_calls(labels, mode, q, k, v, go, threads, batch * heads * n * n, reference_max_bytes)
+            times = _interleaved(calls, repeats, threads)
+            mem = {}
+            if memory:
+                for label, impl, g in labels:
+                    if label in calls:
+                        mem[label] = memory_in_fresh_process(impl, mode, n, heads=heads, dim=dim, batch=batch,
+                                                             threads=threads, gemm=g)
+            work = flops(mode, batch, heads, n, dim)
+            rows += _cell_rows(labels, calls, times, mem, mode, n, work, rate, providers, bar)
+        if bar is not None:
+            bar.close()
     return {
         "machine": _machine(threads, rate, torch, providers),
         "config": dict(batch=batch, heads=heads, dim=dim, dtype="float32", repeats=repeats, lengths=lengths,
@@ -157,12 +153,13 @@ def _cell_rows(labels, calls, times, mem, mode, n, work, rate, providers, bar) -
 
 
 def _with_gemm(name: str, fn):
-    """``fn`` run with the GEMM provider ``name`` (set before each call: providers take turns)."""
-    from .. import gemm
+    """``fn`` run with the GEMM provider ``name`` (a :func:`qkv.config` block around each call: providers take
+    turns, and nothing of the process is changed)."""
+    from ..backends.configuration import config
 
     def call():
-        gemm.set_gemm(name)
-        return fn()
+        with config(gemm=name):
+            return fn()
     return call
 
 
