@@ -242,7 +242,7 @@ def test_a_tile_is_evaluated_once_per_offset_of_a_translation_invariant_mask(mon
         calls = _count_mask_calls(monkeypatch)
         P = _tile_problem(mod, L, block_size=64)
         got = sparse._build(P, (0, 0), 0, L, 1, 512)
-        assert got[0] is not None
+        assert got is not None
         G = P.grid((0, 0))[0]
         partial = int((G > 0).sum())
         if invariant:
@@ -252,7 +252,7 @@ def test_a_tile_is_evaluated_once_per_offset_of_a_translation_invariant_mask(mon
             assert len(calls) == partial, (len(calls), partial)
     calls = _count_mask_calls(monkeypatch)
     P = _tile_problem(M.document(np.arange(L) // 256), L, block_size=64, causal=True)
-    assert sparse._build(P, (0, 0), 0, L, 1, 512)[0] is not None
+    assert sparse._build(P, (0, 0), 0, L, 1, 512) is not None
     assert calls == []                                        # whole documents: only the diagonal is partial
 
 
@@ -281,6 +281,39 @@ def test_tiles_over_the_byte_limit_keep_the_other_strategies(monkeypatch):
     plan, tiles, room, strips = sparse._build(P, (0, 0), 0, 256, 1, 512)
     need = len(tiles) * P.cell * P.cell * 4
     monkeypatch.setattr(sparse, "MAX_TILE_BYTES", need)
-    assert sparse._build(P, (0, 0), 0, 256, 1, 512)[0] is not None
+    assert sparse._build(P, (0, 0), 0, 256, 1, 512) is not None
     monkeypatch.setattr(sparse, "MAX_TILE_BYTES", need - 1)
-    assert sparse._build(P, (0, 0), 0, 256, 1, 512)[0] is None
+    assert sparse._build(P, (0, 0), 0, 256, 1, 512) is None
+
+
+@pytest.mark.parametrize("offset", [-1, 14, 30, 62])
+def test_a_band_whose_edge_binds_at_a_cells_last_key_is_kept_to_it(offset):
+    """``kv ≤ q + offset``: a band's upper edge in each cell it crosses; where it binds at a cell's last key but
+    one or its first (``offset`` 30 with the 32-key cells of the engine's grid, −1 strictly causal) the plan still
+    keeps exactly what the mask allows, with edges, never a tile — and a strictly causal diagonal joins the full cells to its left into one run: its strips are
+    pieces of the full step, the last to the edge."""
+    from qkv.backends.tiled import proof, sparse
+    pytest.importorskip("numba")
+    L = 700
+    r = np.random.default_rng(2)
+    q, k, v = ((r.standard_normal((1, 1, L, 8)) * 0.05).astype(np.float32) for _ in range(3))
+    mod = M.MaskMod(lambda b, h, qi, kv: kv <= qi + offset, traits=M.MaskTraits(invariant=True))
+    for bs in (16, 32, 64):
+        bm = qkv.create_block_mask(mod, None, None, L, L, BLOCK_SIZE=bs)
+        p = qkv.plan(q, k, v, block_mask=bm, backend="tiled")
+        assert any(t.strategy == "compiled loop, tiles" for t in p.tasks)
+        assert all(pc.tile is None for t in p.tasks for pc in t.pieces)     # bands: edges, never a tile
+        proof.check(p)
+        assert not proof.untidy(p)
+    if offset == -1:
+        P = _tile_problem(mod, 2048, block_size=64)
+        plan = sparse.masked_plan(P, (0, 0), 0, 2048, 1, 512)[0]
+        lim = P.limits
+        by_strip: dict = {}
+        for r0, r1, j0, j1, *_ in plan:
+            by_strip.setdefault((r0, r1), []).append((j0, j1))
+        for (r0, r1), keys in by_strip.items():
+            step = max(16, lim.band_rows_plain * lim.band_keys_plain // (r1 - r0) // 16 * 16)
+            keys.sort()
+            assert keys[0][0] == 0 and all(a[1] == b[0] for a, b in zip(keys, keys[1:])), keys
+            assert all(j1 - j0 == step for j0, j1 in keys[:-1]), ((r0, r1), keys, step)

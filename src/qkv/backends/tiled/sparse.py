@@ -25,6 +25,7 @@ from ...mods import call_mask_mod
 MAX_TILE_BYTES = 16 << 20
 #: Full blocks at most this many keys wide (a sink's column) are cut in tall pieces, not a cell's rows at a time.
 NARROW = 16
+_MISSING = object()
 
 
 def masked_plan(P, idx, i0: int, i1: int, g: int, width: int):
@@ -42,17 +43,17 @@ def masked_plan(P, idx, i0: int, i1: int, g: int, width: int):
     lim = P.limits
     key = ("tiles", P.cell, P.is_causal, P.bm._bh(b, h), i0, i1, g, width, lim.band_rows_plain, lim.band_keys_plain,
            lim.strip_rows_tiles)
-    got = P._bm_cache.get(key)
-    if got is None:
-        got = _build(P, idx, i0, i1, g, width)
-        P._bm_cache[key] = got
-    return None if got[0] is None else got
+    got = P._bm_cache.get(key, _MISSING)
+    if got is _MISSING:                                       # (None: made, and refused)
+        got = P._bm_cache[key] = _build(P, idx, i0, i1, g, width)
+    return got
 
 
 def _build(P, idx, i0: int, i1: int, g: int, width: int):
+    """:func:`masked_plan`'s result, made (None: the tiles would pass :data:`MAX_TILE_BYTES`)."""
     b, h = P.bh(idx)
     G = P.grid(idx)[0]                                        # (cells of L, cells of S) −1 / 0 / mask bits
-    c, L, S = P.cell, P.L, P.S
+    c, S = P.cell, P.S
     gr0, gr1 = i0 // c, -(-i1 // c)
     sub = G[gr0:gr1]
     cols = np.flatnonzero((sub >= 0).any(axis=0))
@@ -61,7 +62,7 @@ def _build(P, idx, i0: int, i1: int, g: int, width: int):
         _quad(sub, 0, gr1 - gr0, int(cols[0]), int(cols[-1]) + 1, max(1, width // c), rects)
     tiles, index, segs = [], {}, []
     for ra, rb, ca, cb in rects:
-        a0, a1 = max((gr0 + ra) * c, i0), min((gr0 + rb) * c, i1, L)
+        a0, a1 = max((gr0 + ra) * c, i0), min((gr0 + rb) * c, i1)
         j0, j1 = ca * c, min(cb * c, S)                     # (never empty: each rect has a row and a key here)
         v = int(sub[ra, ca])
         if v == 0:
@@ -69,7 +70,7 @@ def _build(P, idx, i0: int, i1: int, g: int, width: int):
             continue
         got = _tile(P, b, h, v, a0, a1, j0, j1, tiles, index)
         if got is None:
-            return None, None, 0, False
+            return None
         t, (u0, u1, w0, w1) = got
         if t == -3:                                           # a band in i − j: its edges, no tile
             lo, hi = (None if e is None else e + j0 - a0 for e in (u0, u1))       # key − position, absolute
