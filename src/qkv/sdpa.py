@@ -107,7 +107,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         enable_gqa: Hk may divide Hq; key/value head h serves query heads h·Hq/Hk … (h+1)·Hq/Hk − 1.
         return_weights: also return the attention weights (..., Hq, L, S) (after dropout, if any).
         rng: a ``numpy.random.Generator`` for dropout (a fresh one when None).
-        backend: None/"auto" chooses by size (:func:`choose_auto`: the reference for small inputs, the
+        backend: None/"auto" chooses by size (:func:`qkv.backends.select`: the reference for small inputs, the
             tiled engine when the (…, L, S) scores would be large); or a name from :func:`qkv.backends.names`:
             "reference", "tiled", "torch".
         trace: a :class:`qkv.Trace` to record the stages into (forces the observable reference path; another
