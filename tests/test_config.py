@@ -130,6 +130,12 @@ def test_the_runtime_caches_are_bounded_and_locked():
     coef = scoring._tanh_poly(0.5)
     assert RUNTIME.memo.get(("tanh_poly", 0.5), lambda: pytest.fail("not kept")) is coef
     assert len(coef) == 5                                                             # 5 terms up to Y = 1/2
+    plans = runtime.PlanCache()
+    plans.MAX_ITEMS = 2
+    plans["a"], plans["b"], plans["b"] = 1, 2, 3                                     # a key stored again: kept
+    assert dict(plans) == {"a": 1, "b": 3}
+    plans["c"] = 4                                                                    # full: started again
+    assert dict(plans) == {"c": 4}
     hint = runtime.Hint()
     hint.set(True)
     assert hint.get() is True

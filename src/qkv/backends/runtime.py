@@ -439,7 +439,12 @@ class Runtime:
 
 
 class PlanCache(dict):
-    """One block mask's plans: a dict whose stores are serialized (worker threads plan blocks at once)."""
+    """One block mask's plans: a dict whose stores are serialized (worker threads plan blocks at once), kept
+    while the block mask lives and at most :attr:`MAX_ITEMS` of them (past that it starts again empty: a block
+    mask reused with ever new shapes or limits does not grow without end)."""
+
+    #: Far above one call's tasks (a call plans each of its tasks once; 8 × 32 heads of 8 tasks is 2,048).
+    MAX_ITEMS = 1 << 16
 
     def __init__(self):
         super().__init__()
@@ -447,6 +452,8 @@ class PlanCache(dict):
 
     def __setitem__(self, key, value) -> None:
         with self._lock:
+            if len(self) >= self.MAX_ITEMS and key not in self:
+                self.clear()
             super().__setitem__(key, value)
 
 
