@@ -111,9 +111,10 @@ def test_a_trace_keeps_the_backend_and_its_reason():
 
 
 def test_accuracy_configured_moves_the_limits_not_a_module_constant():
+    import dataclasses
     from qkv import accuracy, engine
     spec = accuracy.draw_spec(lambda name, options: options[0])
-    spec = type(spec)(**{**spec.__dict__, "limits": (("auto_tiled_min_scores", 0),)})
+    spec = dataclasses.replace(spec, limits=(("auto_tiled_min_scores", 0),))
     with accuracy.configured(spec):
         assert tiled.current_limits().backward_whole_scores == 0
         assert engine.BACKWARD_WHOLE_SCORES == 1 << 18

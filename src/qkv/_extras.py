@@ -7,9 +7,10 @@ import types
 import importlib
 
 #: The optional dependencies and the extra that brings each.
-EXTRAS = types.MappingProxyType({"click": "cli", "rich": "cli", "yaml": "cli", "tqdm": "cli", "matplotlib": "viz", "networkx": "viz",
-          "safetensors": "model", "tokenizers": "model", "gguf": "llama", "jinja2": "llama", "threadpoolctl": "fast",
-          "numba": "jit", "mkl": "mkl", "torch": "torch"})
+EXTRAS = types.MappingProxyType(
+    {"click": "cli", "rich": "cli", "yaml": "cli", "tqdm": "cli", "matplotlib": "viz", "networkx": "viz",
+     "safetensors": "model", "tokenizers": "model", "gguf": "llama", "jinja2": "llama", "threadpoolctl": "fast",
+     "numba": "jit", "mkl": "mkl", "torch": "torch"})
 
 
 def need(module: str, what: str):

@@ -625,7 +625,8 @@ def run(p: Problem, *, backward: bool = True) -> dict:
 #: Per dtype ``(a, b)``: a quantity's error, over its magnitude, may be ``a + b·max|score|``. float32: its
 #: rounding of each score (≈ 4 units of 2⁻²⁴ of the largest) and 2e-5 for the rest; float16 (computed in float32,
 #: rounded to float16 at the end): float16's unit roundoff twice (2⁻¹⁰) on top; float64 likewise, far tighter.
-TOLERANCES = types.MappingProxyType({"float64": (1e-12, 4e-15), "float32": (2e-5, 2.4e-7), "float16": (2 ** -10 + 2e-5, 2.4e-7)})
+TOLERANCES = types.MappingProxyType(
+    {"float64": (1e-12, 4e-15), "float32": (2e-5, 2.4e-7), "float16": (2 ** -10 + 2e-5, 2.4e-7)})
 QUANTITIES = ("out", "lse", "weights", "dq", "dk", "dv", "dsink")
 
 

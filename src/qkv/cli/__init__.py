@@ -20,9 +20,10 @@ def _one_line(msg: str) -> str:
 
 
 #: The optional dependencies and the extra that brings each (pyproject.toml).
-EXTRAS = types.MappingProxyType({"click": "cli", "rich": "cli", "yaml": "cli", "tqdm": "cli", "matplotlib": "viz", "networkx": "viz",
-          "safetensors": "model", "tokenizers": "model", "gguf": "llama", "jinja2": "llama", "threadpoolctl": "fast",
-          "torch": "torch"})
+EXTRAS = types.MappingProxyType(
+    {"click": "cli", "rich": "cli", "yaml": "cli", "tqdm": "cli", "matplotlib": "viz", "networkx": "viz",
+     "safetensors": "model", "tokenizers": "model", "gguf": "llama", "jinja2": "llama", "threadpoolctl": "fast",
+     "torch": "torch"})
 
 
 def _command(argv) -> str:

@@ -22,8 +22,9 @@ from .explain_cmd import lang_option
 _MODELS: dict = {}
 
 #: The command line's names for the arguments of LlamaModel.generate and load_llama.
-OPTIONS = types.MappingProxyType({"max_new_tokens": "-n/--max-new-tokens", "temperature": "-T/--temperature", "top_k": "--top-k",
-           "top_p": "--top-p", "seed": "--seed", "chat": "--chat", "prompt": "PROMPT", "path": "--gguf"})
+OPTIONS = types.MappingProxyType(
+    {"max_new_tokens": "-n/--max-new-tokens", "temperature": "-T/--temperature", "top_k": "--top-k",
+     "top_p": "--top-p", "seed": "--seed", "chat": "--chat", "prompt": "PROMPT", "path": "--gguf"})
 
 
 def option_error(exc: Exception, options: dict = OPTIONS, blame: str | None = None) -> UserError:

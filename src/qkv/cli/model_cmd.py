@@ -325,9 +325,10 @@ def _table(m, tokens, weights, i, k, layer, decoder=False):
 
 
 #: The words of the --heads-summary legend (qkv.viz.heads.KINDS, and the mixed heads' note).
-KIND_KEYS = types.MappingProxyType({"previous": "model.kind_previous", "next": "model.kind_next", "same": "model.kind_same",
-             "sink": "model.kind_sink", "long_range": "model.kind_long_range", "broad": "model.kind_broad",
-             "mixed": "model.kind_mixed"})
+KIND_KEYS = types.MappingProxyType(
+    {"previous": "model.kind_previous", "next": "model.kind_next", "same": "model.kind_same",
+     "sink": "model.kind_sink", "long_range": "model.kind_long_range", "broad": "model.kind_broad",
+     "mixed": "model.kind_mixed"})
 
 
 def _heads_summary(m, viz_heads, attentions, tokens, name, decoder):

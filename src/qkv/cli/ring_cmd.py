@@ -62,8 +62,9 @@ def _check_memory(P: int, N: int, B: int, H: int, E: int, dtype: str, backward: 
 
 
 #: The largest value of each count (stated in --help); memory bounds their product further (_check_memory).
-MAXIMA = types.MappingProxyType({"--length": 1 << 24, "--window": 1 << 24, "--heads": 1024, "--kv-heads": 1024, "--dim": 4096,
-          "--batch": 4096, "--repeats": 100, "--threads": 1024})
+MAXIMA = types.MappingProxyType(
+    {"--length": 1 << 24, "--window": 1 << 24, "--heads": 1024, "--kv-heads": 1024, "--dim": 4096,
+     "--batch": 4096, "--repeats": 100, "--threads": 1024})
 
 
 @cli.command("ring")

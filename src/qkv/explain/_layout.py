@@ -23,8 +23,9 @@ MAX_CALC = 36
 #: (batch, head) slices shown one by one; more show the first and say so
 MAX_SLICES = 4
 
-QUERY_SIDE = frozenset({"X", "Q", "Q_heads", "Q_rot", "scores", "scaled", "biased", "capped", "modified", "masked", "weights",
-              "dropout", "output", "concat", "final_output"})
+QUERY_SIDE = frozenset(
+    {"X", "Q", "Q_heads", "Q_rot", "scores", "scaled", "biased", "capped", "modified", "masked", "weights",
+     "dropout", "output", "concat", "final_output"})
 KEY_SIDE = frozenset({"X_kv", "K", "V", "K_heads", "V_heads", "K_repeated", "V_repeated", "K_rot"})
 PER_HEAD = frozenset({"Q_heads", "K_heads", "V_heads", "K_repeated", "V_repeated", "Q_rot", "K_rot", "scores", "scaled",
             "biased", "capped", "modified", "masked", "weights", "dropout", "output"})

@@ -94,12 +94,13 @@ def load_example(name: str) -> Worked:
 
 
 #: Each built-in example's title in every language: its key in qkv/locales (en.json holds the YAML file's title).
-TITLE_KEYS = types.MappingProxyType({"alibi": "explain.example_alibi", "causal": "explain.example_causal", "cross": "explain.example_cross",
-              "document": "explain.example_document", "padding": "explain.example_padding",
-              "rope": "explain.example_rope", "seed000": "explain.example_seed000",
-              "seed002": "explain.example_seed002", "seed003": "explain.example_seed003",
-              "sinks": "explain.example_sinks", "sliding_window": "explain.example_sliding_window",
-              "softcap": "explain.example_softcap", "two_head": "explain.example_two_head"})
+TITLE_KEYS = types.MappingProxyType(
+    {"alibi": "explain.example_alibi", "causal": "explain.example_causal", "cross": "explain.example_cross",
+     "document": "explain.example_document", "padding": "explain.example_padding",
+     "rope": "explain.example_rope", "seed000": "explain.example_seed000",
+     "seed002": "explain.example_seed002", "seed003": "explain.example_seed003",
+     "sinks": "explain.example_sinks", "sliding_window": "explain.example_sliding_window",
+     "softcap": "explain.example_softcap", "two_head": "explain.example_two_head"})
 
 
 def titles(worked: Worked) -> dict[str, str] | None:

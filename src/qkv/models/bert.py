@@ -186,7 +186,8 @@ def _relu_(h: np.ndarray) -> np.ndarray:
     return np.maximum(h, 0, out=h)
 
 
-_ACT_FN = types.MappingProxyType({"gelu": gelu_, "gelu_new": _gelu_tanh_, "gelu_pytorch_tanh": _gelu_tanh_, "relu": _relu_})
+_ACT_FN = types.MappingProxyType(
+    {"gelu": gelu_, "gelu_new": _gelu_tanh_, "gelu_pytorch_tanh": _gelu_tanh_, "relu": _relu_})
 
 
 def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
