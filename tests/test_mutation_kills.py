@@ -317,3 +317,30 @@ def test_a_band_whose_edge_binds_at_a_cells_last_key_is_kept_to_it(offset):
             keys.sort()
             assert keys[0][0] == 0 and all(a[1] == b[0] for a, b in zip(keys, keys[1:])), keys
             assert all(j1 - j0 == step for j0, j1 in keys[:-1]), ((r0, r1), keys, step)
+
+
+@pytest.mark.parametrize("window", [40, 200])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_narrow_columns_are_few_tall_pieces_and_a_windows_split_parts_keep_their_edges(window, block_size):
+    """Two columns of global keys (4 keys each, for the queries from 1000 on, which start inside a strip)
+    beside a sliding window: each column is joined down the rows into tall pieces of ``band_rows_plain · (band_keys_plain // 4)`` rows — as few as that allows —
+    and the window's pieces, split where the columns' rows came first, keep their edges where they bind and
+    nowhere else (the plan proven, and tidy)."""
+    from qkv.backends.tiled import proof, sparse
+    pytest.importorskip("numba")
+    L = 1536
+    cols = M.MaskMod(lambda b, h, q, kv: ((kv < 4) | ((kv >= 300) & (kv < 304))) & (q >= 1000))
+    mod = M.or_masks(cols, M.sliding_window(window))
+    P = _tile_problem(mod, L, block_size=block_size)
+    plan = sparse.masked_plan(P, (0, 0), 0, L, 1, 512)[0]
+    lim = P.limits
+    rh = lim.band_rows_plain * max(1, lim.band_keys_plain // 4)
+    for k0, rows in ((0, L - 1000), (300, L - 1000)):
+        col = plan[(plan[:, 2] == k0) & (plan[:, 3] == k0 + 4)]
+        assert 1 <= len(col) <= -(-rows // rh) + 1, (k0, len(col), rh)
+    r = np.random.default_rng(4)
+    q, k, v = ((r.standard_normal((1, 1, L, 8)) * 0.05).astype(np.float32) for _ in range(3))
+    bm = qkv.create_block_mask(mod, None, None, L, L, BLOCK_SIZE=block_size)
+    p = qkv.plan(q, k, v, block_mask=bm, backend="tiled")
+    proof.check(p)
+    assert not proof.untidy(p)

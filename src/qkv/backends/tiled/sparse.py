@@ -97,11 +97,10 @@ def _pieces(P, segs: list, cell: int) -> list:
         if t < 0 and lo is None and hi is None and j1 - j0 <= NARROW:
             narrow.append((a0, a1, j0, j1))
             continue
-        for a in range(a0, a1, cell) if t < 0 else (a0,):     # full rectangles a cell row at a time
-            b = min((a // cell + 1) * cell, a1) if t < 0 else a1
-            rows.setdefault((a, b), []).append((j0, j1, t, lo, hi))
+        for a in range(a0, a1, cell):                         # a cell row at a time (a tile's crop: one cell)
+            rows.setdefault((a, min((a // cell + 1) * cell, a1)), []).append((j0, j1, t, lo, hi))
     out = _tall(P, narrow)
-    area = max(1, P.limits.band_rows_plain) * max(1, P.limits.band_keys_plain)
+    area = P.limits.band_rows_plain * P.limits.band_keys_plain          # (sizes: positive, thresholds.limits)
     strip = P.limits.strip_rows_tiles
     for (a, b), row in rows.items():
         run = None
@@ -160,7 +159,7 @@ def _tall(P, narrow: list) -> list:
     """Narrow full blocks (a sink's column of cells), those of the same keys that touch joined, in pieces of
     about a ``band_rows_plain`` × ``band_keys_plain`` piece's scores: one block a cell, whose tiny products
     cost more than their arithmetic, was 4 % of a sliding window's time."""
-    bh, bw = max(1, P.limits.band_rows_plain), max(1, P.limits.band_keys_plain)
+    bh, bw = P.limits.band_rows_plain, P.limits.band_keys_plain
     joined: list = []
     for a0, a1, j0, j1 in sorted(narrow, key=lambda x: (x[2], x[3], x[0])):
         if joined and joined[-1][2:] == (j0, j1) and joined[-1][1] == a0:
@@ -184,7 +183,7 @@ def _assemble(P, pieces: list, i0: int, g: int) -> np.ndarray:
     piece's rows are all new (``fresh``: its P·V written, not added) or all seen — split where they are not. A
     split piece's later parts keep their place in the tile (``t0``: the part's first row within it) and on
     the band's edges (``d``, ``lo`` moved with the rows)."""
-    bh = max(1, P.limits.band_rows_plain)
+    bh = P.limits.band_rows_plain
     pieces = sorted(pieces, key=lambda x: (x[0] // bh, x[0] - x[1], x[0], x[2]))
     n = max((p[1] for p in pieces), default=i0) - i0
     seen = np.zeros(max(n, 0) + 1, bool)
