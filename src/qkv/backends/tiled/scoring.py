@@ -24,7 +24,6 @@ Shape legend: B batch, H query heads, Hk key/value heads, L queries, S keys, E q
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
@@ -166,18 +165,9 @@ def _apply_block_mask(s, kind, mask2d, i0, i1, j0, j1):
         np.add(s, blk, out=s, casting="unsafe")
 
 
-_local = threading.local()
-
-
-def _scratch(rows: int, cols: int, dtype, name: str = "scores") -> np.ndarray:
-    """A (rows, cols) block, reused by each worker thread from task to task and call to call (a few MB
-    per thread): a fresh multi-megabyte temporary per block costs its page faults every time (measured: a
-    third of the backward's time at N = 512)."""
-    buf = getattr(_local, name, None)
-    if buf is None or buf.size < rows * cols or buf.dtype != dtype:
-        buf = np.empty(rows * cols, dtype)
-        setattr(_local, name, buf)
-    return buf[:rows * cols].reshape(rows, cols)
+#: A (rows, cols) block of the calling thread's scratch memory, reused from task to task and call to call (the
+#: runtime's: :meth:`qkv.backends.runtime.Runtime.scratch`).
+_scratch = RUNTIME.scratch
 
 
 # ---------------------------------------------------------------------------------------------- the scorer
