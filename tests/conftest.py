@@ -1,9 +1,23 @@
-"""Shared test settings: fixed seeds, hypothesis profile, dtype tolerances, the `slow` tier."""
+"""Shared test settings: fixed seeds, hypothesis profile, dtype tolerances.
+
+The tests live in two folders: ``tests/unit`` needs NumPy, numba and the command line's extras alone (``make
+check``, under 90 s on 2 cores, leaves out the files marked ``slow`` at their top); ``tests/integration`` needs
+torch, transformers, a model package or Chromium (its conftest marks every test in it ``integration``). The helpers
+both folders import (``cli_checks``, ``matrix_families``, ``qkv_tolerances``) and ``data/`` stay here, beside this
+file, which puts this folder (and the two) on ``sys.path``."""
 import os
+import sys
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+
+#: The shared helpers, from either folder; and each folder, for the test modules that import another's helpers
+#: by module name (tests/browser's from tests/integration/test_viz_hf.py): module names are unique across folders.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _folder in ("integration", "unit", ""):
+    if os.path.join(_HERE, _folder).rstrip(os.sep) not in sys.path:
+        sys.path.insert(0, os.path.join(_HERE, _folder).rstrip(os.sep))
 
 settings.register_profile("qkv", max_examples=int(os.environ.get("QKV_HYPOTHESIS_EXAMPLES", "60")),
                           deadline=None, derandomize=True,
@@ -24,26 +38,3 @@ def numpy_kernels(monkeypatch):
     from qkv.kernels import KERNELS
     monkeypatch.setattr(KERNELS, "choice", "numpy")
     return KERNELS
-
-
-#: ``make check`` runs ``pytest -m "not slow"`` (under 90 s on 2 cores); ``make test`` runs everything. Marked
-#: slow: the browser tests, tests that load a model or need a GPU, and these files (each ~10 s or more on
-#: 2 cores, or end-to-end runs of the command line, the benchmarks, ring attention, the page, subprocesses).
-SLOW_FILES = frozenset({
-    "test_bench.py", "test_bench_accuracy.py", "test_kernels.py", "test_lab.py", "test_notebook.py",
-    "test_distributed.py", "test_distributed_failure.py", "test_plain_loop.py", "test_matrix.py",
-    "test_matrix_findings.py", "test_models.py", "test_models_cli.py", "test_models_reference.py", "test_llama.py",
-    "test_llama_reference.py", "test_heatmap_memory.py", "test_viz_scale.py", "test_viz_page.py", "test_viz_cli.py",
-    "test_tiled_flex.py", "test_cli_robust.py", "test_docs.py", "test_hostile_files.py", "test_chat_template.py",
-    "test_cli_counts.py", "test_cli_bad_input2.py", "test_optional_extras.py", "test_hf.py", "test_torch_autograd.py",
-})
-#: Single tests as slow ("file::function"): the sweeps against torch (test_flex: 639 cases, ~3 minutes of CPU).
-SLOW_TESTS = frozenset({"test_flex.py::test_forward_matches_torch", "test_flex.py::test_backward_matches_torch_autograd"})
-SLOW_MARKS = ("model", "browser", "gpu")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if (item.path.name in SLOW_FILES or f"{item.path.name}::{item.originalname}" in SLOW_TESTS
-                or "browser" in item.path.parts or any(item.get_closest_marker(m) for m in SLOW_MARKS)):
-            item.add_marker(pytest.mark.slow)

@@ -11,7 +11,7 @@ draws the problems to hold every path to it:
   dims, grouped-query heads, L ≠ S, masks, mask mods and score mods, sinks, dropout, block sizes, the
   engine's limits, backend, kernels, GEMM, threads). :func:`draw_spec` makes one from any chooser
   ``choose(name, options) -> option``: a seeded NumPy generator (:func:`numpy_chooser`, for ``qkv bench
-  --accuracy``) or hypothesis (``tests/test_matrix.py``, which then shrinks each choice towards its first,
+  --accuracy``) or hypothesis (``tests/unit/test_matrix.py``, which then shrinks each choice towards its first,
   simplest option).
 * :func:`build` — the arrays and mods of a spec (:class:`Problem`); :func:`run` — what the path computes
   (output, lse, weights, gradients), with the spec's kernels, GEMM and limits set for the call and restored
@@ -21,7 +21,7 @@ draws the problems to hold every path to it:
   streams, so a dropped path is held to its own returned weights.
 
 The reference is written from the spec alone (its mask mods and score mods as formulas, not through
-:mod:`qkv.mods`), so a bug in a mod is a difference too; ``tests/test_matrix.py`` holds it to torch's float64
+:mod:`qkv.mods`), so a bug in a mod is a difference too; ``tests/integration/test_matrix_torch.py`` holds it to torch's float64
 autograd.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ run took::
     print(seen)                     # Counter({'forward.lazy': 3, 'kernel.run': 24, ...})
     missing = set(qkv.paths.registered()) - set(seen)
 
-so the differential matrix (``tests/test_matrix.py``) can prove that it walked every path, and a new fast path
+so the differential matrix (``tests/unit/test_matrix.py``) can prove that it walked every path, and a new fast path
 cannot land without it walking through that one too.
 
 Counting costs one dictionary update per call of a path (per task or per block), and nothing while no

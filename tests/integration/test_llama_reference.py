@@ -5,7 +5,7 @@ sides hold the same float32 weights. Bounds from issue 10: logits max |Δ| ≤ 1
 hidden states ≤ 1e-3 where |h| ≤ 10 and 1e-4 relative beyond (see _check_hidden: float32 cannot do 1e-3
 absolute at |h| ≈ 26,000), the per-head Q, K (after RoPE) and V ≤ 1e-3, on English, Chinese, code and emoji
 prompts and a padded batch of all four; greedy continuations of 32 tokens identical token for token; tokenizer
-ids identical; the chat template rendered identically. Cached decoding equal to the full forward is in tests/test_llama.py (no reference needed).
+ids identical; the chat template rendered identically. Cached decoding equal to the full forward is in tests/integration/test_llama.py (no reference needed).
 
 transformers' GGUF load takes 25–70 s, so it runs once per test session: the first worker to get here loads
 it, computes every reference number below and saves them (pickle) in the session's shared temporary folder;

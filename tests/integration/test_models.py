@@ -377,7 +377,7 @@ def test_readme_model_section_runs(model, capsys):
     import pathlib
     import re
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text(encoding="utf-8")
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- BEGIN section:model -->(.*?)<!-- END section:model -->", text, re.S).group(1)
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert blocks

@@ -48,7 +48,7 @@ def byte_level_tokenizer():
 def save_decoder(path, name: str = "llama", *, seed: int = 0, chat: str | None = None, layers: int = 2,
                  perturb_layer: int | None = None):
     """A tiny random decoder of ``_configs()[name]`` saved in ``path`` with its tokenizer (the word-level one of
-    tests/test_hf.py; Qwen2: a byte-level BPE); ``perturb_layer``: that layer's q_proj moved (a "fine-tuned"
+    tests/integration/test_hf.py; Qwen2: a byte-level BPE); ``perturb_layer``: that layer's q_proj moved (a "fine-tuned"
     checkpoint of the same model)."""
     from transformers import AutoModelForCausalLM, GPT2Config
 

@@ -8,6 +8,9 @@ from cli_checks import one_line, run
 from qkv import accuracy as A
 from qkv import accuracy_table as T
 
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
+
 KEYS = {"path", "dtype", "variant", "max_rel_err", "median_rel_err", "cases"}
 
 

@@ -20,8 +20,8 @@ from qkv.explain import examples as ex
 from qkv.explain.checker import matches
 from qkv.explain.examples import Number
 
-DATA = Path(__file__).parent / "data" / "check"
-ROOT = Path(__file__).resolve().parent.parent
+DATA = Path(__file__).parents[1] / "data" / "check"
+ROOT = Path(__file__).resolve().parents[2]
 QKV = ROOT / ".venv" / "bin" / "qkv"
 
 SEED003_INPUTS = """\

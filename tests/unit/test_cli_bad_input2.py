@@ -21,10 +21,13 @@ pytest.importorskip("click")
 
 from qkv import locales  # noqa: E402
 
-LOCALES = Path(__file__).resolve().parents[1] / "src" / "qkv" / "locales"
+LOCALES = Path(__file__).resolve().parents[2] / "src" / "qkv" / "locales"
 
 
 from cli_checks import one_line, run  # noqa: E402
+
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
 
 
 # ----------------------------------------------------------------------------------------------- qkv ring
@@ -55,26 +58,6 @@ def test_ring_processes_must_fit_the_memory(capsys, monkeypatch):
     one_line(*run(capsys, "ring", "-p", "4", "-n", "8", "--heads", "1", "--dim", "4")[::2],
              r"--nproc: P = 4 processes need about 1.0 GiB \(about 250 MB each .*more than the 0.6 GiB")
     assert "--nproc" in run(capsys, "ring", "--help")[1] and "250 MB" in run(capsys, "ring", "--help")[1]
-
-
-def _loud(rank, nproc):
-    """Writes to the process's stderr as torch's C++ logging does; rank 1 then dies without a result."""
-    os.write(2, f"[E socket.cpp] rank {rank} says something on stderr\n".encode())
-    if rank == 1:
-        os._exit(3)
-    return rank
-
-
-def test_quiet_launch_keeps_the_ranks_stderr_out_and_names_a_dead_ranks_last_line(capfd):
-    pytest.importorskip("torch")
-    from qkv.distributed import launch
-    with pytest.raises(RuntimeError) as e:
-        launch(_loud, 2, timeout=20.0, deadline=60.0, quiet=True)
-    msg = str(e.value)
-    assert "rank 0" not in msg, msg                                      # rank 0 finished
-    assert re.search(r"rank 1 failed after [0-9.]+ s: the process exited with code 3 without a result \(its last line on stderr: "
-                     r"\[E socket.cpp\] rank 1 says something on stderr\)", msg), msg
-    assert "says something" not in capfd.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------- qkv bench
@@ -170,14 +153,6 @@ def test_generate_names_its_options(capsys, args, pattern):
     code, out, err = run(capsys, "generate", "hi", *args)
     one_line(code, err, pattern)
     assert out == "" and time.perf_counter() - t < 3
-
-
-def test_generate_names_gguf(capsys, tmp_path):
-    one_line(*run(capsys, "generate", "hi", "--gguf", tmp_path / "none.gguf")[::2],
-             r"^qkv: error: --gguf: no such file: .*none.gguf$")
-    (tmp_path / "notes.gguf").write_text("not a model")
-    one_line(*run(capsys, "generate", "hi", "--gguf", tmp_path / "notes.gguf")[::2],
-             r"^qkv: error: --gguf: notes.gguf is not a GGUF file")
 
 
 @pytest.mark.parametrize("args, pattern", [

@@ -24,11 +24,14 @@ import importlib  # noqa: E402
 
 render = importlib.import_module("qkv.explain.render")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QKV = Path(sys.executable).with_name("qkv")
 
 
 from cli_checks import one_line, run  # noqa: E402
+
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
 
 
 # ----------------------------------------------------------------------------------------------- missing extras

@@ -1,6 +1,6 @@
 """qkv.explain: worked examples run through the real path, and the rendering of a Trace (explain_query too).
 
-References: the seeds' true values checked by hand in tests/test_seeds.py (repeated here where used), torch's
+References: the seeds' true values checked by hand in tests/unit/test_seeds.py (repeated here where used), torch's
 nn.MultiheadAttention for the two-head example, and the trace itself — every number the explanation shows
 must be the recorded one (the renderer never recomputes).
 """
@@ -57,7 +57,7 @@ def test_run_equals_the_core_functions(name):
     """The trace of run() is the computation of qkv.attention / SDPA / MultiHeadAttention, value for value."""
     w = ex.load_example(name)
     if w.has_variants:
-        pytest.skip("RoPE/ALiBi/softcap/mask-mod/sink examples: tests/test_explain_variants.py holds them to a "
+        pytest.skip("RoPE/ALiBi/softcap/mask-mod/sink examples: tests/unit/test_explain_variants.py holds them to a "
                     "formula written there, to torch and to transformers")
     t = ex.run(w)
     if w.heads > 1:
@@ -91,7 +91,7 @@ def test_run_equals_the_core_functions(name):
 
 def test_run_seed003_true_values_hand_checked():
     t = ex.run(ex.load_example("seed003"))
-    # 吃 attends [0.0299, 0.0071, 0.9630]; its new vector is [1.8733, 2.0818, 2.2903] (tests/test_seeds.py)
+    # 吃 attends [0.0299, 0.0071, 0.9630]; its new vector is [1.8733, 2.0818, 2.2903] (tests/unit/test_seeds.py)
     np.testing.assert_allclose(t["weights"].array[2], [0.029888, 0.007125, 0.962987], atol=5e-7)
     np.testing.assert_allclose(t["output"].array[2], [1.873274, 2.081808, 2.290341], atol=5e-6)
 
@@ -106,39 +106,6 @@ def test_run_seed000_and_seed002_true_values():
     np.testing.assert_allclose(t["scaled"].array, [[2, 1, 0]])
     np.testing.assert_allclose(t["weights"].array, [[0.6652, 0.2447, 0.0900]], atol=5e-5)
     assert abs(t["output"].array[0, 0] - 5.7521) < 5e-5                   # 0.6652×10 − 0.0900×10
-
-
-def _torch_mha(w, heads):
-    """torch's MultiheadAttention with the worked example's W_Q, W_K, W_V, W_O (no biases), float64, and its X."""
-    torch = pytest.importorskip("torch")
-    D = w.X.shape[1]
-    m = torch.nn.MultiheadAttention(D, heads, bias=False, batch_first=True, dtype=torch.float64)
-    with torch.no_grad():
-        m.in_proj_weight.copy_(torch.from_numpy(np.concatenate([w.W_Q.T, w.W_K.T, w.W_V.T])))
-        m.out_proj.weight.copy_(torch.from_numpy(w.W_O.T))
-    return m, torch.from_numpy(w.X)[None]
-
-
-def test_two_head_example_equals_torch():
-    w = ex.load_example("two_head")
-    m, x = _torch_mha(w, 2)
-    t = ex.run(w)
-    out, wts = m(x, x, x, need_weights=True, average_attn_weights=False)
-    np.testing.assert_allclose(t["final_output"].array, out.detach().numpy(), rtol=1e-12, atol=1e-14)
-    np.testing.assert_allclose(t["weights"].array, wts.detach().numpy(), rtol=1e-12, atol=1e-14)
-    assert t.names()[-2:] == ["concat", "final_output"]
-
-
-def test_one_head_with_w_o_ends_with_the_output_projection_as_torch():
-    # W_O is the module's output projection whatever the number of heads: one head's output is its concat
-    w = ex.load_example("two_head")
-    m, x = _torch_mha(w, 1)
-    want = m(x, x, x)[0].detach().numpy()[0]
-    t = ex.run(w, heads=1)
-    assert t.names()[-2:] == ["output", "final_output"]
-    np.testing.assert_allclose(t["final_output"].array, want, rtol=1e-12, atol=1e-14)
-    rows = ex.run_rows(w, [0, 2], heads=1, block_cells=2)                 # the large-input path, in blocks
-    np.testing.assert_allclose(rows["final_output"].array, want, rtol=1e-12, atol=1e-14)
 
 
 def test_run_overrides_heads_and_mask():
@@ -476,7 +443,7 @@ def test_cli_examples_lists_every_example(capsys):
 
 def test_readme_explain_section_runs(capsys):
     """The Python block of the README's `explain` section runs as written."""
-    readme = (Path(__file__).resolve().parents[1] / "docs" / "explain.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "explain.md").read_text(encoding="utf-8")
     section = re.search(r"<!-- BEGIN section:explain -->(.*?)<!-- END section:explain -->", readme, re.S).group(1)
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert blocks

@@ -448,21 +448,6 @@ def test_attention_weights_through_mkl_equal_numpy(counted_mkl, rng, case):
     _close(got, ref)
 
 
-def test_minilm_encode_through_mkl_equals_numpy(counted_mkl):
-    pytest.importorskip("safetensors")
-    pytest.importorskip("tokenizers")
-    from qkv.models import load_bert
-    try:
-        model = load_bert()
-    except (FileNotFoundError, ImportError, ValueError) as e:
-        pytest.skip(f"all-MiniLM-L6-v2 is not installed: {e}")
-    texts = ["The cat sat on the mat.", "Attention is all you need, they said, and then wrote a long paper.",
-             "Short."] * 5
-    ref, got = _both(lambda: model.encode(texts, batch_size=4, progress=False))
-    assert len(counted_mkl) >= 6 * 4                              # Q, K, V, O projections and the FFN, per layer
-    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-6)
-
-
 @needs_mkl
 def test_mkl_thread_count_is_set_again_after_threadpoolctl_restored_it():
     """threadpoolctl (the runtime's BLAS limit) sets MKL's thread-local count too, and on leaving restores MKL's

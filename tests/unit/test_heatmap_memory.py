@@ -15,6 +15,9 @@ from qkv.explain import examples as ex  # noqa: E402
 from qkv.explain.weights import attention_weights  # noqa: E402
 from test_viz_scale import QKV, peak, png_size  # noqa: E402
 
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
+
 
 def _example(T: int, seed: int = 0, **extra) -> dict:
     rng = np.random.default_rng(seed)

@@ -17,7 +17,10 @@ from qkv.explain import _run  # noqa: E402  (the runner reads LARGE_CELLS, BLOCK
 from qkv.explain import examples as ex  # noqa: E402
 from qkv.explain._bound import MAX_NODES, MAX_NUMBERS  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "check"
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
+
+DATA = Path(__file__).parents[1] / "data" / "check"
 QKV = Path(sys.executable).with_name("qkv")
 
 

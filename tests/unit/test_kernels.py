@@ -1,7 +1,6 @@
 """The fused block kernels (qkv.kernels, compiled by numba from qkv._jit): each kernel against float64 NumPy,
 the engine with them against the reference and against the engine on NumPy's passes (every path that uses
 them, counted, so a path that bypasses them fails), the choice, and that small work never imports numba."""
-import json
 import os
 import subprocess
 import sys
@@ -12,6 +11,9 @@ import pytest
 import qkv
 from qkv import kernels, mods
 from qkv.backends import tiled
+
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
 
 jit = pytest.importorskip("qkv._jit", reason="needs numba (the jit extra)")
 
@@ -499,22 +501,6 @@ def test_gelu_kernel_equals_numpy_and_erf(rng, monkeypatch):
     assert len(calls) == 1
 
 
-def test_encode_loads_the_kernels_for_long_work_only(tmp_path):
-    # encode's GELU uses the kernels once its texts have KERNEL_MIN_TOKENS tokens; a short text never imports numba
-    pytest.importorskip("tokenizers")
-    code = ("import sys, qkv\n"
-            "from qkv.models import load_bert\n"
-            "m = load_bert()\n"
-            "m.encode(['a short sentence'] * 4)\n"
-            "print('numba' in sys.modules)\n"
-            "m.encode(['word ' * 200] * 12)\n"
-            "print('numba' in sys.modules)\n")
-    r = _python(code, QKV_KERNELS="")
-    if r.returncode != 0 and "No module named" in r.stderr:
-        pytest.skip("MiniLM's package is not installed")
-    assert r.stdout.split() == ["False", "True"], r.stderr
-
-
 def test_inputs_without_lead_dimensions(rng, counted):
     # (L, E) arrays, no batch or head axis: the task's query rows come from the array itself
     q, k, v = (x[0, 0] for x in _inputs(rng))
@@ -570,35 +556,6 @@ def test_base2_scale_is_rounded_once_and_the_bound_reads_the_input_rows(rng):
     want = np.linalg.norm(rows.astype(np.float64) * 0.2, axis=1).max()
     np.testing.assert_allclose(P.q_norm_group((0, 0), 10, 40), want, rtol=1e-6)
     assert P.q_norm_group((0, 0), 10, 10) == 0.0                       # no rows
-
-
-def test_kernels_compiled_inside_the_tasks_keep_every_openblas_at_one_thread_there(tmp_path):
-    """On an empty numba cache only the first kernel compiles before the tasks (kernels._warm: numba's compiler
-    and the OpenBLAS of SciPy's it loads); the others, the compiled loops among them, compile inside the tasks,
-    under the engine's BLAS limit — which must still hold every OpenBLAS threadpoolctl sees at one thread there,
-    in that call and the next, and give them back after. (MKL is held by its thread-local setting instead:
-    tests/test_gemm.py.)"""
-    code = ("import json, numpy as np, threadpoolctl\n"
-            "from qkv.backends import tiled\n"
-            "def openblas():\n"
-            "    return sorted((d['filepath'], d['num_threads']) for d in threadpoolctl.threadpool_info()\n"
-            "                  if d['internal_api'] == 'openblas')\n"
-            "seen, real = [], tiled.forward_pass._forward_task\n"
-            "def spy(*a):\n"
-            "    seen.append(openblas())\n"
-            "    return real(*a)\n"
-            "tiled.forward_pass._forward_task = spy\n"
-            "q = np.random.default_rng(0).standard_normal((1, 4, 1024, 64)).astype(np.float32)\n"
-            "for causal in (False, True, False):\n"
-            "    tiled.forward(q, q, q, scale=0.125, is_causal=causal, threads=2)\n"
-            "print(json.dumps([seen, openblas()]))\n")
-    r = _python(code, NUMBA_CACHE_DIR=str(tmp_path), QKV_KERNELS="", OMP_NUM_THREADS="", OPENBLAS_NUM_THREADS="")
-    assert r.returncode == 0, r.stderr
-    seen, after = json.loads(r.stdout)
-    assert len(seen) == 3 * 4 and all(s and all(n == 1 for _, n in s) for s in seen), seen   # every task: 1
-    assert any("scipy_openblas-" in f for f, _ in seen[0])                  # SciPy's, loaded by numba, too
-    assert all(n > 1 for _, n in after) or os.cpu_count() == 1, after     # …and back after
-    assert any(p.suffix == ".nbi" for p in tmp_path.rglob("*"))            # numba compiled into this cache
 
 
 def test_q_prep_reads_a_models_strided_query_rows_exactly():

@@ -7,7 +7,7 @@ import ast
 from collections import deque
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _name(path: Path) -> str:

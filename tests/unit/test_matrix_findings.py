@@ -1,10 +1,13 @@
-"""Bugs the differential matrix (tests/test_matrix.py) found, each held here by a small test of its own."""
+"""Bugs the differential matrix (tests/unit/test_matrix.py) found, each held here by a small test of its own."""
 import numpy as np
 import pytest
 
 import qkv
 from qkv import mods
 from qkv.backends import get
+
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("kernels", ["numpy", "numba"])

@@ -6,6 +6,9 @@ import sys
 
 import pytest
 
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
+
 LAZY = """
 import sys, qkv
 assert not {"qkv.models", "qkv.lab", "qkv.distributed", "qkv.viz"} & set(sys.modules), "imported eagerly"

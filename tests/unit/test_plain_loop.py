@@ -12,6 +12,9 @@ import qkv
 from qkv import bench, gemm, kernels, mods
 from qkv.backends import tiled
 
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("numba")
 
 NUMPY_SGEMM = gemm.NumpyGemm().c_sgemm

@@ -98,7 +98,7 @@ def test_the_engine_page_shows_the_plan_qkv_plan_prints():
     import re
     if qkv.get_num_threads() != 2:
         pytest.skip("the page's table is for 2 workers")
-    page = (pathlib.Path(__file__).parents[1] / "docs" / "engine.md").read_text()
+    page = (pathlib.Path(__file__).parents[2] / "docs" / "engine.md").read_text()
     shown = re.search(r"prints \(2-core.*?\n\n```text\n(.*?)```", page, re.S).group(1).rstrip("\n")
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((1, 2, 1024, 64), dtype=np.float32) for _ in range(3))

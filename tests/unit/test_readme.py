@@ -3,7 +3,7 @@ commands; the README stays a front door (≤ 400 lines) whose links into docs/ r
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 

@@ -20,7 +20,7 @@ needs_threadpoolctl = pytest.mark.skipif(threadpoolctl is None, reason="needs th
 
 def _blas_threads():
     """BLAS's thread count as the process sees it now (the max over BLAS libraries; not MKL loaded as the GEMM
-    provider, whose threads are set per thread: tests/test_gemm.py)."""
+    provider, whose threads are set per thread: tests/unit/test_gemm.py)."""
     import os
     from qkv import gemm
     mkl = os.path.realpath(gemm.GEMM._mkl.path) if gemm.GEMM._mkl else None

@@ -14,6 +14,9 @@ from qkv import backends, mods
 from qkv.backends import tiled
 from qkv.blockmask import create_block_mask
 
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
+
 TILED = backends.get("tiled")
 REF = backends.get("reference")
 

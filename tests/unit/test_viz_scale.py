@@ -18,8 +18,11 @@ pytest.importorskip("click")
 from qkv import viz  # noqa: E402
 from qkv.cli import main  # noqa: E402
 
+#: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
+pytestmark = pytest.mark.slow
+
 hm = importlib.import_module("qkv.viz.heatmap")   # the module (qkv.viz.heatmap is also the function)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 QKV = Path(sys.executable).with_name("qkv")
 
 #: Runs a command as its only child and prints the child's peak RSS (kB) and wall time (s) as the last line.
@@ -175,26 +178,6 @@ def test_heatmap_of_1024_tokens_is_bounded(tmp_path):
     assert mb < 1024 and secs < 30
     w, h = png_size(out)
     assert w <= 2600 and h <= 2600
-
-
-@pytest.mark.model
-def test_minilm_grid_of_512_tokens_is_bounded(tmp_path):
-    try:
-        from qkv.models import load_bert
-        load_bert()
-    except ImportError as exc:
-        pytest.skip(f"no model: {exc}")
-    words = "the cat sat on a mat and looked at birds flying over old houses near the river".split()
-    text = " ".join(words[i % len(words)] for i in range(600))            # more than 512 tokens
-    out = tmp_path / "grid.svg"
-    rc, stdout, err, mb, secs = peak(QKV, "heatmap", "--text", text, "--layer", "2", "-o", out)
-    assert rc == 0, err
-    print(f"MiniLM 12-head grid, 512 tokens: peak RSS {mb:.0f} MB, {secs:.1f} s")
-    assert mb < 1024 and secs < 30
-    assert err.count("\n") == 1 and err.startswith("qkv: warning:") and "512 tokens" in err   # truncated
-    svg = out.read_text(encoding="utf-8")
-    assert svg.count("head ") >= 12
-    assert "all-MiniLM-L6-v2: layer 2" in svg and "nreimers" not in svg
 
 
 # ----------------------------------------------------------------------------------------------- explain at any size

@@ -9,7 +9,7 @@ after, and the keys 0 … t of the full pass are the keys a cached step at posit
 positions and layers before it). So row t of the full pass over prompt + continuation is the row token t's own
 step computed during generation — the generated token s (0-based) is the query at position P + s, as the page's
 generation view shows it. (The last generated token is never fed back into ``generate``; its row is the one it
-would have computed.) ``tests/test_viz_hf.py`` holds this against eager's ``generate(…, output_attentions=True,
+would have computed.) ``tests/integration/test_viz_hf.py`` holds this against eager's ``generate(…, output_attentions=True,
 return_dict_in_generate=True)`` within 1e-6.
 
 The ``prompt`` given here is already what the model reads: a chat template is applied by the caller

@@ -14,7 +14,7 @@ The attention's forward is :func:`qkv.scaled_dot_product_attention` (with ``retu
 need them), its gradients :func:`qkv.flex_attention_backward` (the reference backend: the tiled engine's
 blocks cost more than they save on 1 × T scores); the chain rule of the rest — the embeddings, the
 projections, the linear readout, the cross-entropy — is written out in :meth:`TinyAttention.loss_and_grads`
-and checked against finite differences in ``tests/test_lab.py``.
+and checked against finite differences in ``tests/unit/test_lab.py``.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ the stages in a :class:`qkv.Trace`:
   softmax, for the loss ⟨G, output⟩ (G the upstream gradient). It comes from qkv's backward,
   :func:`qkv.flex_attention_backward`, run on query = the scores and key = the identity (so Q·Kᵀ = s with
   scale 1): its gradient for the query is exactly ∂loss/∂s. (The gradient for the real queries follows by the
-  chain rule: ∂loss/∂q = scale · ∂loss/∂s · K; ``tests/test_lab.py`` holds the two together.) The mean
+  chain rule: ∂loss/∂q = scale · ∂loss/∂s · K; ``tests/unit/test_lab.py`` holds the two together.) The mean
   over rows is in ``grad_norm_mean``: it falls far less, because the few rows whose two largest scores
   happen to be close keep a gradient of order 1 — saturation silences the typical row, not every row.
 """

@@ -122,7 +122,7 @@ class _Layer:
 # ---------------------------------------------------------------------------------------------- math
 # Rational minimax approximation of erf on [-4, 4] (Eigen's / XLA's float32 erf: odd numerator of degree 13,
 # even denominator of degree 8). |erf(x) − approximation| < 1e-7 for every x when evaluated in float64
-# (tests/test_models.py checks it against math.erf); |erf(x)| rounds to 1 in float32 beyond |x| = 4.
+# (tests/integration/test_models.py checks it against math.erf); |erf(x)| rounds to 1 in float32 beyond |x| = 4.
 _ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
           -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
 _ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
