@@ -24,8 +24,7 @@ one product by the rounded ln 2 (the old kernel's reduction had lost its extra b
 +inf; they are written ``lo if v < lo else v``, which keeps a NaN (both tests false), and the NaN runs
 through to the result — no select for it either. ``tanh``: Eigen's rational form. Both in float32
 arithmetic, so that LLVM vectorizes them (AVX2/AVX-512 where the CPU has them).
-Measured (``benchmarks/bench_kernels.py``: AMD EPYC Zen 4, AVX-512, one thread, a 1024 × 512 block): exp and
-row sums 0.11–0.13 ms (the old form, with a round, the bias add and a NaN select, 0.14–0.16). Tested against
+Timed by ``benchmarks/bench_kernels.py`` (the figures: benchmarks/RESULTS.md, "The block kernels"). Tested against
 float64 NumPy on a dense grid: relative error ≤ 2.1e-7 on [−87, 88] (float32's own ``np.exp`` ≈ 1.2e-7; the
 degree-4 P measured 1.2e-7 at 8 % more time). Edge values: ``exp`` is 0 below −87.7 (n = −127; NumPy's goes
 through subnormals to 0 at −103.9: values under 1.2e−38, below any row sum the engine divides by), a
@@ -34,12 +33,11 @@ subnormal from there to −87.3, and inf from 88.38 (n = 128; NumPy's from 88.72
 ``exp2`` (:func:`exp_rows` with ``base2``, the forward's shift-free blocks of unmodified scores): where the
 engine has folded log₂ e into the query rows, a block's scores are already ``score·log₂ e`` and e^score = 2^s —
 the rounding is then one instruction (n = roundeven(s)), the reduction ``r = s − n`` exact (no Cody–Waite pair,
-no multiply by 1/ln 2), and 2^r a degree-5 polynomial: three multiply-class operations of nine fewer, 0.103 →
-0.071 ms a 1024 × 512 block (Zen 4, one thread; 0.066 with the rounding in one instruction), 1.66e-7 relative on
-[−126, 127]. A row term is added in a pass of its own (:func:`_exp2_row`).
+no multiply by 1/ln 2), and 2^r a degree-5 polynomial: three multiply-class operations of nine fewer, about
+a third less time a block, 1.66e-7 relative on [−126, 127]. A row term is added in a pass of its own (:func:`_exp2_row`).
 
 The row max is ``llvm.maxnum`` (:func:`_maxf`), which LLVM vectorizes as a reduction; the ``a if a > b``
-select it replaces did not vectorize (0.31 against 0.07 ms a block) — NaN is skipped by both.
+select it replaces did not vectorize (4× the time) — NaN is skipped by both.
 """
 from __future__ import annotations
 
@@ -170,8 +168,8 @@ def _exp2f_bounded(v):
     query rows once): three multiply-class operations fewer than :func:`_expf_bounded` (32 % less time a
     block), and 1.7e-7 relative, not 2.1e-7. Eleven vector operations a vector of scores, and by my count of
     them the loop is bound by the CPU's vector pipes (Zen 4), its time following their number: n from the
-    magic number's bits instead (an integer subtraction and a convert) made twelve, and 9 % more time (a 1024 × 512 block 0.072 against 0.066 ms, one thread:
-    ``benchmarks/bench_kernels.py``)."""
+    magic number's bits instead (an integer subtraction and a convert) made twelve, and 9 % more time
+    (``benchmarks/bench_kernels.py``)."""
     n = _rint(v)
     r = v - n
     p = ((((_E5 * r + _E4) * r + _E3) * r + _E2) * r + _E1) * r + _ONE

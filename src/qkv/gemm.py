@@ -59,9 +59,8 @@ AUTO_MARGIN = 0.05
 CALIBRATION_SHAPES = ((1024, 64, 512), (1024, 512, 64), (256, 64, 512))
 _CALIBRATION_REPEATS = 5
 #: Under ``auto``, products of fewer multiply-adds than this run on NumPy: before ``auto`` is resolved
-#: (without resolving it) and after it took MKL, whose call costs 12–20 µs more than ``np.matmul``'s here
-#: (a 3 × 4 · 4 × 3 product 19 µs against 2.4; SmolLM2's decoding projection, 1 × 576 · 576 × 1536, 121 µs
-#: against 79 on one thread: AMD EPYC Zen 4, MKL 2026.2). So the explainer's small products are NumPy's to
+#: (without resolving it) and after it took MKL, whose call costs 12–20 µs more than ``np.matmul``'s (a
+#: 3 × 4 · 4 × 3 product 19 µs against 2.4). So the explainer's small products are NumPy's to
 #: the bit wherever ``auto`` takes MKL; ``set_gemm("mkl")`` sends every product to MKL.
 AUTO_RESOLVE_FLOPS = 1 << 20
 _MKL_INSTALL = "pip install 'qkv[mkl]'"

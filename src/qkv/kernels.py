@@ -5,12 +5,9 @@ block: softcap's ``cap·tanh`` (or its fitted polynomial), the causal mask on a 
 max's shift, ``exp``, and the row sums. NumPy's float32 ``exp`` alone costs 1.4–2 ns a score on the AMD EPYC
 test machine (no vectorized ``exp`` for AVX2 in its wheels), about a third of the block's two matmuls. With
 the ``jit`` extra (``pip install 'qkv[jit]'``: numba) these run as one compiled, vectorized loop per block
-(:mod:`qkv._jit`): measured there, one thread, a 1024 × 512 float32 block, best of 15 rounds taking turns:
-exp and row sums 0.36–0.39 ms against NumPy's exp alone 0.74–0.82; softcap by polynomial and exp 0.63–0.65
-ms against 1.25 for NumPy's two passes. On a Zen 4 EPYC (AVX-512; NumPy's exp 0.23–0.24 ms there): exp and
-row sums 0.11–0.13 ms, the running max's pass 0.19–0.21 ms; a shift-free block in base 2 (the engine folds
-log₂ e into the query rows, :func:`run` with ``base2``) 0.066 ms (0.071 before its rounding took one
-instruction, :func:`qkv._jit._rint`).
+(:mod:`qkv._jit`): exp and row sums in half the time of NumPy's exp alone, softcap and exp in half of
+NumPy's two passes; a shift-free block in base 2 (the engine folds log₂ e into the query rows, :func:`run` with
+``base2``) faster still (the figures: benchmarks/RESULTS.md, "The block kernels").
 
 Where a task's blocks are nothing else — unmodified, no mask but the causal one — the engine runs the whole
 task as one compiled loop (:func:`run_plain` shift-free, :func:`run_plain_lazy`, :func:`run_plain_backward`),
@@ -165,8 +162,8 @@ def _warm(jit) -> None:
     threadpoolctl held OpenBLAS at one thread left later limits from other Python threads without effect
     (BLAS stayed at 2 threads inside the next call). The other kernels, and the compiled loops, compile (or
     load from numba's cache) at their first call, wherever that is — the libraries threadpoolctl sees change
-    at the first compile only (checked) — so that a first forward compiles what it runs, not every kernel:
-    on an empty cache the first forward 1.9–2.0 s where warming them all first took 6.0–6.5 (Zen 4)."""
+    at the first compile only (checked) — so that a first forward compiles what it runs, not every kernel
+    (on an empty cache, a third of the time of warming them all first)."""
     s = np.zeros((2, 2), np.float32)
     jit.ds_rows(s, s.copy(), np.zeros(2, np.float32))
 
@@ -240,9 +237,8 @@ def _clock():
 
 #: The clock the compiled loops time their GEMM calls on (when :func:`qkv.bench.gemm_share` asks): the monotonic
 #: one, which libc reads in user space (vDSO, ~20 ns). The thread's CPU clock is a system call (~0.6 µs here),
-#: and its ~1,200 reads a causal forward (N = 4096, 2 heads) made that forward 2–3 % slower than untimed (Zen 4,
-#: paired turns; 0.5–0.8 % for the full one, with a quarter of the blocks) — the share then measured its own
-#: timer. Timed on this clock, the forward takes its untimed time (0.97–1.01×, noise).
+#: and its ~1,200 reads made a causal forward 2–3 % slower than untimed — the share then measured its own
+#: timer. Timed on this clock, the forward takes its untimed time.
 GEMM_CLOCK = getattr(time, "CLOCK_MONOTONIC", None)                # (None where the platform has no such clock)
 
 

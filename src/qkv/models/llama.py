@@ -256,9 +256,9 @@ class LlamaModel:
         return gemm.matmul(g, layer.w_down).reshape(shape)             # (N, F) x (F, D)
 
     #: At most this many rows per task when the row-wise work (projections, RoPE, feed-forward, LM head) of
-    #: many tokens is spread over the runtime's workers (measured at 512 tokens on 2 cores: 256 rows 1.70 s,
-    #: 128 rows 1.74 s, 64 rows 1.83 s, one multi-threaded BLAS call per matmul 2.09 s); on one thread the
-    #: rows go in blocks of this size too, so the work arrays stay small.
+    #: many tokens is spread over the runtime's workers (the fastest of 64…256 rows, and 0.81× the time of one
+    #: multi-threaded BLAS call per matmul); on one thread the rows go in blocks of this size too, so the work
+    #: arrays stay small.
     ROW_BLOCK = 256
     #: Fewer rows than this run in one piece, on the calling thread.
     MIN_PARALLEL_ROWS = 64

@@ -508,12 +508,9 @@ class _Problem:
 #: The padding of Kᵀ's rows (elements): rows ``S + KT_PAD`` apart, not ``S``. A ``Q·Kᵀ`` block reads a few
 #: columns of all E rows of Kᵀ; at a power-of-two S (4096, 8192) those rows are a multiple of 4 KiB apart and
 #: fall into the same sets of the L1 cache, so the GEMM's packing of the block misses on every row. 64 bytes
-#: more a row spreads them: 64 × 576 blocks at N = 8192 ran at 76 GFLOP/s, 92 padded; 64 × 56 at 43, 77
-#: (Zen 4, OpenBLAS SkylakeX, one thread).
+#: more a row spreads them (up to 1.8× the GEMM's rate; benchmarks/RESULTS.md, "The engine's limits").
 KT_PAD = 16
-#: Kᵀ is written in chunks of this many keys, which stay in cache: of all S at once, 2× slower; measured with
-#: K read from memory, as a call's first use of a head does (8 heads of 8192 × 64, Zen 4): chunks of 128 keys
-#: 5.2–5.5 ms, 512 4.0–4.2 ms, 8192 7.1 ms.
+#: Kᵀ is written in chunks of this many keys, which stay in cache (all S at once: 1.7× the time).
 _KT_CHUNK = 512
 
 

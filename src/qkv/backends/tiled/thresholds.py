@@ -21,44 +21,29 @@ import dataclasses
 from ... import _checks, _settings
 from ...kernels import KERNEL_MIN as _KERNEL_MIN
 
-#: Default query block of the forward (rows per task) and key block (columns per matmul). Measured on the
-#: 2-core test machine (N = 4096, E = 64): large query blocks mean fewer Python steps holding the GIL, which
-#: two workers share; 1024 × 512 scores (2 MB) was the fastest of 128…1024 × 512…2048, causal or not.
+#: Default query block of the forward (rows per task) and key block (columns per matmul): large query blocks
+#: mean fewer Python steps holding the GIL, which two workers share; 1024 × 512 (2 MB of scores) was the fastest
+#: of 128…1024 × 512…2048 (the figures behind this file's constants: benchmarks/RESULTS.md, "The engine's limits").
 BLOCK_Q = 1024
 BLOCK_K = 512
 #: Tasks (one query block of one head) smaller than this many flops run on the calling thread alone: their
-#: time is mostly Python steps holding the GIL, and two workers passing it back and forth lose. Measured,
-#: 1 vs 2 workers: 2 Mflop tasks (B=32, H=12, N=128, E=32) 25 vs 41 ms; 8 Mflop even; 17 Mflop 3.6 vs 2.9 ms;
-#: 67 Mflop 6.0 vs 3.7 ms.
+#: time is mostly Python steps holding the GIL, and two workers passing it back and forth lose (even at 8 Mflop).
 SERIAL_BELOW_FLOPS = 1 << 23
-#: Causal diagonal squares are split in quadrants down to this many rows (see _Problem.key_blocks). Measured
-#: (2 threads, causal, E = 64, medians, 128 / 256 / 512 taking turns): H = 8, N = 4096: 281 / 267 ms, again
-#: 257 (256) / 273 (512); N = 2048: 88 / 82; N = 1024: 30.5 / 26.9 / 26.1; SmolLM2's prefill shapes (9 query
-#: heads on 3, L = S = 512): 20.9 / 15.8 / 16.0 — fewer, larger blocks, fewer Python steps under the GIL.
+#: Causal diagonal squares are split in quadrants down to this many rows (see _Problem.key_blocks): fewer,
+#: larger blocks, fewer Python steps under the GIL; 256 was the fastest of 128 / 256 / 512.
 DIAGONAL_MIN = 256
-#: …and in the compiled loop of plain blocks (_plain_plan), where a block costs no Python: measured as
-#: DIAGONAL_MIN's (Zen 4, one thread, paired turns), 128 against 256 0.95–0.96× the time of a causal
-#: forward (N = 4096 H = 2; N = 2048 H = 4), 64 against 128 0.96–0.98×; 32 against 64 1.02–1.04× then, and
-#: 0.98–1.00× once the loop's blocks were 256 keys wide, its tasks 2048 rows and base 2's rounding one
-#: instruction (causal forward N = 4096 one thread 0.998×, H = 8 two threads 0.998×, SmolLM2's prefill shapes
-#: 1.003× at 2048 and 0.979× at 512; backward 0.996× / 0.992×), the scores computed and thrown away halved
-#: (1.5 % → 0.75 % of the causal forward's at N = 4096); 16 against 32 1.012×.
+#: …and in the compiled loop of plain blocks (_plain_plan), where a block costs no Python: each halving down to
+#: 32 was as fast or faster and halves the scores computed and thrown away; 16 was slower.
 DIAGONAL_MIN_PLAIN = 32
 #: …whose key blocks are BLOCK_K_PLAIN wide (where no block_k is given and S > BLOCK_K): 1024 × 256 scores
-#: (1 MB, L2's size on Zen 4) against BLOCK_K's 2 MB, which the GEMM writes, the exponential rewrites and the
-#: P·V product packs from L3. Measured (Zen 4, paired turns, medians of 11–21): one thread, N = 4096 H = 2,
-#: 256 against 512 0.97–0.98× (full), 0.97–0.98× (causal); N = 2048 H = 4 0.97×; two threads H = 8 0.97× /
-#: 1.00×; 128 as 256. The backward's blocks showed no such gain (512 × 256 0.98×, 256 × 512 0.99–1.00×:
-#: noise), and stay. Where all the keys fit one BLOCK_K block they stay one: SmolLM2's prefill shapes (9 query
-#: heads on 3, causal, two threads) took 1.02–1.05× the time at S = 512 in two blocks, 1.00× at 1024, 0.92×
-#: at 2048.
+#: (1 MB, an L2's size) against BLOCK_K's 2 MB, which the GEMM writes, the exponential rewrites and the P·V
+#: product packs from L3: 0.97–0.98× the time. The backward's blocks showed no such gain, and stay; where all
+#: the keys fit one BLOCK_K block they stay one.
 BLOCK_K_PLAIN = 256
 #: The compiled loops' blocks are then cut into pieces of at most BAND_ROWS_PLAIN query positions (times the
 #: grouped heads) by BAND_KEYS_PLAIN keys, taken row band by row band. OpenBLAS (SkylakeX kernels) multiplies
 #: such small products without packing its operands, and the row band's Q, scores and acc stay in L1/L2 while
-#: the keys stream by: a 2048-row task of a causal forward at N = 8192 ran its GEMMs at 110.8 GFLOP/s in
-#: 64 × 128 pieces, 98.5 as 2048 × 256 blocks, 93.8 in 128 × 128, 91.7 in 64 × 256 (one thread, Zen 4); the
-#: whole causal forward (H = 8, two threads) 396 → 354 ms, N = 4096 one thread 199 → 182 ms.
+#: the keys stream by: the fastest pieces for the GEMMs (the causal forward at N = 8192 0.89× the time).
 BAND_ROWS_PLAIN = 64
 BAND_KEYS_PLAIN = 128
 #: …and whose tasks take BLOCK_Q_PLAIN query rows (positions × grouped heads; where no block_q is given), each
@@ -86,19 +71,14 @@ LAZY_BOUND = 40.0
 GRID_CALL_COST = 0.75
 #: …and in the backward, whose blocks take five matmuls and more passes each.
 GRID_CALL_COST_BACKWARD = 2.0
-#: A run of bands is batched up to this many scores at a time. Measured (window 512, N = 8192, H = 4, two
-#: threads, least of 9 against the causal forward): one band at a time 0.20×, two 0.19×, four 0.18×, up to
-#: 16 (this bound) 0.178× — the GIL is handed over less often.
+#: A run of bands is batched up to this many scores at a time: the GIL is handed over less often (a window
+#: of 512 at N = 8192: 0.178× the causal forward's time, against 0.20× one band at a time).
 BAND_GROUP_SCORES = 2 * BLOCK_Q * BLOCK_K
 #: The engine's cells when a block mask's mod knows its block kinds (the built-ins): BLOCK_SIZE 128 is
-#: refined to 32. A window's band has half-masked cells at both ends, half as wide with finer cells. In the
-#: Python loop (bands) 64 and 32 were even (0.175× the causal forward); in the tile loop, where a cell costs
-#: no Python, a 4096-row task of a window 512 at N = 8192 takes 6.59 ms with cells of 64, 6.38 with 32, 6.25
-#: with 16 (least of 40, one thread, Zen 4); once the loop cut its blocks into 64 × 128 pieces, 16 against 32
-#: read 0.153× against 0.152× the causal forward (paired turns, two workers): nothing more for a 4× grid.
+#: refined to 32. A window's band has half-masked cells at both ends, half as wide with finer cells; 16 gained
+#: nothing more for a 4× grid.
 GRID_CELL = 32
-#: …and the backward's (its blocks in the Python loop: 32-cells made the flex backward of a window 256 at
-#: N = 2048 5–12 % slower, causal 2–4 %).
+#: …and the backward's (its blocks in the Python loop, where 32-cells were 2–12 % slower).
 GRID_CELL_BACKWARD = 64
 
 
@@ -107,26 +87,22 @@ GRID_CELL_BACKWARD = 64
 #: are at least this many key blocks to share…
 SPLIT_K_MIN_BLOCKS = 2
 #: …and each part gets at least this many keys. Few query rows make the work memory-bound, and a split's fixed
-#: costs (the hand-off to the workers, the parts' buffers, the merge) must be paid back: measured on the
-#: 2-core test machine (L = 64, one head, 2 workers, others' jobs running), S = 65536 in two parts of 32768
-#: was 1.3× slower than unsplit, S = 262144 (parts of 131072) 0.7×.
+#: costs (the hand-off to the workers, the parts' buffers, the merge) must be paid back: parts of 32768 keys
+#: were 1.3× slower than unsplit, parts of 131072 0.7×.
 SPLIT_K_MIN_PART_KEYS = 1 << 16
 
 #: ``backend="auto"`` runs the tiled engine when the scores (…, Hq, L, S) would hold at least
 #: AUTO_TILED_MIN_SCORES numbers (2 MiB in float32) *and* each head's L·S at least AUTO_TILED_MIN_HEAD_SCORES
-#: (≈ 362²). Measured on the 2-core test machine (float32, E = 32…64): with large heads the two are even at
-#: about 2^18 scores, the tiled engine 1.4× faster at 2^19 (H=8, N=512) and 3× at 2^23 (H=12, N=1024); with
-#: many small heads the tiled engine's per-head work does not pay (B=32, H=12, N=128: 1.4× slower; N=64: 7×),
-#: so those, like everything small, take the reference, which is also the observable path.
+#: (≈ 362²): with large heads the two are even at about 2^18 scores, the tiled engine 1.4× faster at 2^19; with
+#: many small heads its per-head work does not pay, so those, like everything small, take the reference, which
+#: is also the observable path.
 AUTO_TILED_MIN_SCORES = 1 << 19
 AUTO_TILED_MIN_HEAD_SCORES = 1 << 17
 #: …and at least this many keys (a key block narrower than this makes thin, inefficient matmuls).
 AUTO_MIN_KEYS = 128
 #: The backward of problems up to this many scores (batch × heads × L × S) runs on whole arrays (the
-#: reference backend) under ``backend="auto"``, larger ones tiled. Measured (2-core AMD EPYC, float32, causal,
-#: best of 5): (1, 4, 64, 64) 0.7 ms whole vs 3.4 tiled; (1, 16, 128, 64) 6.2 vs 16.8; (1, 4, 256, 64) 5.4 vs
-#: 9.1; (1, 8, 192, 64) 15.6 vs 16.8; (1, 8, 256, 64) 22 vs 17; (1, 2, 512, 64) 20 vs 13 — the tiled engine's
-#: per-block steps cost more than they save below about 2^18 scores.
+#: reference backend) under ``backend="auto"``, larger ones tiled: the tiled engine's per-block steps cost more
+#: than they save below about 2^18 scores.
 BACKWARD_WHOLE_SCORES = 1 << 18
 
 
@@ -136,16 +112,13 @@ BACKWARD_WHOLE_SCORES = 1 << 18
 TILE_LOOP = True
 #: …whose tasks are this many query rows (a block mask's cells, where the tile loop will run): a task's Python
 #: around its one compiled call (its rows scaled, the buffers, the output's division) hands the GIL to and
-#: fro, and two workers waited on each other's — a sliding window 512 at N = 8192 (H = 8, two workers)
-#: spent 17 ms of its 68 in it with tasks of 1024 rows, 8 with 4096, against the full causal forward 0.20×,
-#: 0.166× with 2048, 0.157× with 4096 (Zen 4, paired turns).
+#: fro, and two workers waited on each other's: a window of 512 took 0.157× the causal forward's time in tasks
+#: of 4096 rows, 0.20× in 1024.
 BLOCK_Q_TILES = 4096
 #: …and plan a block mask's cell rows in strips of this many query positions: a cell row's full cells and the
 #: edge cells of a band in i − j (a sliding window's) one run of keys a strip, the edges masked in the loop
 #: (:mod:`qkv.backends.tiled.sparse`). The strip's two edge triangles are what it computes for nothing
-#: (1/16 of a window of 512's scores in 32-row strips, 1/32 in 16): a sliding window 512 at N = 8192 (H = 8,
-#: two workers) took 0.1476–0.1482× the full causal forward in 16-row strips, 0.1494–0.1552× in 32-row and
-#: 0.155–0.157× in 8-row ones (paired turns, Zen 4).
+#: (1/16 of a window of 512's scores in 32-row strips, 1/32 in 16): 16-row strips were the fastest of 8, 16, 32.
 STRIP_ROWS_TILES = 16
 
 
