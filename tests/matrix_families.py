@@ -2,7 +2,7 @@
 
 A path walked is not a path proven: the compiled tile loop was walked by the matrix for rounds, but never with
 packed documents whose boundaries fall inside its cells at the sizes where it runs, and it was wrong there. So
-``tests/test_matrix.py`` counts the engine's paths (:mod:`qkv.paths`) per **mask family** of the problem that
+``tests/unit/test_matrix.py`` counts the engine's paths (:mod:`qkv.paths`) per **mask family** of the problem that
 took them, and requires every (path, family) pair the path supports (:func:`supported`) — the compiled loops'
 pairs at ``max(L, S) ≥ LARGE`` (:data:`LARGE_PATHS`), and their layout families (:data:`LAYOUT_FAMILIES`) with a
 layout that has boundaries inside cells and many distinct tiles (:func:`layout`).
