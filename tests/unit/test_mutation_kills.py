@@ -158,6 +158,16 @@ def test_a_windows_strips_are_cut_at_multiples_of_16_as_the_limits_say(window, b
             first = int(np.argmax(allowed[a + n - 1]))          # the last row's first key
             triangles.setdefault((r0, r1), []).append((j1, -(-first // 16) * 16))
     assert triangles
+    kept = np.zeros((rows[1] - rows[0], L), np.int64)              # what the loop keeps: the mask, exactly once
+    for r0, r1, j0, j1, d, fresh, t, lo, t0 in plan:
+        r, c = np.indices((r1 - r0, j1 - j0))
+        keep = np.ones((r1 - r0, j1 - j0), np.int64)
+        if d != NO_MASK:
+            keep &= c <= d + r
+        if lo != NO_LO:
+            keep &= c >= lo + r
+        kept[r0:r1, j0:j1] += keep
+    np.testing.assert_array_equal(kept, allowed[rows[0]:rows[1]])
     for strip, ends in triangles.items():                       # at its rounded end, or its run's end before it
         assert all(j1 == want or (j1 < want and (j1 % P.cell == 0 or j1 == L)) for j1, want in ends), (strip, ends)
 
@@ -319,7 +329,7 @@ def test_a_band_whose_edge_binds_at_a_cells_last_key_is_kept_to_it(offset):
             assert all(j1 - j0 == step for j0, j1 in keys[:-1]), ((r0, r1), keys, step)
 
 
-@pytest.mark.parametrize("window", [40, 200])
+@pytest.mark.parametrize("window", [13, 40, 200])
 @pytest.mark.parametrize("block_size", [16, 64])
 def test_narrow_columns_are_few_tall_pieces_and_a_windows_split_parts_keep_their_edges(window, block_size):
     """Two columns of global keys (4 keys each, for the queries from 1000 on, which start inside a strip)

@@ -97,8 +97,11 @@ def _pieces(P, segs: list, cell: int) -> list:
         if t < 0 and lo is None and hi is None and j1 - j0 <= NARROW:
             narrow.append((a0, a1, j0, j1))
             continue
-        for a in range(a0, a1, cell):                         # a cell row at a time (a tile's crop: one cell)
-            rows.setdefault((a, min((a // cell + 1) * cell, a1)), []).append((j0, j1, t, lo, hi))
+        a = a0
+        while a < a1:                                         # a cell row at a time (a tile's crop: one cell)
+            b = min((a // cell + 1) * cell, a1)               # (to the next cell's start: a0 may be mid-cell)
+            rows.setdefault((a, b), []).append((j0, j1, t, lo, hi))
+            a = b
     out = _tall(P, narrow)
     area = P.limits.band_rows_plain * P.limits.band_keys_plain          # (sizes: positive, thresholds.limits)
     strip = P.limits.strip_rows_tiles
