@@ -70,7 +70,7 @@ serve-docs: $(VENV)/.installed-dev
 # Mutation testing (issue 39, docs/mutation.md; not part of make test): mutmut mutates the tiled engine's code and
 # runs, per mutant, the fast tier of tests that reach it ([tool.mutmut] in pyproject.toml), into mutants/.
 #   make mutation         the planning code: split-K (split.py), the choice of a task's strategy
-#                         (forward_pass._strategy, _bands_supported) and the block-sparse plans (sparse.py): 1,061
+#                         (forward_pass._strategy, _bands_supported) and the block-sparse plans (sparse.py): 1,006
 #                         mutants, about 45 minutes on 2 cores
 #   make mutation-all     everything in [tool.mutmut] only_mutate (the whole tiled engine, kernels.py, _jit*.py):
 #                         ~9,100 mutants, hours

@@ -306,6 +306,8 @@ def _piece_waste(P, t, p) -> list:
         found.append(f"names a lower edge {p.lower} that masks nothing in it")
     if p.tile is not None:
         tile = t.tiles[p.tile][p.tile_row + r[:, 0], :j1 - j0] > 0
-        if tile.all() or not tile.any():
+        split = any(o is not p and o.tile == p.tile and o.keys == p.keys and (o.rows[0] == r1 or o.rows[1] == r0)
+                    for o in t.pieces)        # a part of a piece split where its rows are half new: may be all 1s
+        if (tile.all() and not split) or not tile.any():
             found.append(f"names tile {p.tile}, which {'masks nothing' if tile.all() else 'keeps nothing'} there")
     return found
