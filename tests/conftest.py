@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 #: The shared helpers, from either folder; and each folder, for the test modules that import another's helpers
-#: by module name (tests/browser's from tests/integration/test_viz_hf.py): module names are unique across folders.
+#: by module name (tests/integration/browser's from tests/integration/test_viz_hf.py): module names are unique across folders.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _folder in ("integration", "unit", ""):
     if os.path.join(_HERE, _folder).rstrip(os.sep) not in sys.path:

@@ -1,6 +1,6 @@
 """Absolute/relative tolerances per dtype, for comparisons against torch computed in the same dtype.
 
-A module of its own (not ``conftest``): with conftest files in tests/ and tests/browser/, ``import conftest``
+A module of its own (not ``conftest``): with conftest files in tests/ and tests/integration/browser/, ``import conftest``
 finds whichever was imported first.
 """
 import numpy as np

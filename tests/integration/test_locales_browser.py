@@ -50,7 +50,7 @@ def test_the_chinese_page_in_a_browser(tmp_path):
     from qkv import viz
 
     if not os.path.exists("/usr/bin/chromium"):
-        pytest.skip("no Chromium (tests/browser fails instead; this is an extra)")
+        pytest.skip("no Chromium (tests/integration/browser fails instead; this is an extra)")
     path = tmp_path / "zh.html"
     viz.write_page(path, {"playground": viz.from_worked(ex.load_example("two_head"))}, lang="zh")
     p = subprocess.run([sys.executable, "-c", _ZH_PAGE_SCRIPT, path.as_uri()], capture_output=True, text=True,

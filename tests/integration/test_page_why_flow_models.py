@@ -3,7 +3,7 @@
 The page's attention flow and its "Why ÷ √d_k" section, without a browser: the embedded numbers are exactly
 what qkv's own functions return (qkv.viz.attention_flow, qkv.lab.scale, qkv.lab.paragraph), the flow's size
 limit is said with its numbers, bad input is refused, and every new word has a Chinese twin with no English
-left. The browser side: tests/browser/test_browser_why_flow.py."""
+left. The browser side: tests/integration/browser/test_browser_why_flow.py."""
 from __future__ import annotations
 
 import json

@@ -1,5 +1,5 @@
 /* qkv's offline attention page. The one place where attention is computed outside qkv's Python stages;
-   tests/browser/ checks every displayed number against qkv (qkv.attention with a Trace).
+   tests/integration/browser/ checks every displayed number against qkv (qkv.attention with a Trace).
    All user text goes into the page with textContent / value, never as HTML. */
 (function () {
   "use strict";

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SCREENSHOTS = pathlib.Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+SCREENSHOTS = pathlib.Path(__file__).resolve().parents[3] / "artifacts" / "screenshots"
 MATRICES = ("Q", "K", "V", "scores", "scaled", "weights", "output")
 
 # Seed 003's numbers, typed from the seed (我 爱 吃; W_K = W_Q + 0.1, W_V = W_Q + 0.2).

@@ -1,7 +1,7 @@
 """Issue 41's long-input view in Chromium, offline, English and Chinese: `qkv view --hf DIR --text-file FILE
 --rows …` on a tiny Llama over 3,000 tokens. Every number read back from the page — the summary table, the
 pooled map's cells under the pointer, each exact row's strongest keys — equals Python's (qkv.hf.record with
-summaries and rows, the path the page's numbers came from; tests/test_hf_long.py holds that path to eager's full
+summaries and rows, the path the page's numbers came from; tests/integration/test_hf_long.py holds that path to eager's full
 weights)."""
 from __future__ import annotations
 
