@@ -14,7 +14,7 @@ EXTRAS = types.MappingProxyType(
 
 
 def need(module: str, what: str):
-    """``import module`` for ``what`` (e.g. "qkv.lab.plot"); ImportError naming the extra when it is missing."""
+    """``import module`` for ``what`` (e.g. "qkv.viz.plot_lab"); ImportError naming the extra when it is missing."""
     try:
         return importlib.import_module(module)
     except ImportError:

@@ -368,12 +368,12 @@ def test_a_failed_plot_leaves_no_file(tmp_path, mask_result, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_lab_plot_is_the_viz_plot_under_its_old_name(tmp_path, mask_result):
-    # the lab returns data and qkv.viz draws it; qkv.lab.plot keeps working, with a DeprecationWarning
+def test_plot_lab_names_the_experiments(tmp_path, mask_result):
+    # the lab returns data and qkv.viz draws it (qkv.lab.plot, its deprecated name, is gone: lab is below viz)
     pytest.importorskip("matplotlib")
-    with pytest.warns(DeprecationWarning, match="qkv.viz.plot_lab"):
-        path = lab.plot("mask", mask_result, tmp_path / "m.svg")
-    assert path == str(tmp_path / "m.svg") and (tmp_path / "m.svg").read_text().startswith("<?xml")
+    assert not hasattr(lab, "plot")
+    assert qkv.viz.plot_lab("mask", mask_result, tmp_path / "m.svg") == str(tmp_path / "m.svg")
+    assert (tmp_path / "m.svg").read_text().startswith("<?xml")
     with pytest.raises(ValueError, match="expected one of scale, mask, heads, train"):
         qkv.viz.plot_lab("nope", mask_result, tmp_path / "x.png")
 

@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import types
 
-import importlib
-import warnings
-
 from . import _heads, _mask, _scale, _train
 
 #: The experiments, in the order the command lists them.
@@ -56,19 +53,9 @@ def table(name: str, result: dict, lang: str = "en"):
     return _module(name).table(result, lang)
 
 
-def plot(name: str, result: dict, path, lang: str = "en") -> str:
-    """Deprecated: :func:`qkv.viz.plot_lab` (the lab returns data; ``qkv.viz``, the layer above, draws it).
-    Draw ``result`` to ``path`` (.png, .svg or .pdf; written atomically); needs matplotlib (``viz``)."""
-    warnings.warn("qkv.lab.plot is deprecated: use qkv.viz.plot_lab (the lab returns data, qkv.viz draws it)",
-                  DeprecationWarning, stacklevel=2)
-    from .._extras import need
-    need("matplotlib", "qkv.lab.plot")
-    return importlib.import_module("qkv.viz.lab_plots").plot(name, result, path, lang)   # by name: lab is below viz
-
-
 def explain_train(result: dict, lang: str = "en", fmt: str = "text") -> str:
     """``qkv explain``'s calculation for 它 on 银行旁边有一棵树，它很高 with the weights ``train`` learned."""
     return _train.explain_text(result, lang, fmt)
 
 
-__all__ = ["NAMES", "explain_train", "heads", "mask", "paragraph", "plot", "scale", "table", "train"]
+__all__ = ["NAMES", "explain_train", "heads", "mask", "paragraph", "scale", "table", "train"]

@@ -5,8 +5,7 @@ extra), each written atomically to PNG, SVG or PDF by the file name's suffix.
     r = lab.train()
     viz.plot_lab("train", r, "train.png", lang="zh")
 
-The lab never imports ``qkv.viz`` (it sits below it); ``qkv.lab.plot`` is kept as a deprecated name for
-:func:`plot`.
+The lab never imports ``qkv.viz``, not even by name (it sits below it: ``tests/unit/test_layers_by_name.py``).
 """
 from __future__ import annotations
 
