@@ -514,17 +514,28 @@ def generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bool 
     model view of the whole sequence under ``"model"`` (the page shows it as its model view).
     """
     g = model.generate(prompt, max_new_tokens=max_new_tokens, chat=chat, **sampling)
+    c = model.config
+    return steps_view(model, g, prompt, chat, lambda ids: decoder_attentions(model, ids),
+                      lambda ids: [str(t) for t in model.token_texts(ids)],
+                      kv_heads=int(getattr(c, "num_kv_heads", c.num_heads) or c.num_heads))
+
+
+def steps_view(model, g, prompt: str, chat: bool, attentions, shown, *, kv_heads: int, source: str | None = None) -> dict:
+    """The page's ``"generation"`` value of a generation ``g`` (``prompt_ids``, ``ids``, ``prompt``, ``text``,
+    ``finish_reason``) by ``model`` (its ``config``: layers, heads): ``attentions(ids)`` yields each layer's
+    (H, T, T) weights over prompt + continuation, ``shown(ids)`` the tokens as the page shows them. Every
+    generated token's row (generated token s: the query at position P + s) in every layer and head, and the
+    sequence's model view under ``"model"``; ``source`` (e.g. ``"qkv.hf"``) says where the weights came from."""
     ids = list(g.prompt_ids) + list(g.ids)
     P, G, T = len(g.prompt_ids), len(g.ids), len(g.prompt_ids) + len(g.ids)
-    c = model.config
-    L, H = int(c.num_layers), int(c.num_heads)
-    _check_cells(L * H, T, T, True, f"prompt and continuation of {T:,} tokens")
-    tokens = [str(t) for t in model.token_texts(ids)]
+    L, H = int(model.config.num_layers), int(model.config.num_heads)
     what = f"prompt and continuation of {T:,} tokens"
-    rows = [np.zeros((L * H, P + s + 1), np.float32) for s in range(G)]
+    _check_cells(L * H, T, T, True, what)
+    tokens = shown(ids)
+    rows = [np.zeros((L * H, P + s + 1), np.float32) for s in range(G)]       # step s: (L·H, P + s + 1)
 
     def layers():
-        for li, a in enumerate(decoder_attentions(model, ids)):
+        for li, a in enumerate(attentions(ids)):                              # a: (H, T, T)
             for s in range(G):
                 rows[s][li * H:(li + 1) * H] = a[:, P + s, :P + s + 1]
             yield a
@@ -536,10 +547,12 @@ def generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bool 
     steps.add_group(rows, label="the generated tokens' rows")
     name = _model_name(model)
     view.update({"kind": "model", "name": name, "text": g.prompt, "tokens": tokens, "decoder": True,
-                 "kv_heads": int(getattr(c, "num_kv_heads", H) or H)})
+                 "kv_heads": kv_heads})
     gen = {"name": name, "prompt": prompt, "chat": bool(chat), "text": g.text, "finish": g.finish_reason,
            "tokens": tokens, "prompt_len": P, "layers": L, "heads": H, "digits": MAP_DIGITS, "steps": steps.to_json(),
            "model": view}
+    if source is not None:
+        view["source"] = gen["source"] = source
     return gen
 
 

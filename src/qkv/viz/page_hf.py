@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .page import MAP_DIGITS, MAX_PAGE_BYTES, MapSet, _check_cells, _layers_data, _model_name
+from .page import MAX_PAGE_BYTES, MapSet, _check_cells, _model_name, steps_view
 
 
 def chat_prompt(model, prompt: str) -> str:
@@ -67,31 +67,8 @@ def hf_generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bo
     text = chat_prompt(model, prompt) if chat else prompt
     g = gen.generate(model, text, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                      special_tokens=not chat)
-    ids = list(g.prompt_ids) + list(g.ids)
-    P, G, T = len(g.prompt_ids), len(g.ids), len(g.prompt_ids) + len(g.ids)
-    L, H = int(model.config.num_layers), int(model.config.num_heads)
-    what = f"prompt and continuation of {T:,} tokens"
-    _check_cells(L * H, T, T, True, what)
-    tokens = _shown(model, ids)
-    rows = [np.zeros((L * H, P + s + 1), np.float32) for s in range(G)]       # step s: (L·H, P + s + 1)
-
-    def layers():
-        for li, a in enumerate(gen.sequence_attentions(model, ids)):          # a: (H, T, T)
-            for s in range(G):
-                rows[s][li * H:(li + 1) * H] = a[:, P + s, :P + s + 1]
-            yield a
-
-    view = _layers_data(layers(), L, H, T, True, what=what, tokens=tokens)
-    view["attentions"] = None
-    size = sum(len(b) for b in view["maps"]["blobs"])
-    steps = MapSet(thumbs=False, budget=MAX_PAGE_BYTES - 1_000_000 - size, what=what)
-    steps.add_group(rows, label="the generated tokens' rows")
-    name = _model_name(model)
-    view.update({"kind": "model", "name": name, "text": g.prompt, "tokens": tokens, "decoder": True,
-                 "kv_heads": int(model.config.num_kv_heads), "source": "qkv.hf"})
-    return {"name": name, "prompt": prompt, "chat": bool(chat), "text": g.text, "finish": g.finish_reason,
-            "tokens": tokens, "prompt_len": P, "layers": L, "heads": H, "digits": MAP_DIGITS,
-            "steps": steps.to_json(), "source": "qkv.hf", "model": view}
+    return steps_view(model, g, prompt, chat, lambda ids: gen.sequence_attentions(model, ids),
+                      lambda ids: _shown(model, ids), kv_heads=int(model.config.num_kv_heads), source="qkv.hf")
 
 
 def _count(choice, n: int) -> int:
