@@ -1,6 +1,4 @@
-"""The tests of tests/unit/test_backward.py that need torch or transformers.
-
-qkv.scaled_dot_product_attention_backward against torch autograd through SDPA."""
+"""The tests of tests/unit/test_backward.py that need torch or transformers."""
 import math
 
 import numpy as np
@@ -10,17 +8,10 @@ from hypothesis import strategies as st
 
 import qkv
 from qkv.backends import tiled
+from test_backward import _parallel_even_when_small  # noqa: E402,F401  (its helpers, shared)
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-
-
-@pytest.fixture(autouse=True)
-def _parallel_even_when_small(monkeypatch):
-    """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS) and, through the public function, on
-    whole arrays (BACKWARD_WHOLE_SCORES); these tests want the tiled engine and its pool."""
-    with tiled.limits(serial_below_flops=0, backward_whole_scores=0):
-        yield
 
 
 @pytest.mark.parametrize("lead, L, S, E, mask, expected", [((1, 2), 16, 16, 8, "causal", "reference"),

@@ -1,13 +1,11 @@
-"""The tests of tests/unit/test_bad_input.py that need torch or transformers.
-
-Each kind of bad input gets a ValueError/TypeError that names the argument and shows expected vs actual."""
+"""The tests of tests/unit/test_bad_input.py that need torch or transformers."""
 import numpy as np
 import pytest
 
 import qkv
+from test_bad_input import m  # noqa: E402,F401  (its helpers, shared)
 
 
-m = qkv.MultiHeadAttention(8, 2, seed=0)
 x = np.ones((2, 3, 8), np.float32)
 
 

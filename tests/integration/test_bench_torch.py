@@ -1,6 +1,4 @@
-"""The tests of tests/unit/test_bench.py that need torch or transformers.
-
-``qkv bench`` on tiny sizes: the table, the JSON structure and the plot (never timing assertions)."""
+"""The tests of tests/unit/test_bench.py that need torch or transformers."""
 
 import pytest
 

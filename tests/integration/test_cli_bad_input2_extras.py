@@ -1,15 +1,4 @@
-"""The tests of tests/unit/test_cli_bad_input2.py that need torch or the llama extra.
-
-Bad input found by a probe, each a test: one line on stderr naming the option, exit code 2, nothing written,
-and before the slow work (spawning the ring's processes, running the benchmark, loading the model).
-
-- ``qkv ring``: --timeout in 1 … 600 s, --seed >= 0, P bounded by the cores and the memory, the arrays by the
-  memory; the ranks' own stderr (torch's C++ log lines) never reaches the command's;
-- ``qkv bench``: --json / --plot checked as file names up front; the memory check names every option in it;
-- a locale file whose placeholder was renamed is named with the key and the placeholder;
-- ``qkv generate`` / ``qkv view --generate``: the sampling settings checked before the model loads, by their
-  options' names.
-"""
+"""The tests of tests/unit/test_cli_bad_input2.py that need torch or the llama extra."""
 import os
 import re
 

@@ -1,20 +1,11 @@
-"""The tests of tests/unit/test_cli_counts.py that need the llama extra (gguf, jinja2) or SmolLM2.
-
-Every count the command line accepts has an upper bound, stated in --help and in the error (exit 2, one line);
-the long runs show a progress bar on a terminal (issue 26)."""
+"""The tests of tests/unit/test_cli_counts.py that need the llama extra (gguf, jinja2) or SmolLM2."""
 import re
 
 import pytest
 
 pytest.importorskip("click")
 
-from qkv.cli import main  # noqa: E402
-
-
-def run_cli(capsys, *args):
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
+from test_cli_counts import run_cli  # noqa: E402,F401  (its helpers, shared)
 
 
 def test_generate_states_its_bounds_in_help(capsys):

@@ -1,8 +1,4 @@
-"""The tests of tests/unit/test_cli_model_option.py that need the llama extra (gguf, jinja2) or SmolLM2.
-
-`--model` means one thing in every command (issue 26): it names the model — minilm or smollm2 — and a model
-name is never taken as text; the text comes from the command's own argument or --text. A name that is no model,
-or a model the command cannot use, is one line on stderr, exit 2, before any model is loaded."""
+"""The tests of tests/unit/test_cli_model_option.py that need the llama extra (gguf, jinja2) or SmolLM2."""
 import json
 import re
 
@@ -11,13 +7,7 @@ import pytest
 
 pytest.importorskip("click")
 
-from qkv.cli import main  # noqa: E402
-
-
-def run_cli(capsys, *args):
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
+from test_cli_model_option import run_cli  # noqa: E402,F401  (its helpers, shared)
 
 
 def _embedded(path):

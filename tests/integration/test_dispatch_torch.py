@@ -1,18 +1,13 @@
-"""The tests of tests/unit/test_dispatch.py that need torch or transformers.
-
-Backend dispatch: the auto size rule, forced backends, torch tensors, return_lse, threads, bad input."""
+"""The tests of tests/unit/test_dispatch.py that need torch or transformers."""
 
 import numpy as np
 import pytest
 
 import qkv
 from qkv.backends import tiled
+from test_dispatch import _qkv  # noqa: E402,F401  (its helpers, shared)
 
 torch = pytest.importorskip("torch")
-
-
-def _qkv(rng, shape, dtype=np.float32):
-    return tuple(rng.standard_normal(shape).astype(dtype) for _ in range(3))
 
 
 @pytest.mark.parametrize("backend", ["reference", "tiled", "torch"])

@@ -1,11 +1,4 @@
-"""The tests of tests/unit/test_explain.py that need torch or transformers.
-
-qkv.explain: worked examples run through the real path, and the rendering of a Trace (explain_query too).
-
-References: the seeds' true values checked by hand in tests/unit/test_seeds.py (repeated here where used), torch's
-nn.MultiheadAttention for the two-head example, and the trace itself — every number the explanation shows
-must be the recorded one (the renderer never recomputes).
-"""
+"""The tests of tests/unit/test_explain.py that need torch or transformers."""
 
 import numpy as np
 import pytest

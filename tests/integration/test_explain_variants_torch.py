@@ -1,13 +1,4 @@
-"""The tests of tests/unit/test_explain_variants.py that need torch or transformers.
-
-The variants in worked examples: RoPE, ALiBi, soft-capping, sliding window, documents, sinks.
-
-Each built-in example's key numbers are worked out by hand here (the arithmetic in the comments), then held to
-an independent NumPy formula written in this file, to torch's FlexAttention (CPU) or a dense torch formula,
-and RoPE to transformers' ``apply_rotary_pos_emb``. The explainer must write the arithmetic with the recorded
-numbers, the checker must accept claims on Q_rot, K_rot, biased and capped with the usual verdicts, and every
-new file key must refuse bad values with one line and exit code 2.
-"""
+"""The tests of tests/unit/test_explain_variants.py that need torch or transformers."""
 import math
 import warnings
 
@@ -15,11 +6,7 @@ import numpy as np
 import pytest
 
 from qkv.explain import examples as ex
-
-
-def as2d(a):
-    a = np.asarray(a)
-    return a.reshape(a.shape[-2:])
+from test_explain_variants import as2d  # noqa: E402,F401  (its helpers, shared)
 
 
 def test_rope_equals_transformers_apply_rotary_pos_emb():

@@ -1,11 +1,4 @@
-"""The tests of tests/unit/test_flex.py that need torch or transformers.
-
-qkv.flex_attention against torch's flex_attention (CPU, eager) and flex_attention_backward against torch
-autograd through the dense equivalent, on the reference and the tiled backend; every bad input.
-
-Each qkv mod is translated to the torch mod it stands for (written with torch ops); sink_logits, which torch's
-flex_attention does not have, are held to the dense formula softmax([scores, sink]) without the sink column.
-"""
+"""The tests of tests/unit/test_flex.py that need torch or transformers."""
 import math
 import warnings
 
@@ -15,12 +8,12 @@ import pytest
 import qkv
 from qkv import mods
 from qkv.backends import tiled
+from test_flex import BACKENDS, _qkv  # noqa: E402,F401  (its helpers, shared)
 
 torch = pytest.importorskip("torch")
 from torch.nn.attention.flex_attention import create_block_mask as t_create_block_mask  # noqa: E402
 from torch.nn.attention.flex_attention import flex_attention as t_flex_attention  # noqa: E402
 
-BACKENDS = ["reference", "tiled"]
 B, H = 2, 4
 SIZES = [(1, 1, 128), (7, 7, 16), (59, 59, 16), (130, 130, 128), (257, 257, 128), (59, 130, 16), (130, 59, 16)]
 
@@ -305,10 +298,6 @@ def test_custom_score_mod_backward_needs_its_derivative(backend):
 
 
 # ================================================================================================ bad input
-def _qkv(L=8, S=8, Hq=H, Hk=H, dtype=np.float64):
-    r = np.random.default_rng(12)
-    return (r.standard_normal((B, Hq, L, 4)).astype(dtype), r.standard_normal((B, Hk, S, 4)).astype(dtype),
-            r.standard_normal((B, Hk, S, 4)).astype(dtype))
 
 
 def test_bad_arrays():

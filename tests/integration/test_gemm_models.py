@@ -1,16 +1,10 @@
-"""The tests of tests/unit/test_gemm.py that need a model package (MiniLM, SmolLM2) or its readers.
-
-The GEMM provider (qkv.gemm): MKL equal to NumPy on every layout it is given, the choice and its errors,
-the threads, and every path of the engine and the models run through the chosen provider with the same
-results to rounding. The mkl tests skip when the extra is not installed (``pip install 'qkv[mkl]'``)."""
+"""The tests of tests/unit/test_gemm.py that need a model package (MiniLM, SmolLM2) or its readers."""
 
 import numpy as np
 import pytest
 
-import qkv
 from qkv import gemm, kernels
-
-HAS_MKL = gemm.GEMM.mkl() is not None
+from test_gemm import HAS_MKL, _Calls, _both, _counting_loop  # noqa: E402,F401  (its helpers, shared)
 
 
 @pytest.fixture
@@ -47,28 +41,6 @@ def counted_mkl(mkl, monkeypatch, restore_gemm):
     for name in ("run_plain", "run_plain_lazy", "run_plain_backward"):   # the compiled loops call the provider's
         monkeypatch.setattr(kernels, name, _counting_loop(calls, mkl, getattr(kernels, name)))   # C sgemm
     return calls
-
-
-def _counting_loop(calls, mkl, real):
-    def loop(jit, gemm, *a):
-        if gemm is mkl:
-            calls.append(("compiled loop", mkl.name))
-        return real(jit, gemm, *a)
-    return loop
-
-
-class _Calls(list):
-    def __init__(self):
-        super().__init__()
-        self.exps = []
-
-
-def _both(fn):
-    """``fn()`` with NumPy's GEMM, then with MKL's; both results."""
-    qkv.set_gemm("numpy")
-    ref = fn()
-    qkv.set_gemm("mkl")
-    return ref, fn()
 
 
 def test_minilm_encode_through_mkl_equals_numpy(counted_mkl):

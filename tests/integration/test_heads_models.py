@@ -1,7 +1,4 @@
-"""The tests of tests/unit/test_heads.py that need a model package (MiniLM, SmolLM2) or its readers.
-
-Heads at a glance, rollout and flow (issue 11): qkv.viz.head_kinds, rollout, attention_flow; qkv model
---heads-summary / --rollout."""
+"""The tests of tests/unit/test_heads.py that need a model package (MiniLM, SmolLM2) or its readers."""
 import numpy as np
 import pytest
 

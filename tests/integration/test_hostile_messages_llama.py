@@ -1,20 +1,11 @@
-"""The tests of tests/unit/test_hostile_messages.py that need the llama extra (gguf, jinja2) or SmolLM2.
-
-Messages that misled (issue 26): each now says what is wrong in the user's terms, names the file, key or
-argument, and is short (long values cut with an ellipsis)."""
+"""The tests of tests/unit/test_hostile_messages.py that need the llama extra (gguf, jinja2) or SmolLM2."""
 import pytest
 
 
 pytest.importorskip("yaml")
 pytest.importorskip("click")
 
-from qkv.cli import main  # noqa: E402
-
-
-def run_cli(capsys, *args):
-    rc = main([str(a) for a in args])
-    out, err = capsys.readouterr()
-    return rc, out, err
+from test_hostile_messages import run_cli  # noqa: E402,F401  (its helpers, shared)
 
 
 def test_generate_names_a_prompt_that_is_not_utf8_and_a_huge_context(tmp_path, capsys):

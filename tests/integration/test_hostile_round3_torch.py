@@ -1,9 +1,5 @@
-"""The tests of tests/unit/test_hostile_round3.py that need torch or transformers.
-
-The third hostile-input round (issue 40, item 4): numbers past every bound in worked-example files, control
-characters in what reaches the terminal, a temperature too small to divide by."""
+"""The tests of tests/unit/test_hostile_round3.py that need torch or transformers."""
 import pytest
-
 
 
 def test_a_torch_mod_returning_another_shape_or_a_number_is_refused():

@@ -1,20 +1,9 @@
-"""The tests of tests/unit/test_kernels.py that need a model package (MiniLM, SmolLM2), its readers,
-or SciPy (which the dev extras bring).
-
-The fused block kernels (qkv.kernels, compiled by numba from qkv._jit): each kernel against float64 NumPy,
-the engine with them against the reference and against the engine on NumPy's passes (every path that uses
-them, counted, so a path that bypasses them fails), the choice, and that small work never imports numba."""
+"""The tests of tests/unit/test_kernels.py that need a model package (MiniLM, SmolLM2), its readers,."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-
-
-def _python(code, **env):
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **env})
+from test_kernels import _python  # noqa: E402,F401  (its helpers, shared)
 
 
 def test_encode_loads_the_kernels_for_long_work_only(tmp_path):

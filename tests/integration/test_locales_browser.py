@@ -1,12 +1,4 @@
-"""The tests of tests/unit/test_locales.py that need Chromium through Playwright.
-
-qkv.locales: every user-facing string as data, one JSON file per language.
-
-- en.json and zh.json have the same keys with the same {placeholders};
-- every key is used by the code or the page (no dead strings), and every key the code asks for exists;
-- adding a language is adding one file (QKV_LOCALES or add_dir), and the CLI offers it;
-- the checker's verdict words, the CLI's own error lines and the page's words follow the language.
-"""
+"""The tests of tests/unit/test_locales.py that need Chromium through Playwright."""
 import json
 
 import pytest

@@ -1,6 +1,4 @@
-"""The tests of tests/unit/test_masks.py that need torch or transformers.
-
-qkv.masks: every builder returns bool, True = may attend."""
+"""The tests of tests/unit/test_masks.py that need torch or transformers."""
 import numpy as np
 import pytest
 

@@ -1,73 +1,10 @@
-"""The tests of tests/unit/test_matrix.py that need torch or transformers.
-
-The differential matrix (issue 25): every path qkv can take, against one float64 reference.
-
-Problems (``qkv.accuracy.draw_spec``, here through hypothesis, which shrinks each choice towards its simplest
-option) cover every axis: backend None / "reference" / "tiled" through ``qkv.flex_attention``,
-``qkv.scaled_dot_product_attention`` and their backwards, or the backend object itself (``forward`` /
-``backward``, with ``block_q``/``block_k`` for the tiled one); block kernels numba / numpy; GEMM numpy / mkl;
-threads 1 / 2; float16/32/64; no leading dims, (H,), (B, H), grouped-query heads, a key/value batch of 1;
-L ≠ S; ``is_causal`` (top-left) and ``masks.causal(align="bottom-right")``; bool masks and float biases of
-shape (L, S) or the scores' whole shape; every built-in mask mod (causal, sliding_window, prefix_lm, sinks,
-StreamingLLM, document, document_from_lengths, per-batch documents, and_masks, or_masks) and custom ones (a
-plain callable, one with empty rows, one that depends on the head, one of many distinct tiles) through
-``create_block_mask`` with BLOCK_SIZE 4…128; every built-in score mod (alibi with a negative slope too, softcap,
-compose(alibi, softcap)) and custom ones (a plain callable — whose backward must be refused —, ``ScoreMod(fn, grad=…)``,
-``ScoreMod(fn, vjp=…)``, one that returns −inf); sink logits; dropout; returned weights; and the engine's thresholds moved
-(``qkv.backends.tiled.limits``: block sizes, ``kernel_min=0``, ``serial_below_flops=0``, the diagonal's
-squares, the compiled loops on/off, shift-free and lazy bounds, the grid's cells and call costs, split-K's
-keys, and ``backend=None``'s size rule) so that small problems straddle each of them.
-
-**Tolerances** (``qkv.accuracy.check``): each quantity — output, lse, weights, dq, dk, dv, d sink_logits — is
-compared as ``max|got − ref| / magnitude ≤ a + b·max|score|``, where max|score| is the largest allowed
-|scaled score| before and after the score mod, and the magnitude is the reference's formula on absolute
-values (output: max(P·|V|); dV: max(Pᵀ·|dO|); dQ, dK: P ∘ (|dO|·|V|ᵀ + |D|) ∘ max(|mod′|, 1) through |K|, |Q|
-times |scale|, with |D| = rowsum(|dO| ∘ |out|); d sink: max_h Σ P_sink·|D|; lse: max(1, max|lse|); weights:
-max P) — the scale rounding errors
-grow with, which cancellation in the reference cannot shrink. ``(a, b)``: float32 (2e-5, 2.4e-7) (float32
-rounds each score: 2.4e-7 ≈ 4 units of 2⁻²⁴ of the largest), float64 (1e-12, 4e-15), float16 (2⁻¹⁰ + 2e-5,
-2.4e-7: computed in float32, rounded to float16, whose subnormal results are multiples of 6e-8, which is
-allowed on top). ±inf (rows that may attend to nothing) must match exactly.
-
-**Dropout** draws different random streams in the engine and the reference, so it is checked by consistency:
-the output equals the returned (dropped, rescaled) weights · V, every kept weight equals the float64 reference
-probability / (1 − p), and the same seed gives the same output and weights bit for bit.
-
-**Coverage** (``test_the_matrix_walks_every_registered_path``): every registered path walked, and every path
-with every mask family it takes (``tests/matrix_families.py``) — the compiled loops at L ≥ 513 on the engine's
-own limits, documents and custom masks there with boundaries inside cells and many distinct tiles (``LARGE_PROBLEMS``);
-``pytest -s`` or ``-rP`` prints the path × family table.
-
-Budget: ``EXAMPLES`` (derandomized: CI is reproducible); ``QKV_MATRIX_EXAMPLES=2000`` runs that many, random.
-A falsifying ``Spec(...)`` reproduces without hypothesis: ``p = qkv.accuracy.build(spec)``, then
-``qkv.accuracy.check(p, qkv.accuracy.run(p), qkv.accuracy.reference(p))`` lists what is off.
-"""
+"""The tests of tests/unit/test_matrix.py that need torch or transformers."""
 
 import numpy as np
 import pytest
 
 from qkv import accuracy as A
-
-
-@pytest.fixture(autouse=True)
-def _plans_proven(monkeypatch):
-    """Every plan the matrix runs is proven against its mask first (``QKV_CHECK_PLANS=1``, issue 39): a plan bug
-    fails as a ``PlanError`` naming the scores, before any number is compared."""
-    monkeypatch.setenv("QKV_CHECK_PLANS", "1")
-
-
-# ====================================================================================== coverage of paths
-def _limits(**changes) -> tuple:
-    lim = {name: options[0] for name, options in A.LIMIT_OPTIONS.items()}
-    lim.update(dict.fromkeys(A.AUTO_LIMITS, 0))
-    lim.update(changes)
-    return tuple(sorted(lim.items()))
-
-
-def _spec(limits=None, **kw) -> A.Spec:
-    base = dict(route="tiled", api="sdpa", kernels="numba", dtype="float32", lead=(2,), L=40, S=40, E=8, Ev=8)
-    base.update(kw)
-    return A.Spec(**base, limits=limits or _limits())
+from test_matrix import _limits, _plans_proven, _spec  # noqa: E402,F401  (its helpers, shared)
 
 
 # ============================================================================== the reference against torch

@@ -1,6 +1,4 @@
-"""The tests of tests/unit/test_mha.py that need torch or transformers.
-
-qkv.MultiHeadAttention against torch.nn.MultiheadAttention (and torch SDPA for grouped-query)."""
+"""The tests of tests/unit/test_mha.py that need torch or transformers."""
 import numpy as np
 import pytest
 from hypothesis import given, settings

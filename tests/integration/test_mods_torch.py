@@ -1,8 +1,4 @@
-"""The tests of tests/unit/test_mods.py that need torch or transformers.
-
-qkv.mods and qkv.create_block_mask: each mod against a hand-written mask, block kinds against exact
-evaluation, ALiBi slopes against BLOOM's and the paper's code, derivatives against finite differences, and
-every bad input."""
+"""The tests of tests/unit/test_mods.py that need torch or transformers."""
 
 import numpy as np
 import pytest

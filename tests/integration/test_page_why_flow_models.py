@@ -1,24 +1,12 @@
-"""The tests of tests/unit/test_page_why_flow.py that need a model package (MiniLM, SmolLM2) or its readers.
-
-The page's attention flow and its "Why ÷ √d_k" section, without a browser: the embedded numbers are exactly
-what qkv's own functions return (qkv.viz.attention_flow, qkv.lab.scale, qkv.lab.paragraph), the flow's size
-limit is said with its numbers, bad input is refused, and every new word has a Chinese twin with no English
-left. The browser side: tests/integration/browser/test_browser_why_flow.py."""
+"""The tests of tests/unit/test_page_why_flow.py that need a model package (MiniLM, SmolLM2) or its readers."""
 from __future__ import annotations
-
-import json
-import re
 
 import numpy as np
 import pytest
 
 from qkv import viz
 from qkv.viz import page as vpage
-
-
-def embedded(html: str) -> dict:
-    m = re.search(r'<script type="application/json" id="qkv-data">(.*?)</script>', html, re.S)
-    return json.loads(m.group(1))
+from test_page_why_flow import embedded  # noqa: E402,F401  (its helpers, shared)
 
 
 @pytest.mark.model

@@ -1,6 +1,4 @@
-"""The tests of tests/unit/test_positions.py that need torch or transformers.
-
-Sinusoidal positions, token embeddings, and seed 000's whole path against torch."""
+"""The tests of tests/unit/test_positions.py that need torch or transformers."""
 
 import numpy as np
 import pytest

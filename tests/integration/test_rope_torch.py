@@ -1,11 +1,4 @@
-"""The tests of tests/unit/test_rope.py that need torch or transformers.
-
-Rotary position embedding: qkv.positions.rope, qkv.RoPE, MultiHeadAttention(rope=) and cached decoding.
-
-References: Hugging Face Llama's ``apply_rotary_pos_emb`` / ``LlamaRotaryEmbedding`` / ``LlamaAttention`` (neox
-style) and the complex-number form of Meta's ``apply_rotary_emb`` written here with NumPy (interleaved style).
-Shape legend: B batch, H query heads, Hk key/value heads, L query length, S key length, T length, E head width.
-"""
+"""The tests of tests/unit/test_rope.py that need torch or transformers."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,4 @@
-"""The tests of tests/unit/test_sdpa.py that need torch or transformers.
-
-qkv.scaled_dot_product_attention against torch's SDPA, over many random configurations."""
+"""The tests of tests/unit/test_sdpa.py that need torch or transformers."""
 import math
 
 import numpy as np

@@ -1,10 +1,4 @@
-"""The tests of tests/unit/test_tiled.py that need torch or transformers.
-
-The tiled engine against the reference backend and torch's SDPA.
-
-Small block sizes (passed to ``tiled.forward``) put block boundaries, partial blocks and skipped blocks into
-inputs of a few dozen tokens, so the whole file runs in seconds.
-"""
+"""The tests of tests/unit/test_tiled.py that need torch or transformers."""
 import math
 
 import numpy as np
@@ -15,16 +9,10 @@ from hypothesis import strategies as st
 import qkv
 from qkv_tolerances import TOL
 from qkv.backends import tiled
+from test_tiled import _parallel_even_when_small, _ref, _tiled  # noqa: E402,F401  (its helpers, shared)
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-
-
-@pytest.fixture(autouse=True)
-def _parallel_even_when_small():
-    """Small test sizes would run on one thread (SERIAL_BELOW_FLOPS); these tests want the pool."""
-    with tiled.limits(serial_below_flops=0):
-        yield
 
 
 def _t(a):
@@ -37,18 +25,6 @@ def _torch64(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False):
     kw = {"enable_gqa": True} if enable_gqa else {}
     return F.scaled_dot_product_attention(_t(q).double(), _t(k).double(), _t(v).double(), attn_mask=m,
                                           is_causal=is_causal, scale=scale, **kw).numpy()
-
-
-def _ref(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False, **kw):
-    return qkv.scaled_dot_product_attention(q, k, v, mask, is_causal=is_causal, scale=scale,
-                                            enable_gqa=enable_gqa, backend="reference", **kw)
-
-
-def _tiled(q, k, v, mask=None, is_causal=False, scale=None, enable_gqa=False, **kw):
-    sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    out, w, lse = tiled.forward(q, k, v, attn_mask=mask, is_causal=is_causal, scale=sc, enable_gqa=enable_gqa,
-                                return_lse=True, **kw)
-    return out, lse
 
 
 def _mask(kind, r, lead, L, S, dtype):

@@ -1,8 +1,4 @@
-"""The tests of tests/unit/test_viz_cli.py that need a model package (MiniLM, SmolLM2) or its readers.
-
-``qkv heatmap`` and ``qkv view``: the files they write, and one-line errors with exit code 2."""
-import json
-import re
+"""The tests of tests/unit/test_viz_cli.py that need a model package (MiniLM, SmolLM2) or its readers."""
 
 import numpy as np
 import pytest
@@ -10,27 +6,7 @@ import pytest
 pytest.importorskip("click")
 pytest.importorskip("matplotlib")
 
-from qkv.cli import main  # noqa: E402
-
-SIGNATURES = {".png": b"\x89PNG\r\n\x1a\n", ".pdf": b"%PDF-", ".svg": b"<?xml"}
-
-
-def run(capsys, *args):
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def embedded(path) -> dict:
-    html = path.read_text(encoding="utf-8")
-    return json.loads(re.search(r'<script type="application/json" id="qkv-data">(.*?)</script>', html, re.S).group(1))
-
-
-def assert_one_line_error(code, err, pattern):
-    assert code == 2
-    assert err.count("\n") == 1 and err.startswith("qkv"), err
-    assert "Traceback" not in err
-    assert re.search(pattern, err), err
+from test_viz_cli import SIGNATURES, assert_one_line_error, embedded, run  # noqa: E402,F401  (its helpers, shared)
 
 
 @pytest.mark.model

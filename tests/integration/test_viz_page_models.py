@@ -1,6 +1,4 @@
-"""The tests of tests/unit/test_viz_page.py that need a model package (MiniLM, SmolLM2) or its readers.
-
-The page's HTML, without a browser: self-contained, no network address, data that cannot break out."""
+"""The tests of tests/unit/test_viz_page.py that need a model package (MiniLM, SmolLM2) or its readers."""
 
 import re
 
