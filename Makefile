@@ -80,8 +80,8 @@ serve-docs: $(VENV)/.installed-dev
 # the plan checker's per sweep.
 MUTATION_EXAMPLES ?= 20
 MUTATION_PLAN_EXAMPLES ?= 50
-MUTATION_SET := 'qkv.backends.tiled.split.*' 'qkv.backends.tiled.forward_pass.x__strategy__*' \
-	'qkv.backends.tiled.forward_pass.x__bands_supported__*' 'qkv.backends.tiled.sparse.*'
+MUTATION_SET := 'qkv.engine.backends.tiled.split.*' 'qkv.engine.backends.tiled.forward_pass.x__strategy__*' \
+	'qkv.engine.backends.tiled.forward_pass.x__bands_supported__*' 'qkv.engine.backends.tiled.sparse.*'
 MUTATION_ALL := 'qkv.*'
 MUTMUT_RUN = OMP_NUM_THREADS=1 QKV_MATRIX_EXAMPLES=$(MUTATION_EXAMPLES) QKV_PLAN_EXAMPLES=$(MUTATION_PLAN_EXAMPLES) \
 	$(BIN)/mutmut run --max-children $$(nproc)

@@ -8,7 +8,7 @@ pytest.importorskip("gguf")
 pytest.importorskip("tokenizers")
 pytest.importorskip("jinja2")
 
-from qkv.models import _chat, load_llama  # noqa: E402
+from qkv.models import chat as _chat, load_llama  # noqa: E402
 from test_llama import TEMPLATE, write_tiny_llama  # noqa: E402
 
 HOSTILE = {
@@ -70,7 +70,7 @@ def test_a_refusal_is_not_lost_in_a_garbage_collector_callback(model, monkeypatc
     memory limit it is here to trip.)"""
     import gc
 
-    from qkv.models import _chat
+    from qkv.models import chat as _chat
     monkeypatch.setattr(_chat, "MAX_SECONDS", 60.0)
 
     ran = []

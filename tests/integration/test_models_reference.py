@@ -133,7 +133,7 @@ def test_embeddings_match_sentence_transformers_on_many_texts_and_truncation(qkv
     texts.append("word " * 300)                                             # > 256 tokens: both truncate
     calls = []
     try:                                                                    # long work: GELU by the kernels
-        from qkv import _jit
+        from qkv.compute import _jit
     except ImportError:
         _jit = None
     else:

@@ -19,7 +19,7 @@ from qkv import mods
 
 torch = pytest.importorskip("torch")
 import qkv.torch as qt  # noqa: E402
-from qkv import _torch_mods  # noqa: E402
+from qkv.integrations import _torch_mods  # noqa: E402
 from torch.nn.attention.flex_attention import create_block_mask as t_block_mask  # noqa: E402
 from torch.nn.attention.flex_attention import flex_attention as t_flex  # noqa: E402
 

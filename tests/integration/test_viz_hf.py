@@ -107,7 +107,7 @@ def test_each_generated_tokens_row_is_the_row_its_step_computed_in_eager(folders
     """One forward pass over prompt + continuation (qkv.hf.record) against eager's own generation attentions:
     step k of eager's generate feeds generated token k − 1 (the query at P + k − 1) — its row is ours within
     1e-6. A sliding window's cache keeps only the window's keys: ours holds exact zeros before them."""
-    from qkv.hf._hf_generation import generate, sequence_attentions
+    from qkv.hf.generation_rows import generate, sequence_attentions
 
     m = qkv.hf.load(folders[name])
     g = generate(m, "the cat sat on", max_new_tokens=6)
@@ -141,7 +141,7 @@ def test_each_generated_tokens_row_is_the_row_its_step_computed_in_eager(folders
 def test_the_generation_data_has_the_smollm2_views_shape_and_its_rows(folders):
     m = qkv.hf.load(folders["llama"])
     d = viz.hf_generation_data(m, "the cat sat on", max_new_tokens=5)
-    from qkv.hf._hf_generation import sequence_attentions
+    from qkv.hf.generation_rows import sequence_attentions
     ids = [WORDS.index(t) for t in d["tokens"]]
     layers = list(sequence_attentions(m, ids))
     P, L, H = d["prompt_len"], d["layers"], d["heads"]
@@ -158,7 +158,7 @@ def test_the_generation_data_has_the_smollm2_views_shape_and_its_rows(folders):
 
 
 def test_sampling_is_seeded_and_leaves_torchs_generator_as_it_was(folders):
-    from qkv.hf._hf_generation import generate
+    from qkv.hf.generation_rows import generate
     m = qkv.hf.load(folders["llama"])
     torch.manual_seed(5)
     before = torch.random.get_rng_state()

@@ -1,10 +1,12 @@
 """``qkv bench`` on tiny sizes: the table, the JSON structure and the plot (never timing assertions)."""
 import json
+import platform
 
 import numpy as np
 import pytest
 
 from qkv import bench
+from qkv.tools.bench._env import _kernels_in_use
 from qkv.cli import main
 
 #: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
@@ -87,8 +89,8 @@ def test_cpu_model_names_family_model_and_vector_unit(tmp_path):
     f.write_text("model name\t: Intel(R) Xeon(R) CPU\ncpu family\t: 6\nmodel\t\t: 85\nflags\t\t: sse2 avx2\n")
     assert bench.cpu_model(str(f)) == "Intel(R) Xeon(R) CPU (family 6 model 85, AVX2)"
     f.write_text("processor\t: 0\nBogoMIPS\t: 50.00\n")              # no model name (an ARM board)
-    assert bench.cpu_model(str(f)) == (bench.platform.processor() or bench.platform.machine() or "unknown")
-    assert bench.cpu_model(str(tmp_path / "missing")) == (bench.platform.processor() or bench.platform.machine()
+    assert bench.cpu_model(str(f)) == (platform.processor() or platform.machine() or "unknown")
+    assert bench.cpu_model(str(tmp_path / "missing")) == (platform.processor() or platform.machine()
                                                           or "unknown")
 
 
@@ -98,10 +100,10 @@ def test_environment_line_names_cpu_blas_gemm_and_kernels(monkeypatch):
     from qkv import gemm, kernels
     line = bench.environment_line()
     for part in (f"CPU {bench.cpu_model()}", f"numpy {np.__version__} ({gemm.NumpyGemm.kernel()})",
-                 f"GEMM {qkv.get_gemm()}", f"block kernels {bench._kernels_in_use()}"):
+                 f"GEMM {qkv.get_gemm()}", f"block kernels {_kernels_in_use()}"):
         assert part in line
     # the compiled loop of plain blocks, where it runs (numba and the provider's C sgemm), and only there
-    assert line.endswith(", compiled loop") == (bench._kernels_in_use() != "numpy"
+    assert line.endswith(", compiled loop") == (_kernels_in_use() != "numpy"
                                                 and kernels.plain_available(gemm.GEMM.active()))
     from qkv.backends import tiled
     with tiled.limits(plain_loop=False):

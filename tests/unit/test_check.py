@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from qkv.cli import main
 from qkv.explain import check
 from qkv.explain import examples as ex
+from qkv.explain import _reading
 from qkv.explain.checker import matches
 from qkv.explain.examples import Number
 
@@ -202,7 +203,7 @@ def test_a_planted_slip_is_the_only_root(seed, L, D, E, i, j, delta, causal):
     text = ('{"X": %s, "W_Q": %s, "W_K": %s, "W_V": %s, %s "claims": {%s}}'
             % (json.dumps(X.tolist()), json.dumps(WQ.tolist()), json.dumps(WK.tolist()), json.dumps(WV.tolist()),
                '"mask": "causal",' if causal else "", ", ".join(f'"{k}": {v}' for k, v in claims.items())))
-    r = check(ex.from_dict(ex._parse_json(text, "t.json")))
+    r = check(ex.from_dict(_reading._parse_json(text, "t.json")))
     st_ = statuses(r)
     assert [k for k, v in st_.items() if v == "wrong"] == [("Q", i, j)]
     assert all(st_[("scores", i, c)] == "carried" for c in range(L) if abs(delta * K[c, j]) > 0.01)

@@ -20,6 +20,7 @@ yaml = pytest.importorskip("yaml")
 
 import qkv  # noqa: E402
 from qkv.explain import examples as ex  # noqa: E402
+from qkv.explain import _reading  # noqa: E402
 import importlib  # noqa: E402
 
 render = importlib.import_module("qkv.explain.render")
@@ -186,9 +187,9 @@ def test_yaml_fast_path_reads_as_yaml_does(tmp_path):
           Q: {爱: [0.01, 0.14, 0.270]}
           K: [[012, 1_000, 0x1F], [1.0e5, .5, +1], [-0, 1., 2]]
         """)
-    _, Loader = ex._yaml_loader()
+    _, Loader = _reading._yaml_loader()
     plain = yaml.load(text, Loader=Loader)                              # no fast path
-    fast = ex._parse_yaml(text, "t.yaml")
+    fast = _reading._parse_yaml(text, "t.yaml")
     assert fast == plain
     texts = lambda d: [getattr(x, "text", None) for row in d for x in (row if isinstance(row, list) else [row])]
     assert texts(fast["X"]) == texts(plain["X"]) and "1.20" in texts(fast["X"])

@@ -20,7 +20,7 @@ from qkv import gemm
 from qkv.cli import main
 from qkv.explain import examples as ex
 from qkv.explain import explain_query, render
-from qkv.explain._doc import fmt, print_rich
+from qkv.explain.doc import fmt, print_rich
 from qkv.explain.render import build_doc
 
 X = np.array([[1.2, 0.8, -0.5, 0.3], [0.5, 1.3, 0.2, -0.7], [-0.3, 0.9, 1.1, 0.4]])

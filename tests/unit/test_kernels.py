@@ -1,4 +1,4 @@
-"""The fused block kernels (qkv.kernels, compiled by numba from qkv._jit): each kernel against float64 NumPy,
+"""The fused block kernels (qkv.kernels, compiled by numba from qkv.compute._jit): each kernel against float64 NumPy,
 the engine with them against the reference and against the engine on NumPy's passes (every path that uses
 them, counted, so a path that bypasses them fails), the choice, and that small work never imports numba."""
 import os
@@ -15,7 +15,7 @@ from qkv.backends import tiled
 #: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
 pytestmark = pytest.mark.slow
 
-jit = pytest.importorskip("qkv._jit", reason="needs numba (the jit extra)")
+jit = pytest.importorskip("qkv.compute._jit", reason="needs numba (the jit extra)")
 
 NO_MASK = kernels.NO_MASK
 

@@ -26,7 +26,7 @@ import pytest
 import qkv
 from qkv import lab
 from qkv.cli import main
-from qkv.lab import _common, _heads, _mask, _scale, _train
+from qkv.lab import _heads, _mask, _scale, _train, common as _common
 
 #: make check leaves this file out (10 s or more on 2 cores, or whole command-line runs); make test runs it.
 pytestmark = pytest.mark.slow
@@ -311,7 +311,7 @@ def test_every_lab_key_exists_in_both_locales():
     en = json.loads((ROOT / "src/qkv/locales/en.json").read_text(encoding="utf-8"))
     zh = json.loads((ROOT / "src/qkv/locales/zh.json").read_text(encoding="utf-8"))
     text = "\n".join(p.read_text(encoding="utf-8") for p in
-                     list((ROOT / "src/qkv/lab").glob("*.py")) + [ROOT / "src/qkv/cli/lab_cmd.py",
+                     list((ROOT / "src/qkv/tools/lab").glob("*.py")) + [ROOT / "src/qkv/cli/lab_cmd.py",
                                                                   ROOT / "src/qkv/viz/lab_plots.py"])
     asked = set(re.findall(r"""["'](lab\.[A-Za-z_0-9]+)["']""", text))
     keys = {k for k in en if k.startswith("lab.")}

@@ -81,12 +81,16 @@ def find_cycle(edges: dict[str, dict[str, int]]) -> list[str] | None:
     return None
 
 
-def test_the_graph_sees_function_level_and_relative_imports():
+def test_the_graph_sees_function_level_and_relative_imports(tmp_path, monkeypatch):
     edges = graph()
-    assert len(edges) > 80 and "qkv.tracing" in edges
-    assert "qkv.tracing" in edges["qkv.stages"]                                 # from .tracing import record
-    assert "qkv.backends.runtime" in edges["qkv.models.bert"]
-    assert "qkv.lab" in edges["qkv.viz.page"]                                   # an import inside a function
+    assert len(edges) > 80 and "qkv.core.tracing" in edges
+    assert "qkv.core.tracing" in edges["qkv.core.stages"]                       # from qkv.core.tracing import record
+    assert "qkv.engine.backends.runtime" in edges["qkv.models.bert"]
+    assert "qkv.tools.lab" in edges["qkv.viz.page"]                             # an import inside a function
+    relative = tmp_path / "m.py"                                               # the code is absolute; a relative one
+    relative.write_text("from .tracing import record\nfrom ..compute import gemm\n", encoding="utf-8")
+    monkeypatch.setitem(MODULES, "qkv.core.m", relative)
+    assert set(imports("qkv.core.m")) == {"qkv.core.tracing", "qkv.compute.gemm"}
     assert find_cycle({"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}, "d": {"a": 4}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b": 1}, "b": {}}) is None
 

@@ -73,4 +73,26 @@ def test_the_scan_finds_an_upward_import_by_name(tmp_path):
     p = tmp_path / "mod.py"
     p.write_text("import importlib\nimportlib.import_module('qkv.viz.lab_plots')\n", encoding="utf-8")
     (imported, _), = list(_by_name(p))
-    assert _layer_of(imported, layers) < _layer_of("qkv.lab", layers)
+    assert _layer_of(imported, layers) < _layer_of("qkv.tools.lab", layers)
+
+
+def _imported(path: pathlib.Path):
+    """``(module, line)`` of every absolute ``import`` / ``from … import`` of a qkv module in ``path``."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from ((a.name, node.lineno) for a in node.names if a.name.startswith("qkv"))
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("qkv"):
+            yield node.module, node.lineno
+            yield from ((f"{node.module}.{a.name}", node.lineno) for a in node.names)
+
+
+def test_the_code_imports_homes_never_public_names():
+    """``qkv.masks``, ``qkv.hf``, … are for users (qkv._public); inside src/qkv an import names the module's
+    folder (``qkv.core.masks``), so that import-linter sees the edge — statements and imports by name alike."""
+    from qkv import _public
+
+    bad = []
+    for path in sorted((SRC / "qkv").rglob("*.py")):
+        names = list(_imported(path)) + list(_by_name(path))
+        bad += [f"{path.relative_to(SRC)}:{line}: {name}" for name, line in names if _public.home(name)]
+    assert not bad, "imports of public names inside qkv (import the home instead):\n" + "\n".join(bad)

@@ -1,4 +1,4 @@
-"""The compiled loop of a task under ALiBi, a softcap or both (qkv._jit_mods.mod_rows through
+"""The compiled loop of a task under ALiBi, a softcap or both (qkv.compute._jit_mods.mod_rows through
 qkv.kernels.run_mods): each of its branches — the softcap's polynomial and tanh, ALiBi's bias beside the
 diagonal (row term in the product, column term added) and across it, the two composed — held to the float64
 engine and to the Python loop it replaces (tiled.limits(plain_loop=False)), and where it must not run."""

@@ -11,15 +11,15 @@ import qkv
 #: other one is a defect: make a constant a tuple, frozenset or types.MappingProxyType, and state the runtime's
 #: (qkv.backends.runtime) or the configuration's (qkv.config).
 ALLOWED = {
-    "backends/registry.py:BACKENDS": "the backend registry: written by register() under the registry's lock",
-    "backends/registry.py:_BUILTIN": "the built-in backends, filled once under the registry's lock",
-    "paths.py:_PATHS": "the path registry: written at import, under paths._LOCK",
-    "paths.py:_OPEN": "the open counting() blocks, process-wide by design (workers count into them), under _LOCK",
-    "gemm.py:_NUMPY_SGEMM": "NumPy's C sgemm, found once (an idempotent write); the tests' seam for another BLAS",
-    "_jit.py:_FLAGS": "numba's fastmath flags, read by the decorators at import (part of numba's cache key)",
-    "_jit.py:_OPTS": "numba's njit options, read by the decorators at import",
-    "_jit.py:_EXACT": "numba's njit options without fastmath, read by the decorators at import",
-    "gemm.py:_tl": "threading.local: each thread's own MKL single-thread depth (thread state, never shared)",
+    "engine/backends/registry.py:BACKENDS": "the backend registry: written by register() under the registry's lock",
+    "engine/backends/registry.py:_BUILTIN": "the built-in backends, filled once under the registry's lock",
+    "compute/paths.py:_PATHS": "the path registry: written at import, under paths._LOCK",
+    "compute/paths.py:_OPEN": "the open counting() blocks, process-wide by design (workers count into them), under _LOCK",
+    "compute/gemm.py:_NUMPY_SGEMM": "NumPy's C sgemm, found once (an idempotent write); the tests' seam for another BLAS",
+    "compute/_jit.py:_FLAGS": "numba's fastmath flags, read by the decorators at import (part of numba's cache key)",
+    "compute/_jit.py:_OPTS": "numba's njit options, read by the decorators at import",
+    "compute/_jit.py:_EXACT": "numba's njit options without fastmath, read by the decorators at import",
+    "compute/gemm.py:_tl": "threading.local: each thread's own MKL single-thread depth (thread state, never shared)",
     "cli/generate_cmd.py:_MODELS": "the command line's loaded models, one per file (one command, one thread)",
     "cli/model_cmd.py:_MODEL": "the command line's loaded encoder (one command, one thread)",
     # issue 41's files (transformers, pictures, locales), left to that work:
@@ -71,7 +71,7 @@ def test_the_scan_finds_what_it_should(tmp_path):
 #: Module names a function rebinds (``global``), and why.
 REBOUND = {
     "_display.py:_show": "the notebook display qkv.viz registers once (a lower layer's hook)",
-    "gemm.py:_blas_single_threaded": "the runtime's counted BLAS limit, installed once when it is made (a hook: "
+    "compute/gemm.py:_blas_single_threaded": "the runtime's counted BLAS limit, installed once when it is made (a hook: "
                                      "gemm sits below the runtime)",
     "viz/heatmap.py:_warned_no_cjk": "a warn-once flag (issue 41's module)",
 }

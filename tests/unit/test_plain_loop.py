@@ -1,4 +1,4 @@
-"""The engine's compiled loop of plain blocks (qkv._jit.plain_rows through qkv.kernels.run_plain): shift-free
+"""The engine's compiled loop of plain blocks (qkv.compute._jit.plain_rows through qkv.kernels.run_plain): shift-free
 blocks of unmodified scores, the whole task in numba, its GEMMs by the provider's C sgemm. Checked against
 the Python loop it replaces (tiled.limits(plain_loop=False)), the float64 reference, and its own plan."""
 import os

@@ -126,11 +126,11 @@ def test_no_entry_point_picks_a_backend_by_itself():
     comparison of scores against a threshold, or ``backends.get("tiled"|"reference")``, is select's alone
     (the benchmarks and the accuracy oracle name the backend they measure)."""
     src = pathlib.Path(qkv.__file__).parent
-    allowed = {"bench/_variants.py", "accuracy.py"}
+    allowed = {"tools/bench/_variants.py", "tools/accuracy.py"}
     found = []
     for path in src.rglob("*.py"):
         rel = path.relative_to(src).as_posix()
-        if rel.startswith("backends/") or rel in allowed:
+        if rel.startswith("engine/backends/") or rel in allowed:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"

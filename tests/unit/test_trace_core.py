@@ -37,4 +37,4 @@ def test_no_trace_records_nothing_and_context_manager_nests():
         qkv.scaled_dot_product_attention(np.ones((1, 3)), np.ones((2, 3)), np.ones((2, 1)), trace=inner)
     assert outer.names() == ["Q", "K", "V", "scores", "scaled", "weights", "output"]
     assert inner["scores"].shape == (1, 2)
-    assert qkv.trace.__module__ == "qkv.tracing"
+    assert qkv.trace is qkv.tracing.trace and qkv.trace.__module__ == "qkv.core.tracing"   # (qkv.tracing: public)

@@ -82,7 +82,7 @@ def _main(argv=None) -> int:
         print("qkv: the command line needs its extra: pip install 'qkv[cli]'", file=sys.stderr)
         return 2
     try:
-        from ._app import cli
+        from qkv.cli._app import cli
     except ImportError as e:                                 # a command module's dependency is missing
         print(f"qkv: {import_message(e, argv)}", file=sys.stderr)
         return 2

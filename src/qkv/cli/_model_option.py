@@ -13,7 +13,7 @@ import click
 
 from qkv.locales import t
 
-from . import UserError
+from qkv.cli import UserError
 
 #: The models a command can name, and what each is.
 MODELS = types.MappingProxyType({"minilm": "all-MiniLM-L6-v2 (encoder)", "smollm2": "SmolLM2-135M-Instruct (decoder)"})

@@ -6,7 +6,7 @@ import warnings
 import click
 import numpy as np
 
-from . import UserError
+from qkv.cli import UserError
 
 #: Tokens of a SmolLM2 text ``qkv heatmap`` draws at most: one layer's 9 heads of 2,048² weights are 151 MB in
 #: float32, and a picture labels at most 48 tokens an axis anyway (MiniLM stops at its 512 positions).
@@ -21,7 +21,7 @@ def _warn(caught) -> None:
 def load(name: str, lang: str = "en"):
     """MiniLM or SmolLM2, once per process; a missing extra is one line naming it."""
     if name == "smollm2":
-        from .generate_cmd import load_smollm2
+        from qkv.cli.generate_cmd import load_smollm2
         return load_smollm2(lang)
     try:
         from qkv.models import load_bert
@@ -44,12 +44,12 @@ def load_hf(path):
     naming ``--hf``. Nothing is downloaded."""
     import os
 
-    from qkv.hf._folder import check_folder
+    from qkv.integrations.hf import check_folder
     try:
         check_folder(path)                                           # before importing torch and transformers
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()                            # no loading bars on stderr
-        from qkv.hf import load
+        from qkv.integrations.hf import load
         return load(path)
     except ValueError as exc:
         msg = str(exc)
@@ -70,7 +70,7 @@ def layer_weights(name: str, text: str, layer: int, lang: str = "en"):
     causal weights: zero above the diagonal)."""
     if not text.strip():
         raise UserError("--text: expected a non-empty sentence")
-    from qkv.models._common import check_utf8
+    from qkv.models import check_utf8
     check_utf8(text, "--text")
     model = load(name, lang)
     _check_layer(model, layer)

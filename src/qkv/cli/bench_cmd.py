@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from . import UserError
-from ._app import cli
-from .._checks import available_bytes as _available_bytes
-from .._files import atomic_write, output_kind
+from qkv.cli import UserError
+from qkv.cli._app import cli
+from qkv._checks import available_bytes as _available_bytes
+from qkv._files import atomic_write, output_kind
 
 
 #: Bounds of the sweep's counts (stated in --help and the errors): a length N, and how many lengths.
@@ -84,7 +84,7 @@ def _check_plot(plot_out, variants: bool) -> None:
 
 def _json(result: dict, json_out) -> bool:
     """``--json``: the result to stdout (``-``: True, nothing else is printed) or written whole to the file."""
-    from qkv import bench as B
+    from qkv.tools import bench as B
     if json_out == "-":
         click.echo(B.dumps(result))
         return True
@@ -159,7 +159,7 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
     Each row: median time, GFLOP/s, % of this machine's matmul rate (measured in the same run), peak memory,
     and the time relative to torch. The implementations run interleaved, so machine noise hits all alike.
     """
-    from qkv import bench as B
+    from qkv.tools import bench as B
 
     for opt, path in (("--json", json_out), ("--plot", plot_out)):      # fail before a long run, not after
         _check_output(opt, path)
@@ -176,7 +176,7 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
             raise UserError(f"{name}: expected a positive integer, got {val}")
     gemms = None
     if gemm_names is not None:
-        from qkv import gemm
+        from qkv.compute import gemm
         gemms = _words(gemm_names, "--gemm", ("auto",) + gemm.PROVIDERS)
         if "mkl" in gemms and gemm.GEMM.mkl() is None:
             raise UserError("--gemm: mkl is not installed here: pip install 'qkv[mkl]'")
@@ -221,7 +221,7 @@ def bench(lengths, modes, impls, heads, dim, batch, repeats, threads, memory, lo
 
 
 def _print_table(result: dict, requested=None) -> None:
-    from qkv import bench as B
+    from qkv.tools import bench as B
 
     m, c = result["machine"], result["config"]
     title = B.header(result)
@@ -252,9 +252,9 @@ def _print_table(result: dict, requested=None) -> None:
 
 def _variants(gemms, plot_out, heads, dim, repeats, threads, long_n, progress, cases, json_out, markdown) -> int:
     """``qkv bench --variants``: the attention variants against their targets."""
-    from qkv import bench as B
+    from qkv.tools import bench as B
     if gemms is not None:
-        from qkv import gemm
+        from qkv.compute import gemm
         gemm.set_gemm(gemms[0])
     if plot_out:
         raise UserError("--plot: not offered with --variants (its rows are not a sweep over N)")
@@ -275,8 +275,8 @@ def _variants(gemms, plot_out, heads, dim, repeats, threads, long_n, progress, c
 
 
 def _plans(params: dict) -> int:
-    """``qkv bench --plan``: the plans of the cases (:mod:`qkv.bench._plans`), nothing timed."""
-    from qkv.bench import _plans as PL
+    """``qkv bench --plan``: the plans of the cases (:mod:`qkv.bench.plans`), nothing timed."""
+    from qkv.tools.bench import plans as PL
     for name, key in (("--plot", "plot_out"), ("--gemm-share", "share"), ("--long", "long_n"), ("--json", "json_out"),
                       ("--markdown", "markdown")):
         if params[key]:
@@ -285,7 +285,7 @@ def _plans(params: dict) -> int:
         got = PL.variant_plans(_words(params["cases"], "--cases", ("window", "documents", "mods", "backward")),
                                params["heads"], params["dim"], params["threads"])
     else:
-        from qkv import bench as B
+        from qkv.tools import bench as B
         lengths = _ints(params["lengths"], "--lengths")
         if max(lengths) > 65536:
             raise UserError(f"--lengths: with --plan at most 65536 (the inputs are made), got {max(lengths)}")
@@ -297,8 +297,8 @@ def _plans(params: dict) -> int:
 
 def _accuracy(params: dict) -> int:
     """``qkv bench --accuracy``: the error table of :mod:`qkv.accuracy_table` (``params``: the command's options)."""
-    from qkv import accuracy_table as T
-    from qkv import bench as B
+    from qkv.tools import accuracy_table as T
+    from qkv.tools import bench as B
     cases, markdown, json_out = params["cases"], params["markdown"], params["json_out"]
     for name, key in (("--variants", "variants"), ("--plot", "plot_out"), ("--gemm-share", "share"),
                       ("--long", "long_n"), ("--gemm", "gemm_names")):
@@ -313,7 +313,7 @@ def _accuracy(params: dict) -> int:
         if not 1 <= n <= T.MAX_CASES:
             raise UserError(f"--cases: with --accuracy expected 1 to {T.MAX_CASES} problems (each runs every "
                             f"path), got {n}")
-    bar = B._progress(n, params["progress"])
+    bar = B.progress_bar(n, params["progress"])
     try:
         result = T.run(n, progress=None if bar is None else (lambda: bar.update(1)))
     finally:

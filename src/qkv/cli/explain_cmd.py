@@ -10,8 +10,8 @@ import click
 from qkv import locales
 from qkv.locales import t
 
-from . import UserError
-from ._app import cli
+from qkv.cli import UserError
+from qkv.cli._app import cli
 
 DEFAULT_EXAMPLE = "seed003"
 
@@ -71,7 +71,7 @@ def _mask(spec: str | None, worked, lang: str = "en"):
     """--mask: causal, none, padding:N (keys N… are padding), window:N (causal sliding window of N keys)."""
     if spec is None:
         return None
-    from qkv import masks
+    from qkv.core import masks
 
     s = spec.strip().lower()
     if s in ("causal", "none"):
@@ -125,7 +125,7 @@ def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, he
     With no argument: seed 003's example (我 爱 吃; X 3×4; W_Q, W_K, W_V 4×3). FILE is a worked-example
     file (YAML or JSON); --example NAME picks a built-in one.
     """
-    from qkv.explain import _doc, examples as ex
+    from qkv.explain import doc as _doc, examples as ex
     from qkv.explain.render import build_doc, build_query_doc
 
     from qkv.explain.render import EDGE, SMALL
@@ -133,12 +133,12 @@ def explain_cmd(file, example, lang, fmt, precision, heads, mask_spec, query, he
     if ring_layout is not None and ring_p is None:
         raise UserError(t("ring.layout_alone", lang))
     if ring_p is not None:                                   # qkv.distributed's ring, simulated and written out
-        from qkv.distributed import _trace
+        from qkv.integrations.distributed import default_worked, explain_ring
         for opt, given in (("--query", query is not None), ("--heads", heads is not None)):
             if given:
                 raise UserError(t("ring.not_with", lang, opt=opt))
-        worked = _trace.default_worked() if example is None and file is None else _load(example, file, lang)
-        doc = _trace.explain(worked, ring_p, layout=ring_layout, mask=_mask(mask_spec, worked, lang), lang=lang,
+        worked = default_worked() if example is None and file is None else _load(example, file, lang)
+        doc = explain_ring(worked, ring_p, layout=ring_layout, mask=_mask(mask_spec, worked, lang), lang=lang,
                              precision=precision)
         if fmt == "text" and sys.stdout.isatty():
             _doc.print_rich(doc, precision)
@@ -282,7 +282,7 @@ def check_cmd(file, example, lang, fmt, precision):
 
     Exit code 0 when every claim is correct, 1 when any is carried or wrong, 2 when the file cannot be used.
     """
-    from qkv.explain import _doc, check
+    from qkv.explain import doc as _doc, check
 
     if file is None and example is None:
         raise UserError(t("cli.check_nothing", lang))

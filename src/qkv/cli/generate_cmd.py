@@ -14,10 +14,10 @@ import click
 
 from qkv.locales import t
 
-from . import UserError
-from ._app import cli
-from ._model_option import check_model, model_option
-from .explain_cmd import lang_option
+from qkv.cli import UserError
+from qkv.cli._app import cli
+from qkv.cli._model_option import check_model, model_option
+from qkv.cli.explain_cmd import lang_option
 
 _MODELS: dict = {}
 

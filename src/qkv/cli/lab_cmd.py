@@ -14,13 +14,13 @@ import sys
 import click
 
 from qkv._files import output_kind
-from qkv.lab import _common as C
+from qkv.tools.lab import common as C
 from qkv.locales import t
 
-from . import UserError
-from ._app import cli
-from ._progress import progress_bar
-from .explain_cmd import lang_option
+from qkv.cli import UserError
+from qkv.cli._app import cli
+from qkv.cli._progress import progress_bar
+from qkv.cli.explain_cmd import lang_option
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
@@ -51,7 +51,7 @@ def _check_plot(path: str | None, lang: str, as_json: bool = False) -> None:
     """Before any work: a plot needs matplotlib, a known suffix and an existing folder (one line, exit 2)."""
     if path is None:
         return
-    from qkv.lab._common import matplotlib_available
+    from qkv.tools.lab.common import matplotlib_available
 
     if output_kind(path) != "file":                       # -, a pipe or a device: written to directly, as PNG
         if path == "-" and as_json:
@@ -71,17 +71,17 @@ def _check_plot(path: str | None, lang: str, as_json: bool = False) -> None:
 
 
 def _plain_table(title: str, heads: list[str], rows: list[list[str]]) -> str:
-    from qkv.explain._doc import _pad, _width
+    from qkv.explain.doc import pad, width
 
-    widths = [max(_width(str(r[i])) for r in [heads] + rows) for i in range(len(heads))]
-    line = lambda cells: "  ".join(_pad(str(c), w, i > 0) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    out = [title, "=" * _width(title), line(heads), line(["-" * w for w in widths])]
+    widths = [max(width(str(r[i])) for r in [heads] + rows) for i in range(len(heads))]
+    line = lambda cells: "  ".join(pad(str(c), w, i > 0) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
+    out = [title, "=" * width(title), line(heads), line(["-" * w for w in widths])]
     out += [line(r) for r in rows]
     return "\n".join(s.rstrip() for s in out)
 
 
 def _show(name: str, result: dict, lang: str, as_json: bool, plot_path: str | None, after=None) -> int:
-    from qkv import lab
+    from qkv.tools import lab
 
     if plot_path is not None:
         from qkv.viz import plot_lab
@@ -132,10 +132,10 @@ def _show(name: str, result: dict, lang: str, as_json: bool, plot_path: str | No
 def scale_cmd(seed, as_json, plot_path, lang, samples, keys):
     """÷√d_k: the variance of q·k, softmax saturation and the scores' gradient, with and without scaling,
     for d_k = 4 … 1024."""
-    from qkv import lab
+    from qkv.tools import lab
 
     _check_plot(plot_path, lang, as_json)
-    rows = len(lab._scale.D_KS) * -(-samples // keys) * keys
+    rows = len(lab.D_KS) * -(-samples // keys) * keys
     with progress_bar("lab scale", rows, "row") as bar:
         result = lab.scale(seed=seed, samples=samples, keys=keys, progress=bar)
     return _show("scale", result, lang, as_json, plot_path)
@@ -145,7 +145,7 @@ def scale_cmd(seed, as_json, plot_path, lang, samples, keys):
 @_common
 def mask_cmd(seed, as_json, plot_path, lang):
     """−∞ before softmax vs zeroing after, −1e9 and −1e4 in float16, on a padded batch with fully masked rows."""
-    from qkv import lab
+    from qkv.tools import lab
 
     _check_plot(plot_path, lang, as_json)
     return _show("mask", lab.mask(seed=seed), lang, as_json, plot_path)
@@ -160,7 +160,7 @@ def mask_cmd(seed, as_json, plot_path, lang):
 def heads_cmd(seed, as_json, plot_path, lang, steps, runs):
     """One head vs two heads of the same total width, on a task that needs two relations at once (the previous
     token and the matching bracket)."""
-    from qkv import lab
+    from qkv.tools import lab
 
     _check_plot(plot_path, lang, as_json)
     with progress_bar("lab heads", 2 * runs * (steps + 1), "step") as bar:
@@ -180,7 +180,7 @@ def heads_cmd(seed, as_json, plot_path, lang, steps, runs):
 def train_cmd(seed, as_json, plot_path, lang, steps, batch, explain):
     """A tiny attention model learns, in NumPy with qkv's backward, that a pronoun (它/他/她) attends to the
     noun it agrees with; then qkv explain shows 它's q matching 树's k."""
-    from qkv import lab
+    from qkv.tools import lab
 
     _check_plot(plot_path, lang, as_json)
     with progress_bar("lab train", steps + 1, "step") as bar:
@@ -189,9 +189,9 @@ def train_cmd(seed, as_json, plot_path, lang, steps, batch, explain):
     def after():
         click.echo("")
         if sys.stdout.isatty():
-            from qkv.explain import _doc
+            from qkv.explain import doc as _doc
             from qkv.explain.render import build_query_doc
-            from qkv.lab._train import explain_trace
+            from qkv.tools.lab import explain_trace
 
             w, trace = explain_trace(result["worked_example"])
             doc = build_query_doc(trace, w.tokens.index("它"), lang=lang, tokens=w.tokens)

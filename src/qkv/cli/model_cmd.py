@@ -20,10 +20,10 @@ import numpy as np
 
 from qkv.locales import t
 
-from . import UserError, _model_weights
-from ._app import cli
-from ._model_option import check_model, model_option
-from .explain_cmd import lang_option
+from qkv.cli import UserError, _model_weights
+from qkv.cli._app import cli
+from qkv.cli._model_option import check_model, model_option
+from qkv.cli.explain_cmd import lang_option
 
 _MODEL = []
 
@@ -31,7 +31,7 @@ _MODEL = []
 def _load_model(m, name="minilm", lang="en"):
     """all-MiniLM-L6-v2 (or SmolLM2), loaded once per process (tests call the command many times)."""
     if name == "smollm2":
-        from .generate_cmd import load_smollm2
+        from qkv.cli.generate_cmd import load_smollm2
         return load_smollm2(lang)
     if not _MODEL:
         try:
@@ -87,7 +87,7 @@ def _check_args(m, text, top, head, all_heads) -> None:
     """The checks that need no model: a text, valid UTF-8, --top in range, not --head with --all-heads."""
     if not text.strip():
         raise UserError(m("model.empty"))
-    from qkv.models._common import check_utf8
+    from qkv.models import check_utf8
     check_utf8(text, "TEXT")                       # a ValueError: one line, exit 2
     if not 1 <= top <= MAX_TOP:
         raise UserError(m("model.bad_top", got=top, most=MAX_TOP))

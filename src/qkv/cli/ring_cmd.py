@@ -9,9 +9,9 @@ import os
 
 import click
 
-from . import UserError
-from ._app import cli
-from .._checks import available_bytes as _available_bytes
+from qkv.cli import UserError
+from qkv.cli._app import cli
+from qkv._checks import available_bytes as _available_bytes
 
 #: Memory one rank takes before its arrays: Python, torch and the engine (about 224 MB after the imports).
 RANK_BYTES = 250 * 2**20
@@ -123,8 +123,8 @@ def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dty
         raise UserError(f"--nproc: expected at most {most} processes here ({PER_CORE} per core, "
                         f"{_plural(cores, 'core')}; each takes about 1.6 s of CPU and {RANK_BYTES // 2**20} MB to "
                         f"start), got {nproc}")
-    from qkv.distributed import _layout
-    err = _layout.length_error(length, nproc, layout)
+    from qkv.integrations.distributed import length_error
+    err = length_error(length, nproc, layout)
     if err:
         raise UserError(f"--length: {err}")
     _check_memory(nproc, length, batch, heads, dim, dtype, backward, check)
@@ -132,7 +132,7 @@ def ring(nproc, length, heads, kv_heads, dim, batch, causal, layout, window, dty
         import torch  # noqa: F401
     except ImportError:
         raise UserError("qkv ring needs torch (torch.distributed): pip install 'qkv[torch]'") from None
-    from qkv.distributed._launch import run_ring
+    from qkv.integrations.distributed import run_ring
     try:
         res = run_ring(nproc=nproc, length=length, heads=heads, kv_heads=kv_heads, dim=dim, batch=batch,
                        causal=causal, layout=layout, window=window, dtype=dtype, backward=backward, check=check,

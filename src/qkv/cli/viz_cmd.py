@@ -8,11 +8,11 @@ import click
 from qkv._files import output_kind
 from qkv.locales import t
 
-from . import UserError, _model_weights
-from ._app import cli
-from ._model_option import check_model, model_option
-from .explain_cmd import lang_option
-from .generate_cmd import OPTIONS as GENERATE_OPTIONS
+from qkv.cli import UserError, _model_weights
+from qkv.cli._app import cli
+from qkv.cli._model_option import check_model, model_option
+from qkv.cli.explain_cmd import lang_option
+from qkv.cli.generate_cmd import OPTIONS as GENERATE_OPTIONS
 
 #: The built-in example both commands start from when given nothing: seed 003's 我 爱 吃.
 DEFAULT_EXAMPLE = "seed003"
@@ -44,7 +44,7 @@ class _TokensCommand(click.Command):
 def _load_worked(example: str | None, path: str | None, lang: str = "en"):
     """The worked example named ``example``, or read from ``path``, or the default (seed 003); its errors in
     ``lang``, as qkv explain says them."""
-    from .explain_cmd import _load
+    from qkv.cli.explain_cmd import _load
     return _load(example, path, lang)
 
 
@@ -221,11 +221,11 @@ def _compare_view_data(model, path, text: str) -> dict:
         raise UserError("--compare: " + msg[len("b: "):] if msg.startswith("b: ") else msg) from None
 
 
-def _hf_generation(model, prompt: str, **options) -> dict:
+def generation_rows(model, prompt: str, **options) -> dict:
     """The generation view of a transformers folder (--hf DIR --generate PROMPT): a decoder's only."""
     from qkv.viz.page_hf import hf_generation_data
 
-    from .generate_cmd import option_error
+    from qkv.cli.generate_cmd import option_error
 
     if not model.config.decoder:
         raise UserError(f"--generate: needs a causal language model; {model.config.name} is an encoder "
@@ -328,7 +328,7 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
     else:
         name, hf_model = _view_model(model_name, text, prompt, lang), None
     if prompt is not None:                                         # before the worked example and the model
-        from .generate_cmd import check_sampling_options
+        from qkv.cli.generate_cmd import check_sampling_options
         if not prompt.strip():
             raise UserError("--generate: expected a non-empty prompt")
         check_sampling_options(_VIEW_OPTIONS, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
@@ -340,10 +340,10 @@ def view_cmd(file, example, tokens, model_name, text, prompt, max_new_tokens, te
         if why:
             data["why"] = viz.why_data()
     if prompt is not None and hf_model is not None:
-        data["generation"] = _hf_generation(hf_model, prompt, max_new_tokens=max_new_tokens, chat=chat,
+        data["generation"] = generation_rows(hf_model, prompt, max_new_tokens=max_new_tokens, chat=chat,
                                             temperature=temperature, seed=seed)
     elif prompt is not None:
-        from .generate_cmd import load_smollm2, option_error
+        from qkv.cli.generate_cmd import load_smollm2, option_error
         model = load_smollm2(lang)
         try:
             data["generation"] = viz.generation_data(model, prompt, max_new_tokens=max_new_tokens, chat=chat,

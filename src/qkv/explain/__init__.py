@@ -6,10 +6,10 @@
   :func:`~qkv.explain.examples.run` (the example through qkv's own computation path → a Trace).
 - :func:`check` — verify the numbers a worked example claims: ``correct``, ``carried`` or ``wrong``.
 """
-from . import examples
-from .examples import Worked, WorkedExampleError, builtin_names, load_example, load_file, run
-from .checker import CheckReport, ClaimResult, check
-from .render import explain_query, render
+from qkv.explain import examples
+from qkv.explain.examples import Worked, WorkedExampleError, builtin_names, load_example, load_file, run
+from qkv.explain.checker import CheckReport, ClaimResult, check
+from qkv.explain.render import explain_query, render
 
 __all__ = ["CheckReport", "ClaimResult", "Worked", "WorkedExampleError", "builtin_names", "check", "examples",
            "explain_query", "load_example", "load_file", "render", "run"]

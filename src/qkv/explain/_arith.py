@@ -1,7 +1,7 @@
 """The written-out arithmetic lines of the explainer: products, scaling, exp, ratios and sums that add up.
 
 Each line is formatted with enough decimals that the shown numbers give the shown result (else ``≈``; see
-:func:`qkv.explain._doc.fit`).
+:func:`qkv.explain.doc.fit`).
 """
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import math
 
 import numpy as np
 
-from ..tracing import Step, Trace
-from ._doc import fit, fmt, fmt_factor, shown
-from ._layout import MAX_TERMS
-from ..locales import t
+from qkv.core.tracing import Step, Trace
+from qkv.explain.doc import fit, fmt, fmt_factor, shown
+from qkv.explain._layout import MAX_TERMS
+from qkv.locales import t
 
 
 #: The steps that may come between the scaling and the softmax, last first: the softmax reads the last present.
@@ -48,7 +48,7 @@ def _dk(d_k) -> str:
 
 def _product_line(lhs: str, terms, value, precision: int, bias=None, lang: str = "en") -> str:
     """``lhs = a×b + c×d + … = value``: written with enough decimals that it adds up (else ``≈``; see
-    :func:`qkv.explain._doc.fit`). Beyond MAX_TERMS terms the first three and a count (not a sum to check)."""
+    :func:`qkv.explain.doc.fit`). Beyond MAX_TERMS terms the first three and a count (not a sum to check)."""
     if len(terms) > MAX_TERMS:
         head = " + ".join(f"{fmt_factor(a, precision)}×{fmt_factor(b, precision)}" for a, b in terms[:3])
         expr = f"{head} + {t('explain.terms_more', lang, n=len(terms))}"

@@ -5,14 +5,14 @@ import math
 
 import numpy as np
 
-from ..tracing import Step, Trace
-from . import _variants as var
-from ._arith import (_dk, _exp_part, _product_line, _ratio_part, _scale_line, _sum_line, mask_formula,
+from qkv.core.tracing import Step, Trace
+from qkv.explain import _variants as var
+from qkv.explain._arith import (_dk, _exp_part, _product_line, _ratio_part, _scale_line, _sum_line, mask_formula,
                      softmax_formula)
-from ._doc import Section, Table, fmt
-from ._layout import (KEYS_AS_COLS, MAX_CALC, SHOW, SMALL, _Labels, _limited_slices, _operand_shape, _shape,
+from qkv.explain.doc import Section, Table, fmt
+from qkv.explain._layout import (KEYS_AS_COLS, MAX_CALC, SHOW, SMALL, _Labels, _limited_slices, _operand_shape, _shape,
                       _slices, _step_shape, _table, _true_row, full_shape, held_rows, shown_rows)
-from ..locales import t
+from qkv.locales import t
 
 
 class _Builder:

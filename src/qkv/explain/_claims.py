@@ -5,12 +5,12 @@ import numbers
 import re
 from typing import TYPE_CHECKING
 
-from ._fields import _describe, _is_number, _number
-from ._numbers import Number, WorkedExampleError, _YamlBool, text_of
-from ._worked import CLAIM_NAMES, KEY_SIDE
+from qkv.explain._fields import _describe, _is_number, _number
+from qkv.explain._numbers import Number, WorkedExampleError, _YamlBool, text_of
+from qkv.explain._worked import CLAIM_NAMES, KEY_SIDE
 
 if TYPE_CHECKING:
-    from ._worked import Worked
+    from qkv.explain._worked import Worked
 
 
 def _row_index(key, labels: list[str], given: bool, n: int, where: str) -> int:

@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from ._numbers import Number, WorkedExampleError, _Int, _short, _YamlBool, text_of
+from qkv.explain._numbers import Number, WorkedExampleError, _Int, _short, _YamlBool, text_of
 
 _MAX_ELEMENTS = 4_000_000
 

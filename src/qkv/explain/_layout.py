@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tracing import Step, Trace
-from . import _doc
-from ._doc import Table, fmt
-from ..locales import check_lang, t
+from qkv.core.tracing import Step, Trace
+from qkv.explain import doc as _doc
+from qkv.explain.doc import Table, fmt
+from qkv.locales import check_lang, t
 
 #: rows/columns shown in full; larger matrices show the first EDGE and the last EDGE ("…" between) and a summary
 SMALL = 8

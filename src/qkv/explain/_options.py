@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._worked import Worked, _mask_mod
+from qkv.explain._worked import Worked, _mask_mod
 
 
 def _plain_d_k(d_k):
@@ -22,9 +22,9 @@ def _options(worked: Worked, m, L: int, S: int, h: int, q_range: tuple[int, int]
 
     ``q_range=(r0, r1)``: for the query rows r0 … r1−1 only (:func:`run_rows`): the mask's rows r0 … r1−1, and
     score mods that see the true query index (``q_idx + r0``)."""
-    from .. import masks as _masks
-    from .. import mods, pipeline
-    from ..positions import RoPE
+    from qkv.core import masks as _masks
+    from qkv.core import mods, pipeline
+    from qkv.core.positions import RoPE
 
     opts: dict = {}
     r0, r1 = (0, L) if q_range is None else q_range
@@ -78,7 +78,7 @@ def _options(worked: Worked, m, L: int, S: int, h: int, q_range: tuple[int, int]
 
 def _shifted(mod, r0: int):
     """``mod`` seeing query indices shifted by ``r0`` (a block of rows r0 … computed on its own)."""
-    from .. import mods
+    from qkv.core import mods
 
     def fn(score, b, h, q_idx, kv_idx):
         return mod(score, b, h, q_idx + r0, kv_idx)

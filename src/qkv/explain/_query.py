@@ -10,13 +10,13 @@ import math
 
 import numpy as np
 
-from ..tracing import Step, Trace
-from . import _variants as var
-from ._arith import (_dk, _exp_part, _product_line, _ratio_part, _scale_line, _sum_line, mask_formula,
+from qkv.core.tracing import Step, Trace
+from qkv.explain import _variants as var
+from qkv.explain._arith import (_dk, _exp_part, _product_line, _ratio_part, _scale_line, _sum_line, mask_formula,
                      softmax_formula)
-from ._doc import Doc, Section, Table, fmt, fmt_factor
-from ._layout import SHOW, SMALL, _check_common, _Labels, _local_row, _table, full_shape
-from ..locales import t
+from qkv.explain.doc import Doc, Section, Table, fmt, fmt_factor
+from qkv.explain._layout import SHOW, SMALL, _check_common, _Labels, _local_row, _table, full_shape
+from qkv.locales import t
 
 
 def _lead_index(arr: np.ndarray, head: int, batch: int, what: str) -> tuple:

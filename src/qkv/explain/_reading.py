@@ -7,8 +7,8 @@ import os
 import re
 from typing import Any
 
-from ._bound import bound
-from ._numbers import _MAX_INT_TEXT, Number, WorkedExampleError, _Int, _int_of, _YamlBool
+from qkv.explain._bound import bound
+from qkv.explain._numbers import _MAX_INT_TEXT, Number, WorkedExampleError, _Int, _int_of, _YamlBool
 
 _MAX_BYTES = 16 * 1024 * 1024
 

@@ -8,10 +8,10 @@ import numbers
 
 import numpy as np
 
-from ._numbers import WorkedExampleError, text_of
-from ._options import _options, _plain_d_k
-from ._schema import _heads_problem
-from ._worked import Worked, _resolve_mask
+from qkv.explain._numbers import WorkedExampleError, text_of
+from qkv.explain._options import _options, _plain_d_k
+from qkv.explain._schema import _heads_problem
+from qkv.explain._worked import Worked, _resolve_mask
 
 
 def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
@@ -31,7 +31,7 @@ def run(worked: Worked, *, heads: int | None = None, mask=None, trace=None):
         trace: a :class:`qkv.Trace` to record into (a new one by default). A trace with a ``substitute``
             (the checker's) continues with what it returns at every step.
     """
-    from ..tracing import Trace
+    from qkv.core.tracing import Trace
 
     if trace is None:
         trace = Trace()
@@ -56,9 +56,9 @@ def _heads_and_mask(worked: Worked, heads, mask) -> tuple:
 def _execute(worked: Worked, h: int, m, main, attend, row_block: int | None = None) -> None:
     """The example's steps into the trace ``main``: through :func:`qkv.pipeline.layer` from X, else from its
     Q and K (or scores) through ``attend`` (query rows by blocks of ``row_block``) and ``· W_O``."""
-    from .. import pipeline, stages
-    from ..positions import RoPE
-    from ..tracing import trace as tracing
+    from qkv.core import pipeline, stages
+    from qkv.core.positions import RoPE
+    from qkv.core.tracing import trace as tracing
 
     L, S = worked.n_queries, worked.n_keys
     rope = q_pos = k_pos = None
@@ -107,7 +107,7 @@ class _Whole:
         _options(worked, m, worked.n_queries, worked.n_keys, h, q_range=(0, 1))   # its errors come first
 
     def attend(self, first, k, v, rows, *, whole: bool = True):
-        from .. import pipeline
+        from qkv.core import pipeline
 
         w = self.worked
         L, S = w.n_queries, w.n_keys
@@ -158,7 +158,7 @@ def run_rows(worked: Worked, rows, *, heads: int | None = None, mask=None, block
     through a :class:`qkv.Trace`'s ``substitute`` (and the steps are not checked for overflow, as in
     :func:`run`); ``row0`` is the true index of the array's first query row (0 for the steps kept whole).
     """
-    from ..tracing import Trace
+    from qkv.core.tracing import Trace
 
     h, m = _heads_and_mask(worked, heads, mask)
     L, S = worked.n_queries, worked.n_keys
@@ -187,8 +187,8 @@ class _Blocks(_Whole):
         self.order: list[str] = []
 
     def __call__(self, first, k, v, rows):
-        from ..tracing import Trace
-        from ..tracing import trace as tracing
+        from qkv.core.tracing import Trace
+        from qkv.core.tracing import trace as tracing
 
         r0, r1 = rows
         L = self.worked.n_queries
@@ -236,7 +236,7 @@ def _merge_step(merged: dict, order: list[str], st, r0: int, r1: int, local: lis
 def _record_kept(main, merged: dict, order: list[str], keep: list[int], L: int) -> None:
     """Record each merged step into ``main``: its kept rows, with ``rows``, ``full_shape``, ``stats`` and
     ``row_operands`` in its params."""
-    from ..tracing import Step
+    from qkv.core.tracing import Step
 
     for name in order:
         rec = merged[name]

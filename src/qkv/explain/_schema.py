@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import numbers
 
-from ._claims import _claims
-from ._fields import (visible, _describe, _int_list, _is_number, _labels, _lengths_to_ids, _mask, _matrix, _nonneg_int,
+from qkv.explain._claims import _claims
+from qkv.explain._fields import (visible, _describe, _int_list, _is_number, _labels, _lengths_to_ids, _mask, _matrix, _nonneg_int,
                       _number_list, _scalar)
-from ._numbers import WorkedExampleError, _YamlBool, text_of
-from ._worked import Worked
+from qkv.explain._numbers import WorkedExampleError, _YamlBool, text_of
+from qkv.explain._worked import Worked
 
 #: The keys of the attention variants (RoPE, ALiBi, soft-capping, mask mods, sinks); see :func:`from_dict`.
 VARIANT_KEYS = ("rope", "alibi", "softcap", "window", "prefix", "documents", "sinks", "sink_logits")

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..locales import t
+from qkv.locales import t
 import math
 
-from ._doc import MINUS, fit, fmt, shown
+from qkv.explain.doc import MINUS, fit, fmt, shown
 
 
 # ----------------------------------------------------------------------------------------------- RoPE

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ..stages import PIPELINE_ORDER, Names
+from qkv.core.stages import PIPELINE_ORDER, Names
 
 
 #: The steps a worked example may claim numbers for, in pipeline order (:data:`qkv.stages.PIPELINE_ORDER`
@@ -72,7 +72,7 @@ class Worked:
         m = _resolve_mask(self, mask)
         if not self.has_mask_mods:
             return m
-        from .. import mods, pipeline
+        from qkv.core import mods, pipeline
         L, S = self.n_queries, self.n_keys
         b, h, q_idx, kv_idx = pipeline.indices((), L, S)
         dense = mods.call_mask_mod(_mask_mod(self, m, L, S), b, h, q_idx, kv_idx)
@@ -159,7 +159,7 @@ def _mask_mod(worked: Worked, m, L: int, S: int):
     """The example's mask as a :class:`qkv.mods.MaskMod` when it uses window, prefix, documents or sinks
     (``mask:`` and-ed with them; ``sinks`` or-ed with the result, or with causal when nothing else masks);
     None otherwise."""
-    from .. import mods
+    from qkv.core import mods
 
     parts = []
     if isinstance(m, str) and m == "causal":

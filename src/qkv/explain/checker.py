@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _doc
-from ._doc import Doc, Section, fmt
-from ..locales import check_lang, t
-from .examples import CLAIM_NAMES, KEY_SIDE, Worked, half_unit, is_large, load_file, run, run_rows, text_of
+from qkv.explain import doc as _doc
+from qkv.explain.doc import Doc, Section, fmt
+from qkv.locales import check_lang, t
+from qkv.explain.examples import CLAIM_NAMES, KEY_SIDE, Worked, half_unit, is_large, load_file, run, run_rows, text_of
 
 __all__ = ["check", "CheckReport", "ClaimResult", "matches"]
 
@@ -245,7 +245,7 @@ def _true_values(worked: Worked, claims: dict) -> tuple[dict, list | None]:
 
 def _recomputed(worked: Worked, claims: dict, rows: list | None) -> dict:
     """What follows from the claims: the same pipeline, each claimed number put in place as it goes."""
-    from ..tracing import Trace
+    from qkv.core.tracing import Trace
 
     if rows is None:
         return _values(run(worked, trace=Trace(substitute=_PutClaims(claims))))

@@ -42,22 +42,13 @@ import types
 
 from importlib import resources
 
-# The worked example's parts, one concern a module; every name this module held before the split is importable
-# from here still (tests and callers patch and use them as ``qkv.explain.examples.<name>``).
-from ._claims import _claim_row, _claims, _row_index, _why_missing  # noqa: F401
-from ._fields import (_MAX_ELEMENTS, _PLAIN_NUMBERS, _describe, _flag, _int_list, _is_number,  # noqa: F401
-                      _labels, _lengths_to_ids, _mask, _matrix, _nonneg_int, _number, _number_list,  # noqa: F401
-                      _scalar)  # noqa: F401
-from ._numbers import (_MAX_INT_TEXT, Number, WorkedExampleError, _Int, _int_of, _short,  # noqa: F401
-                       _YamlBool, half_unit, text_of)  # noqa: F401
-from ._options import _options, _plain_d_k, _shifted  # noqa: F401
-from ._reading import (_FLOW_LINE, _INNER_SEQ, _MAX_BYTES, _YAML_FLOAT, _YAML_INT, _fast_rows,  # noqa: F401
-                       _map, _one_line, _parse_json, _parse_yaml, _put_rows, _read, _yaml_loader)  # noqa: F401
-from ._run import (_MAY_HOLD_MINUS_INF, BLOCK_CELLS, LARGE_CELLS, _at_row, _check_finite,  # noqa: F401
-                   is_large, run, run_rows)  # noqa: F401
-from ._schema import (_KNOWN_KEYS, _ROPE_KEYS, _ROPE_STYLES, VARIANT_KEYS, _heads_problem,  # noqa: F401
-                      _variants, from_dict)  # noqa: F401
-from ._worked import CLAIM_NAMES, KEY_SIDE, Worked, _mask_mod, _resolve_mask  # noqa: F401
+# The worked example's parts, one concern a module (_numbers, _fields, _reading, _schema, _claims, _options,
+# _worked, _run); this module loads files and built-ins, and exports the public names.
+from qkv.explain._numbers import Number, WorkedExampleError, half_unit, text_of
+from qkv.explain._reading import _parse_yaml, _read
+from qkv.explain._run import is_large, run, run_rows
+from qkv.explain._schema import from_dict
+from qkv.explain._worked import CLAIM_NAMES, KEY_SIDE, Worked
 
 __all__ = ["Worked", "WorkedExampleError", "builtin_names", "load_example", "load_file", "from_dict", "run",
            "run_rows", "is_large", "CLAIM_NAMES", "KEY_SIDE", "Number", "half_unit", "text_of", "TITLE_KEYS", "titles"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import examples
+from qkv.explain import examples
 
 
 #: Weights a block of query rows holds (4 MB a step in float64): the blocks stay small beside the float32 result.

@@ -8,8 +8,11 @@
 >>> lm = load_llama()                         # SmolLM2-135M-Instruct (GGUF)   # doctest: +SKIP
 >>> lm.generate("The capital of France is", max_new_tokens=8).text                   # doctest: +SKIP
 """
-from .bert import BertConfig, BertModel, BertOutput, default_model_path, load_bert
-from .llama import Generation, LlamaConfig, LlamaModel, LlamaOutput, load_llama
+from qkv.models._common import check_utf8
+from qkv.models._generate import check_sampling
+from qkv.models.bert import BertConfig, BertModel, BertOutput, default_model_path, load_bert
+from qkv.models.llama import Generation, LlamaConfig, LlamaModel, LlamaOutput, load_llama
 
-__all__ = ["BertConfig", "BertModel", "BertOutput", "Generation", "LlamaConfig", "LlamaModel", "LlamaOutput",
+__all__ = ["BertConfig", "BertModel", "BertOutput", "Generation", "LlamaConfig", "LlamaModel", "LlamaOutput", "check_sampling",
+           "check_utf8",
            "default_model_path", "load_bert", "load_llama"]

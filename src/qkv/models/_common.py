@@ -10,8 +10,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from .. import _display
-from ..tracing import Trace
+from qkv import _display
+from qkv.core.tracing import Trace
 
 
 def texts_arg(texts, name: str = "texts") -> tuple[list[str], bool]:

@@ -7,8 +7,8 @@ import threading
 
 import numpy as np
 
-from .. import _checks
-from ..kernels import KERNELS
+from qkv import _checks
+from qkv.compute.kernels import KERNELS
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -16,7 +16,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, *, out: np.ndarray |
     it: ``x * rsqrt(variance + eps) * weight``; float32 in, float32 out). ``out``: where to write it.
 
     Rows (n, D) of float32 in one compiled pass where the engine's kernels are loaded and the rows are many
-    (:func:`qkv._jit.rms_norm_rows`: ``1 / √(mean(x²) + eps)`` in float64); else NumPy's passes."""
+    (:func:`qkv.compute._jit.rms_norm_rows`: ``1 / √(mean(x²) + eps)`` in float64); else NumPy's passes."""
     jit = _kernels_for(x) if x.ndim == 2 and weight.dtype == x.dtype else None
     if jit is not None and (out is None or (out.shape == x.shape and out.dtype == x.dtype)):
         out = np.empty_like(x) if out is None else out
@@ -81,7 +81,7 @@ def rope_rows_(x: np.ndarray, heads: int, cos: np.ndarray, sin: np.ndarray, e: i
                tmp: np.ndarray | None = None) -> np.ndarray:
     """:func:`rope_neox_` in place on the first ``heads`` heads of e numbers at the start of each row of x
     (n, W) (a model's [Q | K | V] rows: Q and K rotated together), cos, sin (n, e/2) — bit for bit, in one
-    compiled pass where the kernels are loaded and the rows are many (:func:`qkv._jit.rope_rows`)."""
+    compiled pass where the kernels are loaded and the rows are many (:func:`qkv.compute._jit.rope_rows`)."""
     n = x.shape[0]
     jit = _kernels_for(x)
     if jit is not None and x.flags.c_contiguous:
@@ -94,7 +94,7 @@ def rope_rows_(x: np.ndarray, heads: int, cos: np.ndarray, sin: np.ndarray, e: i
 def col_extents(x: np.ndarray, edges: tuple) -> tuple:
     """max |x[:, a:b]| of x (n, W) for each range ``a, b`` of consecutive ``edges``, None where one is not
     finite (:func:`qkv._checks.finite_max_abs`) — in one compiled pass where the kernels are loaded and the
-    rows are many (:func:`qkv._jit.col_extents`)."""
+    rows are many (:func:`qkv.compute._jit.col_extents`)."""
     jit = _kernels_for(x)
     if jit is None or not x.flags.c_contiguous:
         return tuple(_checks.finite_max_abs(x[:, a:b]) for a, b in zip(edges[:-1], edges[1:]))
@@ -104,7 +104,7 @@ def col_extents(x: np.ndarray, edges: tuple) -> tuple:
 
 
 def _kernels_for(x: np.ndarray):
-    """The engine's compiled kernels (:mod:`qkv._jit`) for float32 rows x (n, ·) with contiguous columns, where
+    """The engine's compiled kernels (:mod:`qkv.compute._jit`) for float32 rows x (n, ·) with contiguous columns, where
     loaded and x is large enough to pay for them (:meth:`qkv.kernels.Kernels.for_block`); else None."""
     if x.ndim != 2 or x.strides[1] != x.itemsize:
         return None

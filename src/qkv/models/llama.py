@@ -35,21 +35,22 @@ from typing import Callable
 
 import numpy as np
 
-from .. import gemm, masks
-from ..backends.runtime import RUNTIME
-from ..cache import KVCache
-from ..mha import MultiHeadAttention
-from ..positions import RoPE
-from ..sdpa import attention_with_extents, scaled_dot_product_attention
-from ..tracing import Trace
-from . import _gguf
-from ._common import (NotebookView, check_utf8, installed_file, pad_ids, path_arg, record_layers, text_and_layer,
+from qkv.compute import gemm
+from qkv.core import masks
+from qkv.engine.backends.runtime import RUNTIME
+from qkv.core.cache import KVCache
+from qkv.nn.mha import MultiHeadAttention
+from qkv.core.positions import RoPE
+from qkv.engine.sdpa import attention_with_extents, scaled_dot_product_attention
+from qkv.core.tracing import Trace
+from qkv.models import _gguf
+from qkv.models._common import (NotebookView, check_utf8, installed_file, pad_ids, path_arg, record_layers, text_and_layer,
                       texts_arg)
-from ._generate import Generation, Pieces, check_sampling, choose
-from ._gguf import INSTALL_HINT
-from ._rowwise import (_heads_to_rows, _rows_to_heads, _Scratch, _view, col_extents, rms_norm,  # noqa: F401 (silu_,
+from qkv.models._generate import Generation, Pieces, check_sampling, choose
+from qkv.models._gguf import INSTALL_HINT
+from qkv.models._rowwise import (_heads_to_rows, _rows_to_heads, _Scratch, _view, col_extents, rms_norm,  # noqa: F401 (silu_,
                        rope_neox_, rope_rows_, silu_, swiglu_)           # rope_neox_: kept importable from here)
-from ._tokenizer import byte_alphabet, gguf_tokenizer
+from qkv.models._tokenizer import byte_alphabet, gguf_tokenizer
 
 # Kept importable from here, under their old names (tests and callers use them).
 _Pieces, _byte_alphabet = Pieces, byte_alphabet
@@ -218,9 +219,9 @@ class LlamaModel:
     def apply_chat_template(self, prompt: str, *, system: str | None = None,
                             add_generation_prompt: bool = True) -> str:
         """``prompt`` as a user message rendered with the file's chat template (jinja2, sandboxed, the
-        settings transformers uses, with limits on time, memory and output: :mod:`qkv.models._chat`), ending
+        settings transformers uses, with limits on time, memory and output: :mod:`qkv.models.chat`), ending
         with the assistant's turn. Any failure of the template is a ValueError naming the file."""
-        from . import _chat
+        from qkv.models import chat as _chat
 
         file = Path(self.config.path).name if self.config.path else "the model file"
         if self.chat_template is None:

@@ -2,14 +2,14 @@
 
 matplotlib is imported only when a heatmap is drawn; the page needs nothing beyond NumPy.
 """
-from .heads import HeadKinds, attention_flow, head_kinds, model_name, rollout
-from .heatmap import cjk_font, heatmap, heads_grid, layout, save
-from .page import (MAX_PAGE_BYTES, PageTooLarge, decoder_attentions, from_worked, generation_data, model_data,
+from qkv.viz.heads import HeadKinds, attention_flow, head_kinds, model_name, rollout
+from qkv.viz.heatmap import cjk_font, heatmap, heads_grid, layout, save
+from qkv.viz.page import (MAX_PAGE_BYTES, PageTooLarge, decoder_attentions, from_worked, generation_data, model_data,
                    playground_data, render_page, why_data, worked_data, write_page)
-from .page_hf import compare_data, hf_generation_data
-from .page_long import long_data
-from .notebook import Shown, show
-from .lab_plots import plot as plot_lab   # qkv.lab's experiments drawn (the lab returns data)
+from qkv.viz.page_hf import compare_data, hf_generation_data
+from qkv.viz.page_long import long_data
+from qkv.viz.notebook import Shown, show
+from qkv.viz.lab_plots import plot as plot_lab   # qkv.lab's experiments drawn (the lab returns data)
 
 __all__ = ["HeadKinds", "attention_flow", "cjk_font", "from_worked", "head_kinds", "heads_grid", "heatmap", "layout",
            "model_data", "model_name", "playground_data", "render_page", "rollout", "save", "write_page"]

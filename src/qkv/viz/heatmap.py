@@ -25,7 +25,7 @@ import warnings
 
 import numpy as np
 
-from .._files import atomic_write, output_kind
+from qkv._files import atomic_write, output_kind
 
 #: CJK families to prefer, best first; any other installed family whose name contains "CJK" comes next.
 CJK_FAMILIES = (

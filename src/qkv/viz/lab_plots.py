@@ -14,12 +14,12 @@ import os
 
 import numpy as np
 
-from .._extras import need
-from .._files import atomic_write, output_kind
-from ..lab import NAMES, _heads, _mask
-from ..lab._common import PLOT_SUFFIXES
-from ..locales import t
-from .heatmap import cjk_font, heatmap, is_cjk
+from qkv._extras import need
+from qkv._files import atomic_write, output_kind
+from qkv.tools.lab import NAMES, kind_name, method_name
+from qkv.tools.lab.common import PLOT_SUFFIXES
+from qkv.locales import t
+from qkv.viz.heatmap import cjk_font, heatmap, is_cjk
 
 __all__ = ["PLOTS", "label", "new_figure", "plot", "plot_heads", "plot_mask", "plot_scale", "plot_train",
            "save_atomic", "with_fonts"]
@@ -141,7 +141,7 @@ def plot_mask(result: dict, path, lang: str = "en") -> str:
     for j, m in enumerate(methods):
         for b, tk in enumerate(toks):
             w = np.array(result["weights"][m][b])
-            heatmap(w, tk, tk, ax=axes[b][j], title=_mask._name(m, lang) if b == 0 else None, vmin=0.0, vmax=1.0,
+            heatmap(w, tk, tk, ax=axes[b][j], title=method_name(m, lang) if b == 0 else None, vmin=0.0, vmax=1.0,
                     colorbar=False, xlabel=None, ylabel=None, annotate=True, fmt="{:.2f}")
     return save_atomic(fig, path)
 
@@ -171,7 +171,7 @@ def plot_heads(result: dict, path, lang: str = "en") -> str:
         a.bar(range(len(toks)), w, color=colors)
         a.set_xticks(range(len(toks)), toks)
         a.set_ylim(0, 1)
-        kind = _heads._kind(m["attention"][h]["kind"], lang)
+        kind = kind_name(m["attention"][h]["kind"], lang)
         title = t("lab.heads_panel", lang, h=m["heads"], w=m["head_width"], head=h, kind=kind)
         a.set_title(label(title), fontsize=9)
     return save_atomic(fig, path)

@@ -19,8 +19,8 @@ import html as _html
 
 import numpy as np
 
-from .. import _display
-from . import page as _page
+from qkv import _display
+from qkv.viz import page as _page
 
 __all__ = ["Shown", "show", "DEFAULT_HEIGHT"]
 
@@ -109,7 +109,7 @@ def _check_report_html(obj, lang: str) -> str | None:
 
 
 def _data(obj, *, tokens, name, index) -> dict:
-    from qkv.tracing import Trace
+    from qkv.core.tracing import Trace
 
     if isinstance(obj, dict):
         return obj

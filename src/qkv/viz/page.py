@@ -23,9 +23,9 @@ from importlib import resources
 
 import numpy as np
 
-from .._files import atomic_write
-from .page_data import in_language, normalize, words
-from .page_maps import (_PROB_BITS, _PROB_SCALE, _RANS_LOW, MAP_DIGITS, THUMB, _bits,  # noqa: F401 - re-exported
+from qkv._files import atomic_write
+from qkv.viz.page_data import in_language, normalize, words
+from qkv.viz.page_maps import (_PROB_BITS, _PROB_SCALE, _RANS_LOW, MAP_DIGITS, THUMB, _bits,  # noqa: F401 - re-exported
                         _encode_group, _frequencies, _lengths, _symbols, _thumb, decode_maps, quantize)
 
 #: Decimals shown in the playground's cells (the browser tests compare at this precision).
@@ -311,7 +311,7 @@ class MapSet:
 
 def _model_name(model) -> str:
     try:
-        from .heads import model_name
+        from qkv.viz.heads import model_name
     except ImportError:                                          # pragma: no cover - heads.py not there yet
         return str(getattr(getattr(model, "config", None), "name", "") or type(model).__name__)
     return model_name(model)
@@ -335,7 +335,7 @@ def decoder_attentions(model, ids):
     sequence of token ids: the layers exactly as :meth:`LlamaModel.run` runs them (each layer's attention through
     its traced :class:`qkv.MultiHeadAttention`, causal), one layer at a time so that memory holds one layer's
     weights, on ids rather than a text (a continuation is not always its text's tokenization)."""
-    from qkv.tracing import Trace
+    from qkv.core.tracing import Trace
 
     x = model.embed(np.asarray([list(ids)], dtype=np.int64))
     for layer in model._layers:
@@ -398,7 +398,7 @@ def _layers_data(layers, L: int, H: int, T: int, causal: bool, *, what: str, sma
     exact = []
     analysis = tokens is not None and (cols is None or cols == T)
     if analysis:
-        from . import heads as _heads
+        from qkv.viz import heads as _heads
         kinds, scores, R = [], [], None
         limit = flow_limit(L)
         kept = [] if T <= limit else None                            # the layers again, for the max-flow graph
@@ -432,7 +432,7 @@ def _layers_data(layers, L: int, H: int, T: int, causal: bool, *, what: str, sma
 
 def flow_limit(layers: int) -> int:
     """The most tokens whose attention flow through ``layers`` layers the page computes (:data:`PAGE_FLOW_WORK`)."""
-    from .heads import flow_work
+    from qkv.viz.heads import flow_work
 
     T = 0
     while flow_work(layers, T + 1) <= PAGE_FLOW_WORK:
@@ -444,7 +444,7 @@ def _flow_maps(kept, L: int, limit: int, causal: bool, what: str):
     """``(flow map set, None)``: :func:`qkv.viz.attention_flow` of the ``kept`` layers (mean fusion, residual, as
     the rollout) as one map; or ``(None, {"reason", "limit", "layers"})`` when it is not computed: over the size
     limit (``kept`` is None) or networkx missing."""
-    from .heads import attention_flow
+    from qkv.viz.heads import attention_flow
 
     why = {"reason": "size", "limit": limit, "layers": L}
     if kept is None:
@@ -572,7 +572,7 @@ def why_data(*, seed: int = 0, samples: int = WHY_SAMPLES) -> dict:
     "weights_scaled"}], "seed", "samples"}``. The page only draws these numbers; :func:`render_page` adds the
     lab's paragraph (:func:`qkv.lab.paragraph`) in the page's language."""
     import qkv
-    from qkv import lab
+    from qkv.tools import lab
 
     result = lab.scale(seed=seed, samples=samples)                # checks seed and samples
     keys = result["settings"]["keys"]
@@ -634,7 +634,7 @@ def render_page(data: dict, *, lang: str | None = None) -> str:
     strings = locales.strings(lang, "page.")
     why = data.get("why")
     if why:
-        from qkv import lab
+        from qkv.tools import lab
 
         lab_words = locales.strings(lang, "lab.")
         why = dict(why, paragraph=lab.paragraph("scale", why["scale"], lang),

@@ -7,9 +7,9 @@ of two checkpoints.
 
 :func:`hf_generation_data` has the shape of :func:`qkv.viz.generation_data` (the SmolLM2 view): transformers'
 ``generate`` writes the continuation (attention on qkv), one forward pass recorded by :func:`qkv.hf.record`
-gives every generated token's row (see :mod:`qkv.hf._hf_generation` for why that row is the step's own).
+gives every generated token's row (see :mod:`qkv.hf.generation_rows` for why that row is the step's own).
 ``chat=True`` renders the tokenizer's own ``chat_template`` with qkv's sandboxed renderer
-(:mod:`qkv.models._chat`: jinja2's immutable sandbox with limits on time, memory and output), never with
+(:mod:`qkv.models.chat`: jinja2's immutable sandbox with limits on time, memory and output), never with
 transformers' ``apply_chat_template``. :func:`compare_data` draws :func:`qkv.hf.compare`: both models' weights of
 every head side by side and the heads ranked by the Jensen–Shannon divergence of their rows.
 """
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .page import MAX_PAGE_BYTES, MapSet, _check_cells, _model_name, steps_view
+from qkv.viz.page import MAX_PAGE_BYTES, MapSet, _check_cells, _model_name, steps_view
 
 
 def chat_prompt(model, prompt: str) -> str:
     """``prompt`` as a user message in the tokenizer's chat template (the folder's ``chat_template``), the
-    assistant's turn opened, rendered in qkv's sandbox (:mod:`qkv.models._chat`). ValueError naming ``chat``
+    assistant's turn opened, rendered in qkv's sandbox (:mod:`qkv.models.chat`). ValueError naming ``chat``
     when the folder has no template; the template's own failures are one ValueError naming the folder."""
-    from qkv.models import _chat
+    from qkv.models import chat as _chat
 
     tok, name = model.hf_tokenizer, model.config.name
     source = getattr(tok, "chat_template", None)
@@ -57,13 +57,13 @@ def hf_generation_data(model, prompt: str, *, max_new_tokens: int = 32, chat: bo
         leaves), ``temperature``, ``seed`` or ``chat`` (no template; a template that fails);
         PageTooLarge over the page's limits.
     """
-    from qkv.hf import _hf_generation as gen
-    from qkv.models._generate import check_sampling
+    from qkv.integrations.hf import generation_rows as gen
+    from qkv.models import check_sampling
 
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"prompt: expected a non-empty text, got {prompt!r}")
     max_new_tokens, temperature, _, _, seed = check_sampling(max_new_tokens, temperature, None, None, seed, chat)
-    gen._decoder(model)
+    gen.check_decoder(model)
     text = chat_prompt(model, prompt) if chat else prompt
     g = gen.generate(model, text, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                      special_tokens=not chat)
@@ -86,7 +86,7 @@ def compare_data(a, b, text: str, *, layers=None, heads=None) -> dict:
     Raises:
         ValueError naming ``b`` (another architecture) or ``text``; PageTooLarge over the page's limits.
     """
-    from qkv.hf import compare
+    from qkv.integrations.hf import compare
 
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"text: expected a non-empty sentence, got {text!r}")

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .heads import BROAD_MIN, PATTERN_MIN
-from .page import MAP_DIGITS, MAX_PAGE_BYTES, MapSet, _model_name
+from qkv.viz.heads import BROAD_MIN, PATTERN_MIN
+from qkv.viz.page import MAP_DIGITS, MAX_PAGE_BYTES, MapSet, _model_name
 
 #: The most tokens the long-input view reads (and the model's own context, where that is less).
 MAX_TOKENS = 32_768
@@ -57,11 +57,10 @@ def check_rows(rows, T: int) -> list[int]:
 def record_long(model, ids: np.ndarray, tokens: list[str], rows: list[int], pool: int | None = None):
     """One forward pass of ``model`` on ``ids`` recording every head's summary and the exact ``rows``: a
     :class:`qkv.hf.Recording` (``summaries``, and ``weights`` (1, H, R, S) when rows are chosen)."""
-    from qkv.hf._record import Recording
-    from qkv.hf._summary import POOL, Summaries
+    from qkv.integrations.hf import Recording, Summaries
 
     rec = Recording(rows=rows or None, model=model.model,
-                    summaries=Summaries(tokens=tokens, pool=pool or POOL))
+                    summaries=Summaries(tokens=tokens, pool=pool or Summaries.pool))
     model._forward(ids[None, :], np.ones((1, len(ids)), bool), rec)
     return rec
 

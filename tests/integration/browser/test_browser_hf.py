@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import qkv.hf  # noqa: E402
-from qkv.hf._hf_generation import generate, sequence_attentions  # noqa: E402
+from qkv.hf.generation_rows import generate, sequence_attentions  # noqa: E402
 from test_browser_page import Opened  # noqa: E402
 from test_browser_scale import hover_cell, shown  # noqa: E402
 from test_viz_hf import save_decoder  # noqa: E402

@@ -70,7 +70,7 @@
     if (/^-0\.?0*$/.test(s)) s = s.slice(1);
     return s;
   }
-  // A number in the arithmetic exactly as qkv explain writes it (qkv.explain._doc.fmt, precision 4):
+  // A number in the arithmetic exactly as qkv explain writes it (qkv.explain.doc.fmt, precision 4):
   // rounded to 4 decimals, trailing zeros dropped but one kept (0.39, 1.0), 0, −0.5, tiny ones as 3.2e−5.
   function num(x, p) {
     var s;
@@ -90,7 +90,7 @@
   }
   function factor(x, p) { var s = num(x, p); return s.charAt(0) === MINUS ? "(" + s + ")" : s; }
 
-  // ------------------------------------------------------------------ lines that add up (qkv.explain._doc.fit)
+  // ------------------------------------------------------------------ lines that add up (qkv.explain.doc.fit)
   // A written-out line shows its operands with up to 3 decimals more than the 4 asked when that makes it add
   // up: the result of the operands as shown, computed exactly, must lie within half a unit of the result's last
   // shown decimal; else everything at 4 decimals and the relations that do not add up written "≈". Exact
