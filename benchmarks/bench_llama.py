@@ -2,6 +2,10 @@
 
     .venv/bin/python benchmarks/bench_llama.py [--repeats 5] [--threads N] [--new-tokens 64] [--prefill 512]
                                                [--skip-load] [--only generate,prefill,forward,scaling]
+    .venv/bin/python benchmarks/bench_llama.py --only llamacpp [--weights auto|float32] [--kv-dtype float16]
+
+``--only llamacpp`` is qkv against llama.cpp (llama-cpp-python: the ``bench`` extra) on the same file and
+threads, described in ``benchmarks/_llamacpp.py``; the rest is qkv against transformers:
 
 What is timed (each side once to warm up, then ``--repeats`` times alternately, each call after a ``--settle``
 pause so the other side's idle threads stop spinning; the medians and their ratio qkv / transformers):
@@ -143,18 +147,23 @@ def _arguments():
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--settle", type=float, default=0.5, help="seconds of pause before each timed call")
     ap.add_argument("--skip-load", action="store_true", help="skip the load-time and memory measurements")
+    ap.add_argument("--weights", default="auto", help="qkv's weights: auto (as the file stores them) or float32")
+    ap.add_argument("--kv-dtype", default="float32", help="qkv's KV cache: float32, float16 or int8")
     ap.add_argument("--only", default="generate,prefill,forward",
                     help="which of generate, prefill, forward, scaling to time (comma-separated)")
     args = ap.parse_args()
     only = {w.strip() for w in args.only.split(",")}
-    unknown = only - {"generate", "prefill", "forward", "scaling"}
+    unknown = only - {"generate", "prefill", "forward", "scaling", "llamacpp"}
     if unknown:
-        ap.error(f"--only: unknown {sorted(unknown)}; expected some of generate, prefill, forward, scaling")
+        ap.error(f"--only: unknown {sorted(unknown)}; expected some of generate, prefill, forward, scaling, llamacpp")
     return args, only
 
 
 def main() -> None:
     args, only = _arguments()
+    if only == {"llamacpp"}:                                               # qkv and llama.cpp: no torch
+        _against_llamacpp(args)
+        return
     import numpy as np
     import torch
     import transformers
@@ -252,6 +261,26 @@ def _side_by_side(args, only) -> None:
               f"(best {min(th):.3f}); ratio of medians {mq / mh:.2f}x (target <= 1.0){extra}")
     if "scaling" in only:
         _scaling(model, long_ids, args.threads, args.repeats, args.settle)
+
+
+def _against_llamacpp(args) -> None:
+    """``--only llamacpp``: decode at 30 and 4,096 tokens of context, prefill 512 and 4,096, against llama.cpp."""
+    import llama_cpp
+    import numpy as np
+
+    import qkv
+    from qkv.bench import environment_line
+    from qkv.models.llama import default_model_path, load_llama
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import _llamacpp
+    qkv.set_num_threads(args.threads)
+    print(f"{environment_line()}; threads {args.threads}; llama-cpp-python {llama_cpp.__version__}; "
+          f"load average {os.getloadavg()[0]:.2f} at start")
+    model = load_llama(weights=args.weights)
+    kv = None if args.kv_dtype == "float32" else np.dtype(args.kv_dtype)
+    _llamacpp.run(default_model_path(), model, args.threads, args.repeats, args.settle, args.new_tokens, kv)
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":

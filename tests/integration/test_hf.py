@@ -85,8 +85,8 @@ def test_register_adds_qkv_to_both_registries():
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
     assert qkv.hf.register() == "qkv"
-    assert AttentionInterface._global_mapping["qkv"].__module__ == "qkv.hf._attention"
-    assert AttentionMaskInterface._global_mapping["qkv"].__module__ == "qkv.hf._mask"
+    assert AttentionInterface._global_mapping["qkv"].__module__ == "qkv.integrations.hf._attention"   # (public name: qkv.hf._attention)
+    assert AttentionMaskInterface._global_mapping["qkv"].__module__ == "qkv.integrations.hf._mask"
 
 
 def test_import_qkv_does_not_import_transformers():

@@ -518,7 +518,7 @@ def test_compose_chains_a_vjp_with_a_built_in_derivative():
 def test_import_qkv_does_not_import_torch_and_a_missing_torch_names_the_extra():
     code = "import sys, qkv; assert 'torch' not in sys.modules; import qkv.torch; print(qkv.torch.__name__)"
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert got.returncode == 0 and got.stdout.strip() == "qkv.torch", got.stderr
+    assert got.returncode == 0 and got.stdout.strip() == "qkv.integrations.torch", got.stderr
     code = "import sys; sys.modules['torch'] = None; import qkv; qkv.torch"      # torch missing
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert got.returncode == 1 and got.stderr.strip().endswith(

@@ -382,7 +382,7 @@ def model_data(text: str, *, model=None, digits: int = 6, name: str | None = Non
     data = _layers_data(layers, L, H, T, causal, what=f"a text of {T:,} tokens", small_digits=digits, tokens=tokens)
     data.update({"kind": "model", "name": name or _model_name(model), "text": text, "tokens": tokens,
                  "decoder": causal, "kv_heads": int(getattr(c, "num_kv_heads", H) or H),
-                 "source": "qkv.hf" if type(model).__module__.startswith("qkv.hf") else "qkv.models"})
+                 "source": "qkv.hf" if type(model).__module__.startswith("qkv.integrations.hf") else "qkv.models"})
     return data
 
 
