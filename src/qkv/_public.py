@@ -45,13 +45,16 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         real = home(fullname)
         if real is None:
             return None
-        module = importlib.import_module(real)
-        spec = importlib.util.spec_from_loader(fullname, self, origin=real, is_package=hasattr(module, "__path__"))
-        spec.loader_state = module.__spec__        # the home's own spec, put back by exec_module
-        return spec
+        found = importlib.util.find_spec(real)          # located, not run: a missing extra fails at import
+        if found is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, origin=real,
+                                               is_package=found.submodule_search_locations is not None)
 
     def create_module(self, spec):
-        return sys.modules[spec.origin]
+        module = importlib.import_module(spec.origin)
+        spec.loader_state = module.__spec__              # the home's own spec, put back by exec_module
+        return module
 
     def exec_module(self, module):
         alias = module.__spec__.name
