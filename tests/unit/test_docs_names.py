@@ -52,7 +52,9 @@ def resolves(name):
     try:
         obj = importlib.import_module(module)
     except ImportError:                                               # an extra this environment lacks
-        return not rest or rest[0] in _top_level_names(pathlib.Path(importlib.util.find_spec(module).origin))
+        from qkv import _public                                       # a public name's file is its home's
+        origin = importlib.util.find_spec(_public.home(module) or module).origin
+        return not rest or rest[0] in _top_level_names(pathlib.Path(origin))
     for attr in rest:
         if not hasattr(obj, attr):
             return False
