@@ -22,7 +22,8 @@ pytest.importorskip("jinja2")
 
 import qkv  # noqa: E402
 from qkv.models import load_llama  # noqa: E402
-from qkv.models.llama import _byte_alphabet, default_model_path  # noqa: E402
+from qkv.models._tokenizer import byte_alphabet as _byte_alphabet  # noqa: E402
+from qkv.models.llama import default_model_path  # noqa: E402
 
 D, F, H, HK, LAYERS, CONTEXT = 64, 96, 4, 2, 2, 48
 E = D // H
@@ -333,7 +334,7 @@ def test_stream_gets_whole_characters_that_make_the_text(tiny):
     ids = [i for i in g.ids if i != model.config.eos_token_id]
     assert g.text == model.tokenizer.decode(ids, skip_special_tokens=False)
     # a character of 4 bytes (4 byte tokens) comes out as one piece
-    from qkv.models.llama import _Pieces
+    from qkv.models._generate import Pieces as _Pieces
     got = []
     p = _Pieces(model.tokenizer, got.append)
     for i in model.encode("a🙂b"):
@@ -523,7 +524,7 @@ def test_a_padded_batch_in_blocks_that_straddle_its_texts_gives_the_same_logits(
 
 
 def test_in_place_rope_is_bit_for_bit_the_rope_stage(rng):
-    from qkv.models.llama import rope_neox_
+    from qkv.models._rowwise import rope_neox_
 
     x = rng.standard_normal((7, 12, 64)).astype(np.float32) * 3        # (rows, H + Hk, E): Q and K together
     cos, sin = qkv.positions.cos_sin(np.arange(100, 107), 64, theta=100000.0, dtype=np.float32)
@@ -540,7 +541,7 @@ def test_in_place_rope_is_bit_for_bit_the_rope_stage(rng):
 
 
 def test_swiglu_and_rms_norm_against_float64(rng):
-    from qkv.models.llama import rms_norm, swiglu_
+    from qkv.models._rowwise import rms_norm, swiglu_
 
     gu = (rng.standard_normal((5, 2 * 96)) * 4).astype(np.float32)
     gu[0, :3] = [-100.0, 100.0, 0.0]                                   # e^(−g) = inf: silu → −0; large g: g
@@ -562,7 +563,7 @@ def test_swiglu_and_rms_norm_against_float64(rng):
 def test_work_arrays_are_reused_per_thread():
     import threading
 
-    from qkv.models.llama import _Scratch
+    from qkv.models._rowwise import _Scratch
 
     s = _Scratch()
     a = s.get("h", (4, 8))

@@ -76,7 +76,7 @@ def test_show_a_multi_head_trace_and_weights():
     data = embedded(srcdoc(qkv.viz.show(t, tokens=list("abcde"))._repr_html_()))
     ex = data["example"]
     assert data["playground"] is None and ex["heads"] == 4 and ex["tokens"] == list("abcde")
-    from qkv.viz import page
+    from qkv.viz import page_maps as page
     got = page.decode_maps(ex["maps"])
     w = t["weights"].array.reshape(4, 5, 5)
     for h in range(4):

@@ -410,7 +410,7 @@ def _kernel_and_numpy(monkeypatch, kernel: str, fn, x):
 
 def test_swiglu_kernel_equals_numpy(rng, monkeypatch):
     # the decoder's SwiGLU, g·u / (1 + e^(−g)), in one pass where the kernels are loaded and the block is large
-    from qkv.models.llama import swiglu_
+    from qkv.models._rowwise import swiglu_
     kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
     gu = (rng.standard_normal((64, 2 * 512)) * 4).astype(np.float32)
     gu[0, :4] = [-100.0, 100.0, 0.0, -np.inf]
@@ -427,7 +427,7 @@ def test_swiglu_kernel_equals_numpy(rng, monkeypatch):
 
 def test_rms_norm_kernel_equals_numpy_and_float64(rng, monkeypatch):
     # the decoder's RMSNorm in one pass where the kernels are loaded and the rows are many: float64 Σ x²
-    from qkv.models.llama import rms_norm
+    from qkv.models._rowwise import rms_norm
     kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
     x = (rng.standard_normal((64, 576)) * 30).astype(np.float32)
     x[1] = 0.0                                                         # eps alone: zeros out
@@ -449,7 +449,7 @@ def test_rms_norm_kernel_equals_numpy_and_float64(rng, monkeypatch):
 
 def test_rope_kernel_is_bit_for_bit_numpys_rope(rng, monkeypatch):
     # RoPE on Q and K side by side in [Q | K | V] rows, one pass: each product rounded as NumPy's (no FMA)
-    from qkv.models.llama import rope_rows_
+    from qkv.models._rowwise import rope_rows_
     kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
     rows = (rng.standard_normal((300, 15 * 64)) * 3).astype(np.float32)   # 9 Q + 3 K heads rotated, 3 V not
     cos, sin = qkv.positions.cos_sin(np.arange(7, 307), 64, theta=100000.0, dtype=np.float32)   # (300, 32)
@@ -463,7 +463,7 @@ def test_rope_kernel_is_bit_for_bit_numpys_rope(rng, monkeypatch):
 
 def test_col_extents_kernel_equals_the_checks_extents(rng, monkeypatch):
     # max |x| of Q's, K's and V's columns in one pass; None where a range holds NaN or ±inf, as the checks'
-    from qkv.models.llama import col_extents
+    from qkv.models._rowwise import col_extents
     kernels.KERNELS.for_call(np.dtype(np.float32), kernels.KERNEL_MIN)
     x = (rng.standard_normal((200, 960)) * 5).astype(np.float32)
     x[17, 3] = -40.0                                                   # the extent from a negative value

@@ -83,3 +83,29 @@ def test_the_scan_sees_each_form_of_crossing():
         "qkv.tools.lab._mask", "qkv.core._x.y", "qkv.engine.sdpa._validate"]
     assert crossings("qkv.engine.plans", "from qkv.engine.flex import _prepare\nfrom qkv import _checks\n") == []
     assert package("qkv.engine.backends.tiled.plan") == "qkv.engine" and package("qkv._checks") == "qkv"
+
+
+def unused_private_imports(source: str) -> list[str]:
+    """Private names a module imports without using them: a shim re-exporting another module's privates."""
+    tree = ast.parse(source)
+    used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    used |= {a.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) for a in [n.value] if isinstance(a, ast.Name)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("qkv"):
+            found += [f"{node.lineno}: {a.name}" for a in node.names
+                      if _private([a.asname or a.name]) and (a.asname or a.name) not in used]
+    return found
+
+
+def test_no_module_re_exports_private_names():
+    """The shims that kept private names importable from a module that had been split are gone: a private name
+    is imported where it is used (tests import it from the module that defines it)."""
+    bad = [f"{MODULES[m].relative_to(SRC)}:{c}" for m in MODULES
+           for c in unused_private_imports(MODULES[m].read_text("utf-8"))]
+    assert not bad, "private names imported and not used (a shim):\n" + "\n".join(bad)
+
+
+def test_the_shim_scan_sees_an_unused_private_import():
+    assert unused_private_imports("from qkv.explain._reading import _read, _parse_json\n_read(1)\n") == [
+        "1: _parse_json"]

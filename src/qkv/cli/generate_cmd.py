@@ -41,7 +41,7 @@ def option_error(exc: Exception, options: dict = OPTIONS, blame: str | None = No
 
 def check_sampling_options(options: dict = OPTIONS, **kw) -> None:
     """:func:`qkv.models.llama.check_sampling` before the slow load, its errors naming the options."""
-    from qkv.models.llama import check_sampling
+    from qkv.models import check_sampling
 
     try:
         check_sampling(**kw)

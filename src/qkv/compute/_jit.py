@@ -720,7 +720,7 @@ def _sum_squares(row):
 @njit(**_EXACT)
 def rms_norm_rows(x, weight, eps, out):
     """RMSNorm of each row of x (n, D) into out (n, D): ``x · (1 / √(mean(x²) + eps)) · weight`` — the factor
-    ``1 / √(mean(x²) + eps)`` in float64, rounded once (NumPy's passes, :func:`qkv.models.llama.rms_norm`,
+    ``1 / √(mean(x²) + eps)`` in float64, rounded once (NumPy's passes, :func:`qkv.models._rowwise.rms_norm`,
     round Σ x² and each step after it in float32, where x² may overflow), then its two products as NumPy's."""
     n, d = x.shape
     for r in range(n):
@@ -733,7 +733,7 @@ def rms_norm_rows(x, weight, eps, out):
 def rope_rows(x, heads, e, cos, sin):
     """RoPE ("neox" pairs i, i + e/2) in place on the first ``heads`` heads of each row of x (n, ≥ heads·e):
     ``a' = a·cos − b·sin``, ``b' = b·cos + a·sin`` with cos, sin (n, e/2) — bit for bit
-    :func:`qkv.models.llama.rope_neox_`'s NumPy passes (each product rounded, then the sum: no fused
+    :func:`qkv.models._rowwise.rope_neox_`'s NumPy passes (each product rounded, then the sum: no fused
     multiply-add). (Each half a slice, indexed from 0: an index numba cannot prove non-negative keeps its
     wrap-around test, and the loop is not vectorized.)"""
     half = e // 2

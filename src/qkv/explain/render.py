@@ -18,28 +18,16 @@ the whole trace) and :mod:`qkv.explain._query` (the sections of one query's docu
 """
 from __future__ import annotations
 
-import math  # noqa: F401
-
-import numpy as np  # noqa: F401
-
-from qkv.core.tracing import Step, Trace  # noqa: F401
+from qkv.core.tracing import Trace
 from qkv.explain import doc as _doc
-from qkv.explain import _variants as var  # noqa: F401
-from qkv.explain._arith import (_BEFORE_SOFTMAX, _div, _dk, _exp_of, _exp_part, _product_line, _ratio_part,  # noqa: F401
-                     _scale_line, _sum_line, softmax_formula)
 from qkv.explain._builder import _Builder
-from qkv.explain.doc import Doc, Section, Table, fit, fmt_factor, shown  # noqa: F401
-from qkv.explain._layout import (EDGE, KEY_SIDE, KEYS_AS_COLS, MAX_CALC, MAX_SLICES, MAX_TERMS, PER_HEAD,  # noqa: F401
-                      QUERY_SIDE, SHOW, SMALL, _check_common, _dims, _edges, _Labels, _lengths, _limited_slices,
-                      _local_row, _operand_shape, _per_head, _shape, _slices, _step_shape, _table, _true_row,
-                      full_shape, held_rows, shown_rows, stats)
-from qkv.explain._query import _bcast, _lead_index, build_query_doc  # noqa: F401
-from qkv.locales import check_lang, t  # noqa: F401
+from qkv.explain._layout import EDGE, SMALL, _check_common, _Labels
+from qkv.explain._query import build_query_doc
+from qkv.explain.doc import Doc
+from qkv.locales import t
 
-#: re-exported as before the split (the ``fmt=`` argument of render and explain_query shadows it there)
-fmt = _doc.fmt
+__all__ = ["EDGE", "SMALL", "build_doc", "build_query_doc", "explain_query", "render"]
 
-__all__ = ["render", "explain_query", "build_doc", "build_query_doc"]
 
 
 def _token_list(tokens: list[str], most: int = 24) -> str:

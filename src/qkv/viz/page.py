@@ -25,8 +25,7 @@ import numpy as np
 
 from qkv._files import atomic_write
 from qkv.viz.page_data import in_language, normalize, words
-from qkv.viz.page_maps import (_PROB_BITS, _PROB_SCALE, _RANS_LOW, MAP_DIGITS, THUMB, _bits,  # noqa: F401 - re-exported
-                        _encode_group, _frequencies, _lengths, _symbols, _thumb, decode_maps, quantize)
+from qkv.viz.page_maps import MAP_DIGITS, _encode_group, _lengths, _symbols, _thumb, quantize
 
 #: Decimals shown in the playground's cells (the browser tests compare at this precision).
 DIGITS = 4

@@ -13,7 +13,7 @@ forward and backward, with the reason (:mod:`qkv.backends.select`).
 from __future__ import annotations
 
 from qkv.engine.backends.base import Backend, FunctionBackend  # noqa: F401  (re-exported)
-from qkv.engine.backends.registry import _BUILTIN, BACKENDS, _load_builtin, get, name_of, names, register  # noqa: F401
+from qkv.engine.backends.registry import BACKENDS, get, name_of, names, register  # noqa: F401  (re-exported)
 from qkv.engine.backends.select import Problem, Request, select
 
 
