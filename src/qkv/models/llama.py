@@ -1,7 +1,9 @@
 """A Llama-architecture decoder (SmolLM2-135M-Instruct and its relatives) whose attention is qkv's own.
 
-Nothing here imports torch. The GGUF file is read with the ``gguf`` package (its reader and
-``gguf.quants.dequantize``: no hand-written parsing or quant formats), the tokenizer is a ``tokenizers``
+Nothing here imports torch. The GGUF file is read with the ``gguf`` package (its reader: no hand-written
+parsing); the weights are kept as the file stores them (:class:`~qkv.models._quant.QuantMatrix`, its blocks
+multiplied by compiled kernels, equal to ``gguf.quants.dequantize`` value for value) or dequantized to float32
+by gguf (``load_llama(weights=...)``, :mod:`._llama_load`). The tokenizer is a ``tokenizers``
 byte-level BPE built from the file's vocabulary and merges, and the chat template is rendered by ``jinja2``
 (the ``llama`` extra). Every layer's self-attention is a :class:`qkv.MultiHeadAttention` with the model's
 weights, grouped-query heads and ``rope=qkv.RoPE(theta, "neox")``; generation keeps one :class:`qkv.KVCache`
@@ -22,9 +24,9 @@ applies to Hugging Face's weights); :func:`load_llama` undoes it, as transformer
 queries and keys are Hugging Face's and RoPE is the "neox" (``rotate_half``) style.
 
 Here: the model, its layers and their row-wise arithmetic. :func:`load_llama` is in :mod:`._llama_load`, the
-GGUF reading and its checks in :mod:`._gguf`, the tokenizer in :mod:`._tokenizer`, sampling and :class:`Generation` in
-:mod:`._generate`, and what the model families share (argument checks, padding, the packaged model file) in
-:mod:`._common`.
+quantized matrices in :mod:`._quant`, the GGUF reading and its checks in :mod:`._gguf`, the tokenizer in
+:mod:`._tokenizer`, sampling and :class:`Generation` in :mod:`._generate`, and what the model families share
+(argument checks, padding, the packaged model file) in :mod:`._common`.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import gemm, masks
+from .. import masks
 from ..backends.runtime import RUNTIME
 from ..cache import KVCache
 from ..mha import MultiHeadAttention
@@ -46,6 +48,7 @@ from ._common import NotebookView, check_utf8, pad_ids, record_layers, text_and_
 from ._generate import Generation, Pieces, check_sampling, choose
 from ._llama_load import (DEFAULT_DISTRIBUTION, MAX_CONTEXT, default_model_path,  # noqa: F401 (MAX_CONTEXT:
                           load_llama)                                       # kept importable from here)
+from ._quant import QuantMatrix, matmul as project
 from ._rowwise import (_heads_to_rows, _rows_to_heads, _Scratch, _view, col_extents, rms_norm,  # noqa: F401 (silu_,
                        rope_neox_, rope_rows_, silu_, swiglu_)           # rope_neox_: kept importable from here)
 from ._tokenizer import byte_alphabet
@@ -131,13 +134,38 @@ class LlamaOutput(NotebookView):
 
 @dataclass
 class _Layer:
-    attention: MultiHeadAttention   # its W_Q, W_K, W_V are views of w_qkv, W_O is w_o
+    """One decoder layer's weights. Each projection is float32 in qkv's (in, out) layout, or as the file stores
+    it (a :class:`~qkv.models._quant.QuantMatrix` (out, in)); :func:`~qkv.models._quant.matmul` multiplies
+    either."""
+
     attn_norm: np.ndarray     # (D,)
     ffn_norm: np.ndarray      # (D,)
-    w_qkv: np.ndarray         # (D, (H + 2·Hk)·E): [W_Q | W_K | W_V], one matmul on the decoding path
-    w_o: np.ndarray           # (H·E, D)
-    w_gate_up: np.ndarray     # (D, 2F): [W_gate | W_up], one matmul
-    w_down: np.ndarray        # (F, D)
+    w_qkv: np.ndarray | QuantMatrix     # (D, (H + 2·Hk)·E): [W_Q | W_K | W_V], one matmul on the decoding path
+    w_o: np.ndarray | QuantMatrix       # (H·E, D)
+    w_gate_up: np.ndarray | QuantMatrix  # (D, 2F): [W_gate | W_up], one matmul
+    w_down: np.ndarray | QuantMatrix    # (F, D)
+    heads: tuple              # (D, H, Hk, E)
+    rope: RoPE
+    #: float32 weights: W_Q, W_K, W_V views of w_qkv, W_O w_o; quantized: None until :attr:`attention` builds it
+    mha: MultiHeadAttention | None = None
+
+    @property
+    def attention(self) -> MultiHeadAttention:
+        """The layer's :class:`~qkv.MultiHeadAttention` (for the traced path and the explainer); with quantized
+        weights, built from them dequantized when first asked for (and kept: 3.5 MB a layer for SmolLM2)."""
+        if self.mha is None:
+            D, H, Hk, E = self.heads
+            w = [_float32(self.w_qkv), _float32(self.w_o)]
+            mha = MultiHeadAttention(D, H, num_kv_heads=Hk, bias=False, rope=self.rope, dtype=np.float32)
+            mha.W_Q, mha.W_K, mha.W_V = w[0][:, :H * E], w[0][:, H * E:(H + Hk) * E], w[0][:, (H + Hk) * E:]
+            mha.W_O = w[1]
+            self.mha = mha
+        return self.mha
+
+
+def _float32(w) -> np.ndarray:
+    """A projection's weight in qkv's (in, out) float32 layout (a QuantMatrix dequantized and transposed)."""
+    return w if isinstance(w, np.ndarray) else np.ascontiguousarray(w.dequantize().T)
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -162,15 +190,17 @@ class LlamaModel:
     attention_observer: Callable | None = None
 
     def __init__(self, config: LlamaConfig, embeddings: np.ndarray | None, layers: list[_Layer],
-                 norm: np.ndarray, lm_head_t: np.ndarray, tokenizer, chat_template: str | None) -> None:
+                 norm: np.ndarray, lm_head_t, tokenizer, chat_template: str | None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self._tokenizer_lock = threading.Lock()
         self._layers = layers
         self._norm = norm                 # (D,)
-        self._lm_head_t = lm_head_t       # (D, V): logits = h · lm_head_t (contiguous: one GEMV per token)
-        self._embed = embeddings          # (V, D), or None when tied: the rows are lm_head_t's columns
+        # (D, V) float32, logits = h · lm_head_t (contiguous: one GEMV per token), or a QuantMatrix (V, D)
+        # as stored; multiplied through project() either way
+        self._lm_head_t = lm_head_t
+        self._embed = embeddings          # (V, D) float32 or a QuantMatrix; None when tied: the LM head's rows
         self._template = None
         self._scratch = _Scratch()        # per-thread work arrays of the decoding path
         E = config.head_dim
@@ -246,8 +276,8 @@ class LlamaModel:
         """SwiGLU: ``(silu(h · W_gate) ⊙ (h · W_up)) · W_down``. (…, D) → (…, D)."""
         shape = h.shape
         h2 = h.reshape(-1, shape[-1])                                  # (N, D)
-        g = swiglu_(gemm.matmul(h2, layer.w_gate_up))                  # (N, 2F) → (N, F)
-        return gemm.matmul(g, layer.w_down).reshape(shape)             # (N, F) x (F, D)
+        g = swiglu_(project(h2, layer.w_gate_up))                      # (N, 2F) → (N, F)
+        return project(g, layer.w_down).reshape(shape)                 # (N, F) x (F, D)
 
     #: At most this many rows per task when the row-wise work (projections, RoPE, feed-forward, LM head) of
     #: many tokens is spread over the runtime's workers (the fastest of 64…256 rows, and 0.81× the time of one
@@ -329,7 +359,7 @@ class LlamaModel:
         n = B * L
         pos = np.tile(np.arange(offset, offset + L), B)                # (B·L,) each row's position
         cos, sin = self._cos[pos], self._sin[pos]                     # (B·L, E/2)
-        width = layers[0].w_qkv.shape[1]
+        width = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
         qkv_ = self._scratch.get("qkv", (n, width))   # (B·L, (H + 2·Hk)·E), Q and K rotated: dead once attended
         x2 = x.reshape(n, D)
         ext: list = []                                                 # per row block: Q's, K's, V's max |x|
@@ -363,7 +393,7 @@ class LlamaModel:
         H, Hk, E = c.num_heads, c.num_kv_heads, c.head_dim
         n = out.shape[0]
         h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, out=self._scratch.get("h", (n, x.shape[1])))
-        gemm.matmul(h, layer.w_qkv, out=out)                           # (rows, D) x (D, (H + 2·Hk)·E)
+        project(h, layer.w_qkv, out=out)                               # (rows, D) x (D, (H + 2·Hk)·E)
         rope_rows_(out, H + Hk, cos, sin, E, self._scratch.get("rope", (2, n, H + Hk, E // 2)))
         ext.append(col_extents(out, (0, H * E, (H + Hk) * E, out.shape[1])))
 
@@ -407,15 +437,15 @@ class LlamaModel:
         """A layer's tail on rows ``r``: concat(o) · W_O + x, then RMSNorm, SwiGLU, + residual, into out
         (rows, D); o (B, H, L, E) the attention's output, x (rows, D) the layer's input rows."""
         c = self.config
-        n, F = out.shape[0], layer.w_down.shape[0]
+        n, F = out.shape[0], c.intermediate_size
         scratch = self._scratch
         concat = _heads_to_rows(o, r, scratch.get("concat", (n, c.num_heads * c.head_dim)))   # (rows, H·E)
-        gemm.matmul(concat, layer.w_o, out=out)                        # (rows, H·E) x (H·E, D)
+        project(concat, layer.w_o, out=out)                            # (rows, H·E) x (H·E, D)
         out += x                                                       # residual
         h = rms_norm(out, layer.ffn_norm, c.rms_norm_eps, out=scratch.get("h", (n, out.shape[1])))
-        gu = gemm.matmul(h, layer.w_gate_up, out=scratch.get("gate_up", (n, 2 * F)))      # (rows, 2F)
+        gu = project(h, layer.w_gate_up, out=scratch.get("gate_up", (n, 2 * F)))          # (rows, 2F)
         g = swiglu_(gu, scratch.get("silu", (n, F)))                   # (rows, F), a view of gu
-        out += gemm.matmul(g, layer.w_down, out=scratch.get("down", (n, out.shape[1])))  # residual
+        out += project(g, layer.w_down, out=scratch.get("down", (n, out.shape[1])))      # residual
 
     def _layer(self, x: np.ndarray, layer: _Layer, *, key_mask=None, cache: KVCache | None = None,
                trace: Trace | None = None) -> np.ndarray:
@@ -439,17 +469,20 @@ class LlamaModel:
         h2 = h.reshape(-1, shape[-1])
         eps = self.config.rms_norm_eps
         if h2.shape[0] == 1:                                           # one row: a GEMV (threads well)
-            return gemm.matmul(rms_norm(h2[0], self._norm, eps), self._lm_head_t).reshape(shape[:-1] + (-1,))
+            return project(rms_norm(h2[0], self._norm, eps), self._lm_head_t).reshape(shape[:-1] + (-1,))
         def head(r, out):                                              # out: (rows, V)
             h = rms_norm(h2[r], self._norm, eps, out=self._scratch.get("h", (out.shape[0], h2.shape[1])))
-            gemm.matmul(h, self._lm_head_t, out=out)                   # (rows, D) x (D, V)
+            project(h, self._lm_head_t, out=out)                       # (rows, D) x (D, V)
 
-        out = self._rows(head, h2.shape[0], self._lm_head_t.shape[1])
+        out = self._rows(head, h2.shape[0], self.config.vocab_size)
         return out.reshape(shape[:-1] + (out.shape[-1],))
 
     def embed(self, ids) -> np.ndarray:
         """The token embeddings of ids (…, T) → (…, T, D) float32 (a copy)."""
         ids = np.asarray(ids)
+        table = self._lm_head_t if self._embed is None else self._embed
+        if isinstance(table, QuantMatrix):                             # (V, D) as stored: only these rows
+            return table.take(ids)
         if self._embed is not None:
             return self._embed[ids]
         return np.ascontiguousarray(np.moveaxis(self._lm_head_t[:, ids], 0, -1))   # tied: columns of Eᵀ
@@ -513,7 +546,7 @@ class LlamaModel:
         x = hidden[-1]
         final = rms_norm(x, self._norm, self.config.rms_norm_eps)
         return LlamaOutput(tokens=[self.token_texts(e) for e in encoded], input_ids=ids, attention_mask=mask,
-                           logits=gemm.matmul(final, self._lm_head_t), hidden_states=hidden, final_hidden_state=final,
+                           logits=project(final, self._lm_head_t), hidden_states=hidden, final_hidden_state=final,
                            attentions=attns, queries=qs, keys=ks, values=vs)
 
     def trace_layer(self, text: str, layer: int) -> Trace:
@@ -603,7 +636,6 @@ class LlamaModel:
         finally:
             pieces.flush()
         return Generation(text=pieces.text, ids=out, prompt_ids=prompt_ids, prompt=text, finish_reason=finish)
-
 
 __all__ = ["DEFAULT_DISTRIBUTION", "Generation", "LlamaConfig", "LlamaModel", "LlamaOutput", "check_sampling",
            "default_model_path", "load_llama", "rms_norm"]
