@@ -17,6 +17,7 @@ ggml's (``ggml-common.h``), dequantized with the operations of ``gguf.quants.deq
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -28,7 +29,7 @@ import numpy as np
 from .. import gemm
 from ..backends.runtime import RUNTIME
 
-__all__ = ["BAND_BYTES", "MATVEC_ROWS", "TYPES", "QuantMatrix", "QuantStack", "matmul", "stack_rows"]
+__all__ = ["BAND_BYTES", "BLAS_THREAD_ROWS", "MATVEC_ROWS", "TYPES", "QuantMatrix", "QuantStack", "matmul", "stack_rows"]
 
 #: type name → (ggml type id, weights per block, bytes per block, kernel kind code)
 TYPES = types.MappingProxyType({
@@ -40,6 +41,10 @@ _BY_ID = types.MappingProxyType({v[0]: k for k, v in TYPES.items()})
 MATVEC_ROWS = 4
 #: A band's float32 tile holds about this many bytes (rows of the output, at least 16).
 BAND_BYTES = 1 << 20
+#: Fewer rows of ``x`` than this multiply the bands with BLAS on one thread: their GEMMs are too small for
+#: BLAS's threads, whose start and wait per GEMM cost more (a 30-token prefill of SmolLM2 on 2 busy cores:
+#: 0.2–0.3 s on one BLAS thread, 1.4–5.7 s on two).
+BLAS_THREAD_ROWS = 64
 _PARALLEL = threading.Lock()        # one parallel kernel at a time (numba's workqueue layer is not thread-safe)
 
 
@@ -190,14 +195,18 @@ class QuantMatrix:
             else:
                 jit.matvec(kind, bs, self.data, x, y, 0, m)
             return y
-        band = max(16, BAND_BYTES // (4 * k))
-        tile = np.empty((min(band, m), k), np.float32)
-        part = np.empty((n, tile.shape[0]), np.float32)
-        for r0 in range(0, m, band):
-            r1 = min(r0 + band, m)
-            t = self._band(r0, r1, tile[:r1 - r0])
-            np.matmul(x, t.T, out=part[:, :r1 - r0])
-            y[:, r0:r1] = part[:, :r1 - r0]
+        band = min(max(16, BAND_BYTES // (4 * k)), m)
+        tile = RUNTIME.scratch(band, k, np.float32, "quant_tile")   # per thread, reused call to call
+        part = RUNTIME.scratch(n, band, np.float32, "quant_part")
+        with RUNTIME.blas_single_threaded() if n < BLAS_THREAD_ROWS else contextlib.nullcontext():
+            for r0 in range(0, m, band):
+                r1 = min(r0 + band, m)
+                t = self._band(r0, r1, tile[:r1 - r0])
+                if r1 - r0 == band:
+                    np.matmul(x, t.T, out=part)
+                    y[:, r0:r1] = part
+                else:
+                    y[:, r0:r1] = x @ t.T
         return y
 
 
