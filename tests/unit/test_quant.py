@@ -170,6 +170,18 @@ def test_matmul_is_x_times_the_dequantized_transpose(name):
             _check_product(m.matmul(x), x, w)
 
 
+@pytest.mark.parametrize("band_bytes", [1, 1_000_000])
+def test_many_bands_with_a_ragged_last_one_give_the_product(band_bytes, monkeypatch):
+    monkeypatch.setattr(_quant, "BAND_BYTES", band_bytes)        # bands of 16 or 162 rows (in = 1536)
+    rng = np.random.default_rng(8)
+    for name in ("Q8_0", "Q4_K"):
+        out, k = SHAPES[name][1]                                 # 577 rows: the last band is short
+        m = _matrix(name, out, k)
+        for n in (17, 80):                                       # 80: BLAS on its own threads
+            x = rng.normal(size=(n, k)).astype(np.float32)
+            _check_product(m.matmul(x), x, m.dequantize())
+
+
 @pytest.mark.parametrize("name", ["Q4_1", "Q6_K"])
 def test_matmul_on_the_numpy_fallback(name, no_numba):
     rng = np.random.default_rng(3)
