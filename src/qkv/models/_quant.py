@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import threading
 import types
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ import numpy as np
 from .. import gemm
 from ..backends.runtime import RUNTIME
 
-__all__ = ["BAND_BYTES", "BLAS_THREAD_ROWS", "MATVEC_ROWS", "TYPES", "QuantMatrix", "QuantStack", "matmul", "stack_rows"]
+__all__ = ["BAND_BYTES", "BLAS_THREAD_ROWS", "MATVEC_ROWS", "TYPES", "QuantMatrix", "QuantStack", "matmul",
+           "stack_rows", "type_name"]
 
 #: type name → (ggml type id, weights per block, bytes per block, kernel kind code)
 TYPES = types.MappingProxyType({
@@ -37,7 +37,7 @@ TYPES = types.MappingProxyType({
     "Q4_K": (12, 256, 144, 4), "Q6_K": (14, 256, 210, 5)})
 _BY_ID = types.MappingProxyType({v[0]: k for k, v in TYPES.items()})
 #: At most this many rows of ``x`` go through the compiled one-pass kernel; more are multiplied by BLAS on
-#: dequantized bands.
+#: dequantized bands (on one thread the two took the same time at 4–6 rows of SmolLM2's matrices).
 MATVEC_ROWS = 4
 #: A band's float32 tile holds about this many bytes (rows of the output, at least 16): wide bands keep BLAS's
 #: GEMMs efficient (a 512-token prefill of SmolLM2 on 2 workers, the fastest of 5: 1.20 s with 4 MiB, 1.57 s with
@@ -319,9 +319,3 @@ def matmul(x: np.ndarray, w, out: np.ndarray | None = None) -> np.ndarray:
     if isinstance(w, (QuantMatrix, QuantStack)):
         return w.matmul(x, out=out)
     return gemm.matmul(x, w, out=out)
-
-
-def bytes_per_row(qtype, k: int) -> int:
-    """The bytes of one row of ``k`` weights of type ``qtype``."""
-    _, bs, ts, _ = TYPES[type_name(qtype)]
-    return math.ceil(k / bs) * ts
