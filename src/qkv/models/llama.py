@@ -46,7 +46,7 @@ from qkv.engine.sdpa import attention_with_extents, scaled_dot_product_attention
 from qkv.core.tracing import Trace
 from qkv.models._common import NotebookView, check_utf8, pad_ids, record_layers, text_and_layer, texts_arg
 from qkv.models._generate import Generation, Pieces, check_sampling, choose
-from qkv.models import _llama_load
+from qkv.models import _decode, _llama_load
 from qkv.models._llama_load import DEFAULT_DISTRIBUTION, default_model_path
 from qkv.models._llama_parts import LlamaConfig, _Layer
 from qkv.models._quant import QuantMatrix, matmul as project
@@ -433,6 +433,9 @@ class LlamaModel:
         ids = self._ids(ids)
         if not isinstance(caches, (list, tuple)) or len(caches) != self.config.num_layers:
             raise ValueError(f"caches: expected a list of one qkv.KVCache per layer ({self.config.num_layers})")
+        compiled = _decode.compiled_step(self, ids, caches) if last_only else None
+        if compiled is not None:                                       # one token: every layer in one call
+            return compiled(ids, caches)
         x = self._decode(self.embed(ids), caches, None)                # (B, L, D)
         return self._logits(x[:, -1] if last_only else x)
 
