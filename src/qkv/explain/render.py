@@ -21,12 +21,12 @@ from __future__ import annotations
 from qkv.core.tracing import Trace
 from qkv.explain import doc as _doc
 from qkv.explain._builder import _Builder
-from qkv.explain._layout import EDGE, SMALL, _check_common, _Labels
+from qkv.explain._layout import EDGE, SMALL, _check_common, _Labels, full_shape
 from qkv.explain._query import build_query_doc
 from qkv.explain.doc import Doc
 from qkv.locales import t
 
-__all__ = ["EDGE", "SMALL", "build_doc", "build_query_doc", "explain_query", "render"]
+__all__ = ["EDGE", "SMALL", "build_doc", "build_query_doc", "explain_query", "full_shape", "render"]
 
 
 

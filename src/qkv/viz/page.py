@@ -25,7 +25,7 @@ import numpy as np
 
 from qkv._files import atomic_write
 from qkv.viz.page_data import in_language, normalize, words
-from qkv.viz.page_maps import MAP_DIGITS, _encode_group, _lengths, _symbols, _thumb, quantize
+from qkv.viz.page_maps import MAP_DIGITS, THUMB, _encode_group, _lengths, _symbols, _thumb, decode_maps, quantize  # noqa: F401
 
 #: Decimals shown in the playground's cells (the browser tests compare at this precision).
 DIGITS = 4
