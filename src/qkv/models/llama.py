@@ -39,9 +39,11 @@ import numpy as np
 
 from qkv.core import masks
 from qkv.engine.backends.runtime import RUNTIME
+from qkv.core._kv_quant import check_dtype as check_kv_dtype
 from qkv.core.cache import KVCache
 from qkv.nn.mha import MultiHeadAttention
 from qkv.core.positions import RoPE
+from qkv.engine.kv_attention import cache_attention
 from qkv.engine.sdpa import attention_with_extents, scaled_dot_product_attention
 from qkv.core.tracing import Trace
 from qkv.models._common import NotebookView, check_utf8, pad_ids, record_layers, text_and_layer, texts_arg
@@ -341,6 +343,8 @@ class LlamaModel:
         fill = None
         if cache is not None and cache.offset == 0:                    # the keys are these rows: attend to them
             fill = cache.reserve(k.shape, v.shape, k.dtype)            # here, fill the cache row-wise next
+        elif cache is not None and cache.quantized and key_mask is None:
+            return self._attend_quantized(q, k, v, cache, layer), None
         elif cache is not None:
             k, v = cache.append(k, v)                                  # (B, Hk, S, E), S = offset + L (copies)
         S = k.shape[2]
@@ -351,10 +355,27 @@ class LlamaModel:
             mask = masks.causal(L, S, align="bottom-right")            # (L, S): the last L of S positions
         if key_mask is not None:
             mask = masks.combine(mask, key_mask.reshape(B, 1, 1, S))  # (B, 1, L, S)
-        if self.attention_observer is not None and layer is not None:  # (qkv.hf.record's block)
-            index = next(j for j, lyr in enumerate(self._layers) if lyr is layer)
-            self.attention_observer(index, q, k, v, None if key_mask is None else key_mask.reshape(B, S))
+        self._observe(layer, q, k, v, None if key_mask is None else key_mask.reshape(B, S))
         return self._attention(q, k, v, mask, causal, known), fill     # (B, H, L, E)
+
+    def _attend_quantized(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache: KVCache,
+                          layer: _Layer | None) -> np.ndarray:
+        """:meth:`_attend` after a prompt into a float16 or int8 cache: the new keys and values k, v (B, Hk, L, E)
+        into it (converted as it stores them), then :func:`qkv.engine.kv_attention.cache_attention` over it —
+        the compiled kernel on the stored bytes when decoding, the dequantized cache through the engine
+        otherwise. Returns o (B, H, L, E)."""
+        k_new, v_new = cache.reserve(k.shape, v.shape, k.dtype)
+        k_new[...] = k
+        v_new[...] = v
+        if self.attention_observer is not None:                        # the keys and values it attends to
+            self._observe(layer, q, cache.keys, cache.values, None)
+        return cache_attention(q, cache)
+
+    def _observe(self, layer: _Layer | None, q, k, v, key_mask) -> None:
+        """Hand :attr:`attention_observer` (if any) a layer's attention call (qkv.hf.record's block)."""
+        if self.attention_observer is not None and layer is not None:
+            index = next(j for j, lyr in enumerate(self._layers) if lyr is layer)
+            self.attention_observer(index, q, k, v, key_mask)
 
     def _tail(self, layer: _Layer, o: np.ndarray, x: np.ndarray, r: slice, out: np.ndarray) -> None:
         """A layer's tail on rows ``r``: concat(o) · W_O + x, then RMSNorm, SwiGLU, + residual, into out
@@ -439,9 +460,12 @@ class LlamaModel:
         x = self._decode(self.embed(ids), caches, None)                # (B, L, D)
         return self._logits(x[:, -1] if last_only else x)
 
-    def new_caches(self) -> list[KVCache]:
-        """One empty :class:`qkv.KVCache` per layer, for :meth:`step`."""
-        return [KVCache() for _ in self._layers]
+    def new_caches(self, dtype=None) -> list[KVCache]:
+        """One empty :class:`qkv.KVCache` per layer, for :meth:`step`; ``dtype`` their storage: None (float32,
+        as the model computes), ``np.float16`` or ``np.int8`` (:class:`qkv.KVCache`: a half or 17/64 of the
+        bytes a decoding step reads from the cache, read by a compiled kernel; benchmarks/ACCURACY.md, "The
+        KV cache in float16 and int8", measures what it changes)."""
+        return [KVCache(dtype) for _ in self._layers]
 
     def forward(self, ids, attention_mask=None) -> np.ndarray:
         """The logits (B, T, V) of token ids (B, T) or (T,), right-padded with ``attention_mask`` (B, T) bool
@@ -495,7 +519,7 @@ class LlamaModel:
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float | None = None, seed: int | None = None, chat: bool = False,
-                 stream: Callable[[str], object] | None = None) -> Generation:
+                 stream: Callable[[str], object] | None = None, kv_dtype=None) -> Generation:
         """Continue ``prompt`` token by token.
 
         The prompt runs through the decoder once (prefill, filling one :class:`qkv.KVCache` per layer); every
@@ -514,12 +538,14 @@ class LlamaModel:
             chat: wrap the prompt in the chat template.
             stream: a callable given each new piece of text as soon as it forms whole characters; the pieces
                 concatenate to ``.text``.
+            kv_dtype: the KV cache's storage (:meth:`new_caches`): None (float32), ``np.float16`` or ``np.int8``.
 
         Stops after ``max_new_tokens`` or at the end-of-sequence token (``tokenizer.ggml.eos_token_id``).
         Returns a :class:`Generation`. Interrupting it (Ctrl-C) raises KeyboardInterrupt after ``stream`` has
         been given every piece so far.
         """
         c = self.config
+        kv_dtype = check_kv_dtype(kv_dtype, "kv_dtype")
         if not isinstance(prompt, str):
             raise TypeError(f"prompt: expected a str, got {type(prompt).__name__}")
         if not prompt.strip():
@@ -540,7 +566,7 @@ class LlamaModel:
                              f"the prompt takes {len(prompt_ids)}), got {max_new_tokens}")
         rng = np.random.default_rng(seed) if temperature > 0 else None
         pieces = Pieces(self.tokenizer, stream)
-        caches = self.new_caches()
+        caches = self.new_caches(kv_dtype)
         out: list[int] = []
         finish = "length"
         try:

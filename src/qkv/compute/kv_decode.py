@@ -1,0 +1,61 @@
+"""The compiled decode kernel over a float16 or int8 KV cache (:mod:`qkv.compute._jit_kv`), from NumPy arrays.
+
+:func:`decode` runs it where numba is installed and the engine's kernels are not set to ``"numpy"``
+(:mod:`qkv.compute.kernels`); :func:`available` says whether it will. :func:`qkv.engine.kv_attention.cache_attention`
+calls it for a decoding step, and dequantizes the cache into the ordinary attention otherwise.
+
+Threads: the kernel's tasks (one per batch row and key/value head) run on numba's own threads, at most
+``threads`` of them (numba's ``set_num_threads``, for this call). Calls are serialized by a lock: numba's
+``workqueue`` threading layer — the one it falls back to without TBB or OpenMP — aborts the process when two
+threads launch parallel kernels at once.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from qkv.compute.kernels import KERNELS
+
+__all__ = ["available", "decode"]
+
+_LOCK = threading.Lock()
+
+
+def available() -> bool:
+    """Whether :func:`decode` can run here: numba installed, the kernels' choice not ``"numpy"`` (loads them)."""
+    return KERNELS.choice != "numpy" and KERNELS.jit() is not None
+
+
+def decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, key_scales, value_scales, length: int,
+           scale: float, threads: int = 1, block: int = 32) -> np.ndarray:
+    """The attention (B, H, L, Ev) float32 of q (B, H, L, E) over the first ``length`` positions of a cache's
+    storage (:meth:`qkv.KVCache.storage`): keys (B, Hk, C, E) and values (B, Hk, C, Ev) C-contiguous, float16
+    or int8 (or float32: the same loop, for comparisons), for int8 the scales (B, Hk, C, ⌈E/block⌉) and
+    (B, Hk, C, ⌈Ev/block⌉) float16 (else None), one per ``block`` numbers of a row;
+    causal bottom-right (the L queries are the last L of the ``length`` keys), scores times ``scale``, H a
+    multiple of Hk (query heads h·g … h·g + g − 1 read key/value head h). ``threads``: at most this many of
+    numba's threads. Needs numba (:func:`available`)."""
+    from numba import config, get_num_threads, set_num_threads
+
+    from qkv.compute import _jit_kv
+    B, H, L, _ = q.shape
+    qs = np.empty(q.shape, np.float32)
+    np.multiply(q, np.float32(scale), out=qs, casting="unsafe")      # (B, H, L, E) scaled, contiguous
+    out = np.empty((B, H, L, values.shape[3]), np.float32)
+    if keys.dtype == np.int8:
+        kernel, k, v, ks, vs = (_jit_kv.decode_int8, keys, values, key_scales.view(np.uint16),
+                                value_scales.view(np.uint16))
+    else:
+        one = np.broadcast_to(np.float32(1.0), keys.shape[:3])
+        kernel, k, v, ks, vs = ((_jit_kv.decode_f16, keys.view(np.uint16), values.view(np.uint16), one, one)
+                                if keys.dtype == np.float16 else (_jit_kv.decode_f32, keys, values, one, one))
+    n = max(1, min(int(threads), config.NUMBA_NUM_THREADS, B * keys.shape[1]))
+    with _LOCK:
+        before = get_num_threads()
+        set_num_threads(n)
+        try:
+            kernel(qs, k, v, ks, vs, int(length), out, int(block))
+        finally:
+            set_num_threads(before)
+    return out
