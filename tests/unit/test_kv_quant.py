@@ -7,7 +7,7 @@ import pytest
 
 import qkv
 from qkv.compute import kv_decode
-from qkv.core import _kv_quant
+from qkv.core import kv_quant as _kv_quant
 from qkv.engine import kv_attention
 from qkv.engine.kv_attention import DECODE_MAX_ROWS, cache_attention
 

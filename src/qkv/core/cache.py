@@ -17,7 +17,7 @@ A module with RoPE rotates the new tokens at ``offset + 0 … L−1`` and stores
 cached decoding equals the full causal forward.
 
 Storage: ``KVCache(dtype=np.float16)`` or ``KVCache(dtype=np.int8)`` keeps the keys and values in 2 or 1
-byte(s) a number (int8 in llama.cpp's q8_0 layout, a float16 scale per block of 32: :mod:`qkv.core._kv_quant`
+byte(s) a number (int8 in llama.cpp's q8_0 layout, a float16 scale per block of 32: :mod:`qkv.core.kv_quant`
 says how, and what it costs in accuracy), where a decoder reads the whole cache for every new token. :attr:`KVCache.keys` and
 :attr:`KVCache.values` are then float copies (dequantized); :meth:`KVCache.storage` gives the stored
 arrays themselves, which a decode kernel reads directly (:func:`qkv.engine.kv_attention.cache_attention`).
@@ -27,14 +27,14 @@ from __future__ import annotations
 import numpy as np
 
 from qkv import _checks
-from qkv.core import _kv_quant
+from qkv.core import kv_quant as _kv_quant
 
 
 class KVCache:
     """Keys (B, Hk, S, E) and values (B, Hk, S, Ev) of the tokens so far, grown by :meth:`append`.
 
     ``dtype``: None (the default) stores the appended arrays' own dtype; ``np.float16`` or ``np.int8`` stores
-    them in that format (:mod:`qkv.core._kv_quant`), converted as they are appended. Storage grows
+    them in that format (:mod:`qkv.core.kv_quant`), converted as they are appended. Storage grows
     geometrically (amortized O(1) copy per token). The first append fixes batch, heads, widths and the float
     dtype; later ones must match. Without ``dtype``, :attr:`keys`/:attr:`values` are views of the filled
     part; with one, float copies (dequantized) in the appended arrays' dtype.
@@ -80,7 +80,7 @@ class KVCache:
         """``(keys, values, key_scales, value_scales)``: the stored arrays themselves, for kernels — keys
         (B, Hk, C, E) and values (B, Hk, C, Ev) in the storage dtype, C ≥ ``len(self)`` the capacity (positions
         ``len(self)`` … C−1 are unfilled); for int8 the scales (B, Hk, C, ⌈E/32⌉) and (B, Hk, C, ⌈Ev/32⌉)
-        float16 (``x̂ = q · d`` per block of 32 numbers of a row, :mod:`qkv.core._kv_quant`), else None. All None
+        float16 (``x̂ = q · d`` per block of 32 numbers of a row, :mod:`qkv.core.kv_quant`), else None. All None
         before the first append. C-contiguous; read them before the next append."""
         self._flush()
         return self._k, self._v, self._ks, self._vs

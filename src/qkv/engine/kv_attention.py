@@ -18,7 +18,7 @@ import numpy as np
 
 from qkv import _checks
 from qkv.compute import kv_decode
-from qkv.core import _kv_quant, masks
+from qkv.core import kv_quant as _kv_quant, masks
 from qkv.core.cache import KVCache
 from qkv.engine.backends.runtime import RUNTIME
 from qkv.engine.sdpa import scaled_dot_product_attention

@@ -39,7 +39,7 @@ import numpy as np
 
 from qkv.core import masks
 from qkv.engine.backends.runtime import RUNTIME
-from qkv.core._kv_quant import check_dtype as check_kv_dtype
+from qkv.core.kv_quant import check_dtype as check_kv_dtype
 from qkv.core.cache import KVCache
 from qkv.nn.mha import MultiHeadAttention
 from qkv.core.positions import RoPE
