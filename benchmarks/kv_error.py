@@ -128,7 +128,7 @@ def per_row(x: np.ndarray) -> np.ndarray:
 
 def roundtrip_table(caches) -> str:
     """The round-trip error of the model's keys and values (every layer) in three int8 formats."""
-    from qkv.core import _kv_quant
+    from qkv.core import kv_quant as _kv_quant
     E = caches[0].keys.shape[-1]
     lines = [f"| | RMS of the numbers | qkv's int8 (blocks of {_kv_quant.BLOCK}, float16 scale rounded up): max "
              "\\|err\\| / RMS err | llama.cpp's q8_0: max / RMS | one float32 scale per row of "
@@ -182,7 +182,7 @@ def kernel_table(base: list, context: int, repeats: int = 50) -> str:
     """One layer's attention over ``context`` tokens per path, µs a call (median), one thread."""
     from qkv import KVCache, scaled_dot_product_attention
     from qkv.compute import kv_decode
-    from qkv.core import _kv_quant
+    from qkv.core import kv_quant as _kv_quant
     layer = base[len(base) // 2]
     k, v = layer.keys[:, :, :context], layer.values[:, :, :context]
     q = np.random.default_rng(0).standard_normal((1, 9, 1, k.shape[3])).astype(np.float32)
@@ -239,7 +239,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dtypes", default="float16,int8", help="the storages compared with float32")
     ap.add_argument("--int8-block", type=int, default=32)
     args = ap.parse_args(argv)
-    from qkv.core import _kv_quant
+    from qkv.core import kv_quant as _kv_quant
     _kv_quant.BLOCK = args.int8_block
     global DTYPES
     DTYPES = tuple(d for d in DTYPES if d[0] == "float32" or d[0] in args.dtypes.split(","))

@@ -70,3 +70,7 @@ def test_the_compiled_step_is_not_taken_where_it_does_not_apply(smol_auto):
     assert _decode.compiled_step(smol_auto, np.array([[1], [2]]), caches) is None     # a batch of two
     smol_auto.step(np.array([[1, 2], [3, 4]]), caches)
     assert _decode.compiled_step(smol_auto, np.array([[1]]), caches) is None          # caches of a batch
+    for dtype in (np.float16, np.int8):                                              # a quantized cache
+        caches = smol_auto.new_caches(dtype=dtype)
+        smol_auto.step(np.array([[1, 2]]), caches)
+        assert _decode.compiled_step(smol_auto, np.array([[1]]), caches) is None

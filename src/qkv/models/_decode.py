@@ -67,7 +67,7 @@ def compiled_step(model, ids: np.ndarray, caches) -> CompiledStep | None:
 
 def _float32_caches(caches, c) -> bool:
     offsets = {cache.offset for cache in caches}
-    if len(offsets) != 1:
+    if len(offsets) != 1 or any(cache.quantized for cache in caches):   # float16, int8: their own kernel
         return False
     keys = caches[0].keys
     return keys is None or (keys.dtype == np.float32 and keys.shape[:2] == (1, c.num_kv_heads)
