@@ -60,21 +60,26 @@ class LlamaCppSide:
     def __init__(self, path, threads: int, n_ctx: int):
         self.llm = _llama(path, threads, n_ctx)
 
+    def _last_logits(self) -> np.ndarray:
+        """The last evaluated token's logits, read from llama.cpp's context (llama-cpp-python's ``eval`` keeps
+        them in ``scores`` only with ``logits_all``)."""
+        return np.ctypeslib.as_array(self.llm._ctx.get_logits(), shape=(self.llm.n_vocab(),))
+
     def prefill(self, ids) -> np.ndarray:
         self.llm.reset()
         self.llm.eval(list(map(int, ids)))
-        return np.array(self.llm.scores[self.llm.n_tokens - 1])
+        return self._last_logits().copy()
 
     def decode(self, first: int, n: int) -> list[int]:
         out, tok = [], first
         for _ in range(n):
             self.llm.eval([tok])
-            tok = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+            tok = int(np.argmax(self._last_logits()))
             out.append(tok)
         return out
 
     def kv_bytes_per_token(self, config) -> int:
-        return 2 * config.n_layers * config.n_kv_heads * config.head_dim * 2        # float16 K and V
+        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2        # float16 K and V
 
     def __repr__(self):
         return "llama.cpp (flash attention on, F16 KV cache)"
@@ -105,7 +110,7 @@ class QkvSide:
 
     def kv_bytes_per_token(self, config) -> int:
         item = np.dtype(self.kv_dtype or np.float32).itemsize
-        return 2 * config.n_layers * config.n_kv_heads * config.head_dim * item
+        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * item
 
     def __repr__(self):
         return f"qkv (weights {getattr(self.model, 'weights', 'float32')}, KV cache {np.dtype(self.kv_dtype or np.float32)})"

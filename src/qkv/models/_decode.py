@@ -48,8 +48,8 @@ class CompiledStep:
         with _quant._PARALLEL:                                            # numba's workqueue: one at a time
             self.step(x, pos, model._cos[pos:pos + 1], model._sin[pos:pos + 1], self.dims, self.kinds,
                       np.float32(c.rms_norm_eps), self.scale, _quant._threads(), self.attn_norm, self.ffn_norm,
-                      *self.weights, tuple(cache.keys for cache in caches),
-                      tuple(cache.values for cache in caches), self.norm, model._lm_head_t.data, logits)
+                      *self.weights, tuple(cache.storage()[0] for cache in caches),
+                      tuple(cache.storage()[1] for cache in caches), self.norm, model._lm_head_t.data, logits)
         return logits
 
 

@@ -25,34 +25,64 @@ from qkv.models import _quant_jit
 _F = np.float32
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
 def _attend(qkv, kc, vc, n, H, Hk, E, scale, out):
     """out[h·E:(h+1)·E] = softmax(q_h · K_gᵀ · scale) · V_g over the first n cached tokens, for every query head
-    h (g = h // (H / Hk) its key/value head); q_h from row 0 of qkv; kc, vc (1, Hk, ≥ n, E) float32."""
-    group = H // Hk
-    for h in prange(H):
-        g = h // group
-        s = np.empty(n, _F)
-        m = -np.inf
-        for j in range(n):
-            t = _F(0.0)
+    h (g = h // (H / Hk) its key/value head); q_h from row 0 of qkv; kc, vc (1, Hk, ≥ n, E) float32.
+
+    Flash-decoding: each key/value head's n keys in ``parts`` runs, a task each (so that Hk = 3 heads keep two
+    threads busy); a task reads each key and value row once for the head's G = H / Hk query heads, and keeps
+    its runs' maximum, sum and unnormalised output per query head; the runs merge by log-sum-exp. Sums are
+    reassociated (vector lanes) and fused: the order of a BLAS dot product, not the row-wise path's."""
+    G = H // Hk
+    parts = max(1, min(16, n // 512))
+    T = Hk * parts
+    mx = np.empty((T, G), _F)
+    sums = np.empty((T, G), _F)
+    acc = np.zeros((T, G, E), _F)
+    for t in prange(T):
+        g, c = t // parts, t % parts
+        j0, j1 = c * n // parts, (c + 1) * n // parts
+        q = np.empty((G, E), _F)
+        for r in range(G):
             for e in range(E):
-                t += qkv[0, h * E + e] * kc[0, g, j, e]
-            t = t * scale
-            s[j] = t
-            if t > m:
-                m = t
-        total = _F(0.0)
-        for j in range(n):
-            s[j] = np.exp(s[j] - m)
-            total += s[j]
-        acc = np.zeros(E, _F)
-        for j in range(n):
-            p = s[j] / total
+                q[r, e] = qkv[0, (g * G + r) * E + e] * scale
+        s = np.empty((G, j1 - j0), _F)
+        for j in range(j0, j1):
+            k = kc[0, g, j]
+            for r in range(G):
+                d = _F(0.0)
+                for e in range(E):
+                    d += q[r, e] * k[e]
+                s[r, j - j0] = d
+        for r in range(G):
+            m = s[r].max()
+            total = _F(0.0)
+            for j in range(j1 - j0):
+                p = np.exp(s[r, j] - m)
+                s[r, j] = p
+                total += p
+            mx[t, r], sums[t, r] = m, total
+        for j in range(j0, j1):
+            v = vc[0, g, j]
+            for r in range(G):
+                p = s[r, j - j0]
+                for e in range(E):
+                    acc[t, r, e] += p * v[e]
+    for g in range(Hk):
+        for r in range(G):
+            m = mx[g * parts, r]
+            for c in range(1, parts):
+                m = max(m, mx[g * parts + c, r])
+            total = _F(0.0)
+            o = np.zeros(E, _F)
+            for c in range(parts):
+                w = np.exp(mx[g * parts + c, r] - m)
+                total += sums[g * parts + c, r] * w
+                for e in range(E):
+                    o[e] += acc[g * parts + c, r, e] * w
             for e in range(E):
-                acc[e] += p * vc[0, g, j, e]
-        for e in range(E):
-            out[0, h * E + e] = acc[e]
+                out[0, (g * G + r) * E + e] = o[e] / total
 
 
 @functools.cache

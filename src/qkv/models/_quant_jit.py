@@ -14,7 +14,6 @@ even ranges over numba's threads (``prange``).
 """
 from __future__ import annotations
 
-import os
 import platform
 from types import MappingProxyType
 
@@ -28,11 +27,11 @@ __all__ = ["MAX_THREADS", "dequantize_rows", "matvec", "matvec_par"]
 
 #: numba's threads (``NUMBA_NUM_THREADS``): the most that :func:`matvec_par` spreads over.
 MAX_THREADS = int(config.NUMBA_NUM_THREADS)
-# numba's OpenMP layer (libgomp, loaded at the first parallel call, after this) spins its idle threads by
-# default: a decoding step's ~120 parallel calls on 2 cores that another process also uses then took 285–507 ms
-# a token instead of 43 on one thread; passive waiting took 38. Set unless the environment chose already.
-if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+# numba's OpenMP layer (libgomp) keeps its idle threads spinning a while before they sleep (its default, left
+# as the environment sets it: OMP_WAIT_POLICY, GOMP_SPINCOUNT). On an idle machine that is what a decoding step's
+# ~150 parallel calls want (SmolLM2, 2 threads: 15.8 ms a token against 37.7 with OMP_WAIT_POLICY=PASSIVE); on
+# cores another process keeps busy, set OMP_WAIT_POLICY=PASSIVE (there spinning cost 285–507 ms a token, passive
+# waiting 38). docs/models.md says so.
 
 _OPTS = MappingProxyType(dict(nogil=True, cache=True, error_model="numpy", boundscheck=False))   # no fast-math
 _F = np.float32
