@@ -116,6 +116,33 @@ class QkvSide:
         return f"qkv (weights {getattr(self.model, 'weights', 'float32')}, KV cache {np.dtype(self.kv_dtype or np.float32)})"
 
 
+#: the five prompts of tests/integration/test_llama_quant.py
+PROMPTS = ("The animal didn't cross the street because it was too tired. It", "我们在北京学习中文，因为",
+           "def fibonacci(n):\n    if n < 2:\n        return n\n",
+           "I love pizza 🍕 and sunshine ☀️! My favourite emoji is 👍🏽 because", "The capital of France is")
+
+
+def agreement(path, model, threads: int, new_tokens: int = 16) -> list[str]:
+    """Greedy continuations of :data:`PROMPTS` on both sides (the same token ids in), and the largest
+    difference of the prompts' last logits: how far llama.cpp's rounding (it quantizes the activations to
+    8 bits for its dot products) moves them from qkv's."""
+    cpp, ours = LlamaCppSide(path, threads, 512), QkvSide(model)
+    lines, worst = [], 0.0
+    for prompt in PROMPTS:
+        ids = model.encode(prompt)
+        a, b = ours.prefill(ids), cpp.prefill(ids)
+        worst = max(worst, float(np.abs(a - b).max() / np.abs(a).max()))
+        ga = ours.decode(int(np.argmax(a)), new_tokens)
+        gb = cpp.decode(int(np.argmax(b)), new_tokens)
+        first = next((i for i, (x, y) in enumerate(zip(ga, gb)) if x != y), None)
+        lines.append(f"  {prompt[:40]!r}: {'identical' if first is None else f'first differs at new token {first}'}"
+                     f" ({new_tokens} greedy tokens; argmax after the prompt equal {int(np.argmax(a)) == int(np.argmax(b))})")
+    lines.insert(0, f"greedy continuations, qkv (weights as stored) and llama.cpp; the prompts' last logits differ "
+                    f"by at most {worst:.1%} of their largest:")
+    print("\n".join(lines), flush=True)
+    return lines
+
+
 def _median_pair(fa, fb, repeats: int, settle: float) -> tuple[list, list]:
     ta, tb = [], []
     fa(), fb()                                                               # warm-up
