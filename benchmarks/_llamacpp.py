@@ -113,7 +113,7 @@ class QkvSide:
         return 2 * config.num_layers * config.num_kv_heads * config.head_dim * item
 
     def __repr__(self):
-        return f"qkv (weights {getattr(self.model, 'weights', 'float32')}, KV cache {np.dtype(self.kv_dtype or np.float32)})"
+        return (f"qkv (activations {self.model.activations}, KV cache {np.dtype(self.kv_dtype or np.float32)})")
 
 
 #: the five prompts of tests/integration/test_llama_quant.py

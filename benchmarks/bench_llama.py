@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_llama.py [--repeats 5] [--threads N] [--new-tokens 64] [--prefill 512]
                                                [--skip-load] [--only generate,prefill,forward,scaling]
     .venv/bin/python benchmarks/bench_llama.py --only llamacpp [--weights auto|float32] [--kv-dtype float16]
+                                               [--activations int8]
 
 ``--only llamacpp`` is qkv against llama.cpp (llama-cpp-python: the ``bench`` extra) on the same file and
 threads, described in ``benchmarks/_llamacpp.py``; the rest is qkv against transformers:
@@ -149,6 +150,7 @@ def _arguments():
     ap.add_argument("--skip-load", action="store_true", help="skip the load-time and memory measurements")
     ap.add_argument("--weights", default="auto", help="qkv's weights: auto (as the file stores them) or float32")
     ap.add_argument("--kv-dtype", default="float32", help="qkv's KV cache: float32, float16 or int8")
+    ap.add_argument("--activations", default="float32", help="qkv's decoding products: float32 or int8 (as llama.cpp)")
     ap.add_argument("--only", default="generate,prefill,forward",
                     help="which of generate, prefill, forward, scaling to time (comma-separated)")
     args = ap.parse_args()
@@ -277,7 +279,7 @@ def _against_llamacpp(args) -> None:
     qkv.set_num_threads(args.threads)
     print(f"{environment_line()}; threads {args.threads}; llama-cpp-python {llama_cpp.__version__}; "
           f"load average {os.getloadavg()[0]:.2f} at start")
-    model = load_llama(weights=args.weights)
+    model = load_llama(weights=args.weights, activations=args.activations)
     kv = None if args.kv_dtype == "float32" else np.dtype(args.kv_dtype)
     _llamacpp.agreement(default_model_path(), model, args.threads)
     _llamacpp.run(default_model_path(), model, args.threads, args.repeats, args.settle, args.new_tokens, kv)

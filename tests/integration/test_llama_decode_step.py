@@ -74,3 +74,34 @@ def test_the_compiled_step_is_not_taken_where_it_does_not_apply(smol_auto):
         caches = smol_auto.new_caches(dtype=dtype)
         smol_auto.step(np.array([[1, 2]]), caches)
         assert _decode.compiled_step(smol_auto, np.array([[1]]), caches) is None
+
+
+@pytest.fixture(scope="module")
+def smol_int8():
+    return load_llama(activations="int8")
+
+
+def test_int8_activations_follow_the_float32_step_within_their_rounding(smol_int8, smol_auto, monkeypatch):
+    """8-bit activations (as llama.cpp) on the float32 step's own tokens: logits within 1.5 of float32
+    activations' (measured ≤ 0.96, logits up to 33) and most next tokens the same (near-ties may flip)."""
+    same = total = 0
+    for prompt in PROMPTS:
+        want, lw = _greedy(smol_auto, prompt, 16, True, monkeypatch)
+        caches = smol_int8.new_caches()
+        smol_int8.step(smol_int8.encode(prompt), caches)
+        first = int(np.argmax(smol_auto.step(smol_auto.encode(prompt), smol_auto.new_caches())[0]))
+        for tok, row in zip([first] + want[:-1], lw):
+            got = smol_int8.step(np.array([[tok]]), caches)[0]
+            assert np.abs(got - row).max() <= 1.5
+            same += int(np.argmax(got) == np.argmax(row))
+            total += 1
+    assert same >= 0.8 * total, (same, total)
+
+
+def test_int8_activations_are_checked():
+    with pytest.raises(ValueError, match="activations: expected one of"):
+        load_llama(activations="int4")
+    with pytest.raises(TypeError, match="activations: expected a str"):
+        load_llama(activations=8)
+    with pytest.raises(ValueError, match="expected weights='auto'"):
+        load_llama(weights="float32", activations="int8")

@@ -86,4 +86,5 @@ def _build(model) -> CompiledStep | None:
             return None
     from qkv.models import _decode_jit
     jit = KERNELS.jit()
-    return None if jit is None else CompiledStep(model, _decode_jit.build(jit))
+    q8 = getattr(model, "activations", "float32") == "int8"
+    return None if jit is None else CompiledStep(model, _decode_jit.build(jit, q8))

@@ -20,7 +20,7 @@ import functools
 import numpy as np
 from numba import njit, prange
 
-from qkv.models import _quant_jit
+from qkv.models import _quant_jit, _quant_q8
 
 _F = np.float32
 
@@ -86,9 +86,18 @@ def _attend(qkv, kc, vc, n, H, Hk, E, scale, out):
 
 
 @functools.cache
-def build(jit):
-    """The step, compiled against the engine's kernel module ``jit`` (:mod:`qkv.compute._jit`)."""
-    rms, rope, swiglu, matvec = jit.rms_norm_rows, jit.rope_rows, jit.swiglu_rows, _quant_jit.matvec_par
+def build(jit, q8: bool = False):
+    """The step, compiled against the engine's kernel module ``jit`` (:mod:`qkv.compute._jit`); ``q8``: Q4_1
+    products with 8-bit activations (:mod:`qkv.models._quant_q8`, ``load_llama(activations="int8")``)."""
+    rms, rope, swiglu, matvec_f = jit.rms_norm_rows, jit.rope_rows, jit.swiglu_rows, _quant_jit.matvec_par
+    matvec_q8 = _quant_q8.matvec_q4_1_q8
+
+    @njit
+    def matvec(kind, bs, w, x, out, chunks):
+        if q8 and kind == 2:                                         # Q4_1
+            matvec_q8(w, x, out, chunks)
+        else:
+            matvec_f(kind, bs, w, x, out, chunks)
 
     @njit
     def step(x, pos, cos, sin, dims, kinds, eps, scale, chunks, attn_norm, ffn_norm, w_qkv, w_o, w_gu, w_down,
