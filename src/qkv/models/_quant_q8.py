@@ -11,6 +11,8 @@ integer arithmetic runs as plain loops.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import llvmlite.binding as _llvm
 import llvmlite.ir as ir
 import numpy as np
@@ -26,7 +28,7 @@ _FEATURES = _llvm.get_host_cpu_features()
 #: Whether the byte dot products run as AVX-512 VNNI instructions (else plain loops, the same sums).
 VNNI = bool(_FEATURES.get("avx512vnni", False) and _FEATURES.get("avx512vl", False))
 _V8I, _V8F = ir.VectorType(_I32, 8), ir.VectorType(_F32, 8)
-_OPTS = dict(nogil=True, cache=True, error_model="numpy", boundscheck=False)
+_OPTS = MappingProxyType(dict(nogil=True, cache=True, error_model="numpy", boundscheck=False))
 
 
 @intrinsic
