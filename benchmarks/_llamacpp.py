@@ -143,16 +143,22 @@ def agreement(path, model, threads: int, new_tokens: int = 16) -> list[str]:
     return lines
 
 
-def _median_pair(fa, fb, repeats: int, settle: float) -> tuple[list, list]:
+def _median_pair(fa, fb, repeats: int, settle: float) -> tuple[float, float]:
+    """The medians of the seconds ``fa`` and ``fb`` return, each run once to warm up, then ``repeats`` times
+    alternately, each after a ``settle`` pause."""
     ta, tb = [], []
     fa(), fb()                                                               # warm-up
     for _ in range(repeats):
         for f, ts in ((fa, ta), (fb, tb)):
             time.sleep(settle)
-            t = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t)
-    return ta, tb
+            ts.append(f())
+    return statistics.median(ta), statistics.median(tb)
+
+
+def _timed(f) -> float:
+    t = time.perf_counter()
+    f()
+    return time.perf_counter() - t
 
 
 def run(path, model, threads: int, repeats: int, settle: float, new_tokens: int, kv_dtype=None,
@@ -176,31 +182,21 @@ def run(path, model, threads: int, repeats: int, settle: float, new_tokens: int,
         def side(s):
             def f():
                 logits = s.prefill(ids)                                     # not timed: the context
-                t = time.perf_counter()
-                got[s.name] = s.decode(int(np.argmax(logits)), new_tokens)
-                got[s.name + " s"] = time.perf_counter() - t
+                return _timed(lambda: got.__setitem__(s.name, s.decode(int(np.argmax(logits)), new_tokens)))
             return f
-        ta, tb = [], []
-        for _ in range(repeats + 1):
-            for s, ts in ((ours, ta), (cpp, tb)):
-                time.sleep(settle)
-                side(s)()
-                ts.append(got[s.name + " s"])
-        ta, tb = ta[1:], tb[1:]                                              # the first of each: warm-up
-        mq, mc = statistics.median(ta), statistics.median(tb)
-        share = lambda s, m: (weights_qkv if s is ours else weights_file) + s.kv_bytes_per_token(c) * ctx  # noqa: E731
+        mq, mc = _median_pair(side(ours), side(cpp), repeats, settle)
+        need = lambda s: (weights_qkv if s is ours else weights_file) + s.kv_bytes_per_token(c) * ctx  # noqa: E731
         same = sum(a == b for a, b in zip(got["qkv"], got["llama.cpp"]))
         lines.append(f"decode at {ctx:>5} tokens of context: qkv {new_tokens / mq:6.1f} tokens/s "
-                     f"({share(ours, mq) * new_tokens / mq / rate:.0%} of the memory rate), llama.cpp "
-                     f"{new_tokens / mc:6.1f} tokens/s ({share(cpp, mc) * new_tokens / mc / rate:.0%}); "
+                     f"({need(ours) * new_tokens / mq / rate:.0%} of the memory rate), llama.cpp "
+                     f"{new_tokens / mc:6.1f} tokens/s ({need(cpp) * new_tokens / mc / rate:.0%}); "
                      f"ratio qkv/llama.cpp {mc / mq:.2f}x; greedy tokens equal {same}/{new_tokens}")
         print(lines[-1], flush=True)
     for n in PREFILLS:
         ids = ids_all[:n]
         out = {}
-        ta, tb = _median_pair(lambda: out.__setitem__("q", ours.prefill(ids)),
-                              lambda: out.__setitem__("c", cpp.prefill(ids)), repeats, settle)
-        mq, mc = statistics.median(ta), statistics.median(tb)
+        mq, mc = _median_pair(lambda: _timed(lambda: out.__setitem__("q", ours.prefill(ids))),
+                              lambda: _timed(lambda: out.__setitem__("c", cpp.prefill(ids))), repeats, settle)
         d = np.abs(out["q"] - out["c"]).max()
         lines.append(f"prefill {n:>5} tokens: qkv {mq:.3f} s, llama.cpp {mc:.3f} s; ratio qkv/llama.cpp "
                      f"{mq / mc:.2f}x (target <= 1.0); max |Δ last logits| {d:.2e}, argmax equal "

@@ -25,10 +25,11 @@ __version__ = "0.1.0"
 
 
 #: Subpackages imported on first attribute access (``qkv.models.load_bert``), so that ``import qkv`` stays light:
-#: pictures and the page, the pretrained models, the lab's experiments, ring attention (their optional
-#: dependencies are imported only when used, each missing one an ImportError naming its extra). Every other
-#: public module name (``qkv.kernels``, ``qkv.sdpa``, … :data:`qkv._public.PUBLIC`) is an attribute the same way.
-LAZY = ("viz", "models", "lab", "distributed", "hf", "torch")
+#: pictures and the page, the pretrained models (their optional dependencies are imported only when used, each
+#: missing one an ImportError naming its extra). Every public module name of the layer folders (``qkv.lab``,
+#: ``qkv.hf``, ``qkv.torch``, ``qkv.distributed``, ``qkv.kernels``, … :data:`qkv._public.PUBLIC`) is an attribute
+#: the same way.
+LAZY = ("viz", "models")
 
 
 def __getattr__(name):

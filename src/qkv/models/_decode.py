@@ -44,12 +44,13 @@ class CompiledStep:
         x = np.ascontiguousarray(model.embed(ids)[0], np.float32)          # (1, D)
         for cache in caches:
             cache.reserve((1, Hk, 1, E), (1, Hk, 1, E), np.float32)
+        stored = [cache.storage() for cache in caches]                   # (keys, values, None, None) each
         logits = np.empty((1, c.vocab_size), np.float32)
         with _quant._PARALLEL:                                            # numba's workqueue: one at a time
             self.step(x, pos, model._cos[pos:pos + 1], model._sin[pos:pos + 1], self.dims, self.kinds,
                       np.float32(c.rms_norm_eps), self.scale, _quant._threads(), self.attn_norm, self.ffn_norm,
-                      *self.weights, tuple(cache.storage()[0] for cache in caches),
-                      tuple(cache.storage()[1] for cache in caches), self.norm, model._lm_head_t.data, logits)
+                      *self.weights, tuple(s[0] for s in stored), tuple(s[1] for s in stored), self.norm,
+                      model._lm_head_t.data, logits)
         return logits
 
 
