@@ -88,14 +88,14 @@ def _attend(qkv, kc, vc, n, H, Hk, E, scale, out):
 @functools.cache
 def build(jit, q8: bool = False):
     """The step, compiled against the engine's kernel module ``jit`` (:mod:`qkv.compute._jit`); ``q8``: Q4_1
-    products with 8-bit activations (:mod:`qkv.models._quant_q8`, ``load_llama(activations="int8")``)."""
+    and Q8_0 products with 8-bit activations (:mod:`qkv.models._quant_q8`, ``load_llama(activations="int8")``)."""
     rms, rope, swiglu, matvec_f = jit.rms_norm_rows, jit.rope_rows, jit.swiglu_rows, _quant_jit.matvec_par
-    matvec_q8 = _quant_q8.matvec_q4_1_q8
+    matvec_q8, q8_kinds = _quant_q8.matvec_q8, _quant_q8.KINDS
 
     @njit
     def matvec(kind, bs, w, x, out, chunks):
-        if q8 and kind == 2:                                         # Q4_1
-            matvec_q8(w, x, out, chunks)
+        if q8 and (kind == q8_kinds[0] or kind == q8_kinds[1]):      # Q4_1, Q8_0: 8-bit activations
+            matvec_q8(kind, w, x, out, chunks)
         else:
             matvec_f(kind, bs, w, x, out, chunks)
 

@@ -28,8 +28,8 @@ import numpy as np
 from qkv.compute import gemm
 from qkv.engine.backends.runtime import RUNTIME
 
-__all__ = ["BAND_BYTES", "BLAS_THREAD_ROWS", "MATVEC_ROWS", "TYPES", "QuantMatrix", "QuantStack", "matmul",
-           "stack_rows", "type_name"]
+__all__ = ["BAND_BYTES", "BLAS_THREAD_ROWS", "INT8_TYPES", "MATVEC_ROWS", "TYPES", "QuantMatrix", "QuantStack",
+           "matmul", "round_rows", "stack_rows", "type_name"]
 
 #: type name → (ggml type id, weights per block, bytes per block, kernel kind code)
 TYPES = types.MappingProxyType({
@@ -47,6 +47,8 @@ BAND_BYTES = 4 << 20
 #: BLAS's threads, whose start and wait per GEMM cost more (a 30-token prefill of SmolLM2 on 2 busy cores:
 #: 0.2–0.3 s on one BLAS thread, 1.4–5.7 s on two).
 BLAS_THREAD_ROWS = 64
+#: the types that multiply 8-bit activations (``activations="int8"``), as llama.cpp's Q8_1 and Q8_0 dot products
+INT8_TYPES = ("Q4_1", "Q8_0")
 _PARALLEL = threading.Lock()        # one parallel kernel at a time (numba's workqueue layer is not thread-safe)
 
 
@@ -78,12 +80,15 @@ class QuantMatrix:
     """A weight matrix W (out, in) as stored: ``data`` (out, in / block · bytes per block) uint8, the file's
     blocks row by row (read-only), ``qtype`` its type name, ``shape`` (out, in).
 
-    ``matmul(x)`` is ``x @ W.T`` (a Linear layer's product) in float32; ``dequantize()`` is W.
+    ``matmul(x)`` is ``x @ W.T`` (a Linear layer's product) in float32; ``dequantize()`` is W. ``activations``:
+    ``"float32"`` multiplies x as given; ``"int8"`` (Q4_1 and Q8_0 only) rounds x to 8 bits per block of 32 first,
+    and multiplies as llama.cpp does (:mod:`._quant_q8`).
     """
 
     data: np.ndarray
     qtype: str
     shape: tuple
+    activations: str = "float32"
 
     def __post_init__(self):
         name = type_name(self.qtype)
@@ -106,9 +111,18 @@ class QuantMatrix:
         object.__setattr__(self, "data", view)
         object.__setattr__(self, "qtype", name)
         object.__setattr__(self, "shape", (out, k))
+        if self.activations not in ("float32", "int8"):
+            raise ValueError(f"activations: expected one of ('float32', 'int8'), got {self.activations!r}")
+        if self.activations == "int8" and name not in INT8_TYPES:
+            raise ValueError(f"activations: 'int8' multiplies {INT8_TYPES} weights, got {name}")
 
     def __repr__(self) -> str:
-        return f"QuantMatrix({self.qtype}, shape {self.shape}, {self.nbytes:,} bytes)"
+        act = ", int8 activations" if self.activations == "int8" else ""
+        return f"QuantMatrix({self.qtype}, shape {self.shape}, {self.nbytes:,} bytes{act})"
+
+    def with_activations(self, activations: str) -> "QuantMatrix":
+        """The same bytes, multiplied with ``activations`` (``"float32"`` or ``"int8"``)."""
+        return QuantMatrix(self.data, self.qtype, self.shape, activations)
 
     @property
     def nbytes(self) -> int:
@@ -141,7 +155,7 @@ class QuantMatrix:
         if order.shape != (self.shape[0],) or not np.array_equal(np.sort(order), np.arange(self.shape[0])):
             raise ValueError(f"order: expected a permutation of 0 … {self.shape[0] - 1}, got {order.shape} "
                              f"{order.dtype} values")
-        return QuantMatrix(self.data[order], self.qtype, self.shape)
+        return QuantMatrix(self.data[order], self.qtype, self.shape, self.activations)
 
     def _band(self, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
         """Rows r0 … r1 − 1 of W, float32 (into ``out`` when given)."""
@@ -185,18 +199,26 @@ class QuantMatrix:
         if self.qtype == "F32":
             return np.matmul(x, self.data.view(np.float32).T, out=y)
         jit = _kernels()
+        bs, kind = self._layout
         if jit is not None and 0 < n <= MATVEC_ROWS:
-            bs, kind = self._layout
             x = np.ascontiguousarray(x)
             chunks = min(_threads(), m)
+            q8 = _q8_kernels() if self.activations == "int8" else None
             if chunks > 1 and _PARALLEL.acquire(blocking=False):
                 try:
-                    jit.matvec_par(kind, bs, self.data, x, y, chunks)
+                    if q8 is None:
+                        jit.matvec_par(kind, bs, self.data, x, y, chunks)
+                    else:
+                        q8.matvec_q8(kind, self.data, x, y, chunks)
                 finally:
                     _PARALLEL.release()
-            else:
+            elif q8 is None:
                 jit.matvec(kind, bs, self.data, x, y, 0, m)
+            else:
+                q8.matvec_q8(kind, self.data, x, y, 1)
             return y
+        if self.activations == "int8":                  # a prompt: x rounded as the kernels round it
+            x = round_rows(x)
         band = min(max(16, BAND_BYTES // (4 * k)), m)
         tile = RUNTIME.scratch(band, k, np.float32, "quant_tile")   # per thread, reused call to call
         part = RUNTIME.scratch(n, band, np.float32, "quant_part")
@@ -210,6 +232,31 @@ class QuantMatrix:
                 else:
                     y[:, r0:r1] = x @ t.T
         return y
+
+
+@functools.cache
+def _q8_kernels():
+    """:mod:`._quant_q8` (imported once), or None without numba."""
+    try:
+        from qkv.models import _quant_q8
+    except ImportError:
+        return None
+    return _quant_q8
+
+
+def round_rows(x: np.ndarray) -> np.ndarray:
+    """x (n, k) float32 rounded to 8 bits per block of 32 as llama.cpp rounds activations (x86's
+    ``quantize_row_q8_1``): ``q = round(x · (127 / max|x|))`` to nearest even, times ``f16(max|x| / 127)``."""
+    q8 = _q8_kernels()
+    x = np.ascontiguousarray(x, np.float32)
+    if q8 is not None:
+        return q8.round_rows(x, np.empty_like(x))
+    b = x.reshape(x.shape[0], -1, 32)
+    a = np.abs(b).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(a != 0, np.float32(127.0) / a, np.float32(0.0)).astype(np.float32)
+    d = (a / np.float32(127.0)).astype(np.float16).astype(np.float32)
+    return (np.rint(b * inv) * d).reshape(x.shape)
 
 
 def _threads() -> int:
@@ -306,9 +353,9 @@ def stack_rows(parts) -> QuantMatrix | QuantStack:
     """The matrices ``parts`` (one input width) stacked by rows: one :class:`QuantMatrix` when they share a
     type (their bytes concatenated), else a :class:`QuantStack`."""
     parts = list(parts)
-    if len({p.qtype for p in parts}) == 1 and len({p.shape[1] for p in parts}) == 1:
+    if len({(p.qtype, p.shape[1], p.activations) for p in parts}) == 1:
         return QuantMatrix(np.concatenate([p.data for p in parts]), parts[0].qtype,
-                           (sum(p.shape[0] for p in parts), parts[0].shape[1]))
+                           (sum(p.shape[0] for p in parts), parts[0].shape[1]), parts[0].activations)
     return QuantStack(parts)
 
 

@@ -51,7 +51,7 @@ from qkv.models._generate import Generation, Pieces, check_sampling, choose
 from qkv.models import _decode, _llama_load
 from qkv.models._llama_load import DEFAULT_DISTRIBUTION, default_model_path
 from qkv.models._llama_parts import LlamaConfig, _Layer
-from qkv.models._quant import QuantMatrix, matmul as project
+from qkv.models._quant import INT8_TYPES, QuantMatrix, QuantStack, matmul as project
 from qkv.models._rowwise import _heads_to_rows, _rows_to_heads, _Scratch, col_extents, rms_norm, rope_rows_, swiglu_
 
 
@@ -128,7 +128,7 @@ class LlamaModel:
         self._embed = embeddings          # (V, D) float32 or a QuantMatrix; None when tied: the LM head's rows
         self._template = None
         self._scratch = _Scratch()        # per-thread work arrays of the decoding path
-        #: "float32" or "int8": the decoding step's Q4_1 products with 8-bit activations (load_llama's ``activations``)
+        #: "float32" or "int8": the Q4_1 and Q8_0 products with 8-bit activations (load_llama's ``activations``)
         self.activations = "float32"
         E = config.head_dim
         # RoPE's cos/sin for every position of the context, once (qkv.positions.cos_sin: float64 angles)
@@ -138,6 +138,20 @@ class LlamaModel:
     @property
     def attention(self) -> list[MultiHeadAttention]:
         return [layer.attention for layer in self._layers]
+
+    def _int8_activations(self) -> None:
+        """Multiply the Q4_1 and Q8_0 matrices kept as stored with 8-bit activations (load_llama's ``activations``)."""
+        def int8(w):
+            if isinstance(w, QuantMatrix) and w.qtype in INT8_TYPES:
+                return w.with_activations("int8")
+            if isinstance(w, QuantStack):
+                return QuantStack([int8(p) for p in w.parts])
+            return w
+        for layer in self._layers:
+            for kind in ("w_qkv", "w_o", "w_gate_up", "w_down"):
+                setattr(layer, kind, int8(getattr(layer, kind)))
+        self._lm_head_t = int8(self._lm_head_t)
+        self.activations = "int8"
 
     def __repr__(self) -> str:
         c = self.config
@@ -603,10 +617,10 @@ def load_llama(path: str | Path | None = None, weights: str = "auto", activation
             SmolLM2's weights, not 540 MB); ``"float32"`` dequantizes every tensor to float32. The same values
             either way (see :mod:`qkv.models._llama_load`).
         activations: ``"float32"`` multiplies the weights as stored by float32 activations (the values of the
-            float32 weights, up to the order of the sums); ``"int8"`` rounds a decoding step's activations to
-            8 bits per block of 32 for the Q4_1 products, as llama.cpp does (:mod:`qkv.models._quant_q8`: a
-            product's error about 0.5 % of its largest value, its logits near llama.cpp's, faster). Prompts
-            are multiplied in float32 either way. ``"int8"`` needs ``weights="auto"``.
+            float32 weights, up to the order of the sums); ``"int8"`` rounds the activations of the Q4_1 and
+            Q8_0 products to 8 bits per block of 32 and multiplies them as llama.cpp does, prompts and decoding
+            steps alike (:mod:`qkv.models._quant_q8`: a product's error about 0.5 % of its largest value, the
+            logits near llama.cpp's; decoding faster). ``"int8"`` needs ``weights="auto"``.
 
     The Q and K rows are put back in Hugging Face's order (see :mod:`qkv.models.llama`'s docstring).
 
@@ -626,7 +640,8 @@ def load_llama(path: str | Path | None = None, weights: str = "auto", activation
         raise ValueError("activations: 'int8' multiplies weights as the file stores them; expected weights='auto', "
                          "got weights='float32'")
     model = LlamaModel(*_llama_load.read(path, weights))
-    model.activations = activations
+    if activations == "int8":
+        model._int8_activations()
     return model
 
 
