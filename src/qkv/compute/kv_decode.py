@@ -4,7 +4,7 @@
 (:mod:`qkv.compute.kernels`); :func:`available` says whether it will. :func:`qkv.engine.kv_attention.cache_attention`
 calls it for a decoding step, and dequantizes the cache into the ordinary attention otherwise.
 
-Threads: the kernel's tasks (one per batch row and key/value head) run on numba's own threads, at most
+Threads: the kernel's tasks (one per batch row, key/value head and run of keys: :func:`parts`) run on numba's own threads, at most
 ``threads`` of them (numba's ``set_num_threads``, for this call). Calls are serialized by a lock: numba's
 ``workqueue`` threading layer — the one it falls back to without TBB or OpenMP — aborts the process when two
 threads launch parallel kernels at once.
@@ -17,7 +17,10 @@ import numpy as np
 
 from qkv.compute.kernels import KERNELS
 
-__all__ = ["available", "decode"]
+__all__ = ["PART_KEYS", "available", "decode", "parts", "step_kernels"]
+
+#: Keys per run of a head's keys, at least (:func:`parts`): each run is a task of its own, merged by maxima.
+PART_KEYS = 256
 
 _LOCK = threading.Lock()
 
@@ -25,6 +28,22 @@ _LOCK = threading.Lock()
 def available() -> bool:
     """Whether :func:`decode` can run here: numba installed, the kernels' choice not ``"numpy"`` (loads them)."""
     return KERNELS.choice != "numpy" and KERNELS.jit() is not None
+
+
+def parts(length: int) -> int:
+    """Runs of keys per (batch row, key/value head) for ``length`` keys: one per :data:`PART_KEYS`, 1 … 16
+    (so that a model's few key/value heads, SmolLM2's 3, still keep every thread busy at long contexts)."""
+    return max(1, min(16, int(length) // PART_KEYS))
+
+
+def step_kernels(storage: str) -> tuple:
+    """For a compiled decoding step (numba code calling numba code) over a cache stored as ``storage``
+    (``"f32"``, ``"f16"`` or ``"int8"``): ``(decode, store)`` — the attention kernel :func:`decode` runs, and
+    the function that writes a new float32 row into a storage row as :meth:`qkv.KVCache.append` would
+    (``store(src (E,), dst (E,), scales (⌈E/32⌉,), 32) -> bool``, False where the format cannot hold it)."""
+    from qkv.compute import _jit_kv
+    return {"f32": (_jit_kv.decode_f32, _jit_kv.store_f32), "f16": (_jit_kv.decode_f16, _jit_kv.store_f16),
+            "int8": (_jit_kv.decode_int8, _jit_kv.store_int8)}[storage]
 
 
 def decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, key_scales, value_scales, length: int,
@@ -50,12 +69,12 @@ def decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, key_scales, valu
         one = np.broadcast_to(np.float32(1.0), keys.shape[:3])
         kernel, k, v, ks, vs = ((_jit_kv.decode_f16, keys.view(np.uint16), values.view(np.uint16), one, one)
                                 if keys.dtype == np.float16 else (_jit_kv.decode_f32, keys, values, one, one))
-    n = max(1, min(int(threads), config.NUMBA_NUM_THREADS, B * keys.shape[1]))
+    n = max(1, min(int(threads), config.NUMBA_NUM_THREADS, B * keys.shape[1] * parts(length)))
     with _LOCK:
         before = get_num_threads()
         set_num_threads(n)
         try:
-            kernel(qs, k, v, ks, vs, int(length), out, int(block))
+            kernel(qs, k, v, ks, vs, int(length), out, int(block), parts(length))
         finally:
             set_num_threads(before)
     return out

@@ -53,6 +53,11 @@ class KVCache:
         return self._stored
 
     @property
+    def row_dtype(self) -> np.dtype | None:
+        """The float dtype of the rows appended (fixed by the first append), None before it."""
+        return self._float
+
+    @property
     def quantized(self) -> bool:
         """Whether the keys and values are stored as float16 or int8 (``dtype`` given)."""
         return self._stored is not None
@@ -139,6 +144,26 @@ class KVCache:
         got = np.empty((B, H, T, E), self._float), np.empty((B, H, T, self._v.shape[3]), self._float)
         self._pending.append((t0,) + got)
         return got
+
+    def reserve_stored(self, key_shape: tuple, value_shape: tuple, dtype) -> tuple:
+        """Room for T new tokens, for a kernel that writes them in the storage format itself (a compiled
+        decoding step): :meth:`storage`'s arrays, with :attr:`offset` moved past the T positions it must fill
+        before anything reads the cache. The same checks as :meth:`append`; :meth:`truncate` takes them back."""
+        self._grow(key_shape, value_shape, dtype)
+        return self._k, self._v, self._ks, self._vs
+
+    def truncate(self, length: int) -> None:
+        """Forget the tokens from position ``length`` on (0 ≤ length ≤ :attr:`offset`): :attr:`offset` becomes
+        ``length``; the storage is kept."""
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)):
+            raise TypeError(f"length: expected an int, got {type(length).__name__}")
+        if not 0 <= length <= self._len:
+            raise ValueError(f"length: expected 0 … {self._len} (the cached tokens), got {length}")
+        self._pending = [p for p in self._pending if p[0] < length]
+        if self._pending and self._pending[-1][0] + self._pending[-1][1].shape[2] > length:
+            t0, k, v = self._pending.pop()
+            self._pending.append((t0, k[:, :, :length - t0], v[:, :, :length - t0]))
+        self._len = int(length)
 
     def _grow(self, key_shape: tuple, value_shape: tuple, dtype, value_dtype=None) -> int:
         """Check T new tokens' shapes and dtype, make room for them and move :attr:`offset` past them; returns

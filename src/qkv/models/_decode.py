@@ -3,18 +3,24 @@
 :meth:`qkv.models.llama.LlamaModel.step` asks :func:`compiled_step` for one new token of one sequence. It
 applies when numba's kernels are in use, every projection of every layer and the LM head are kept as the file
 stores them (:class:`~qkv.models._quant.QuantMatrix`, one type per kind of matrix across the layers) and the
-caches are float32 (or empty). Otherwise the row-wise path runs (the same arithmetic, step by step).
+caches hold one sequence of float32 rows, all stored alike: float32, float16 or int8 (or empty). Otherwise the
+row-wise path runs (the same arithmetic, step by step).
 """
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
 
 import numpy as np
 
+from qkv.compute import kv_decode
+from qkv.core.kv_quant import BLOCK
 from qkv.models import _quant
 from qkv.models._quant import QuantMatrix
 
 _KINDS = ("w_qkv", "w_o", "w_gate_up", "w_down")
+#: a cache's storage dtype → the step's name for it
+_KV = MappingProxyType({None: "f32", np.dtype(np.float16): "f16", np.dtype(np.int8): "int8"})
 
 
 class CompiledStep:
@@ -42,40 +48,64 @@ class CompiledStep:
         if pos + 1 > c.context_length:
             raise ValueError(f"ids: position {pos}, beyond the model's context of {c.context_length} tokens")
         x = np.ascontiguousarray(model.embed(ids)[0], np.float32)          # (1, D)
-        for cache in caches:
-            cache.reserve((1, Hk, 1, E), (1, Hk, 1, E), np.float32)
-        stored = [cache.storage() for cache in caches]                   # (keys, values, None, None) each
+        stored = [_as_kernel(cache.reserve_stored((1, Hk, 1, E), (1, Hk, 1, E), np.float32)) for cache in caches]
         logits = np.empty((1, c.vocab_size), np.float32)
         with _quant._PARALLEL:                                            # numba's workqueue: one at a time
-            self.step(x, pos, model._cos[pos:pos + 1], model._sin[pos:pos + 1], self.dims, self.kinds,
-                      np.float32(c.rms_norm_eps), self.scale, _quant._threads(), self.attn_norm, self.ffn_norm,
-                      *self.weights, tuple(s[0] for s in stored), tuple(s[1] for s in stored), self.norm,
-                      model._lm_head_t.data, logits)
+            status = self.step(x, pos, model._cos[pos:pos + 1], model._sin[pos:pos + 1], self.dims, self.kinds,
+                               np.float32(c.rms_norm_eps), self.scale, _quant._threads(), kv_decode.parts(pos + 1),
+                               self.attn_norm, self.ffn_norm, *self.weights,
+                               *(tuple(s[i] for s in stored) for i in range(4)), BLOCK, self.norm,
+                               model._lm_head_t.data, logits)
+        if status:
+            for cache in caches:
+                cache.truncate(pos)
+            name, layer = ("key", "value")[(status - 1) % 2], (status - 1) // 2
+            fits = ("within float16's range (|x| ≤ 65504) for a float16 cache" if caches[0].dtype == np.float16
+                    else f"with max |x| ≤ {127 * 65504} per block of {BLOCK} for an int8 cache")
+            raise ValueError(f"{name}: expected finite values {fits}, got others in layer {layer}'s new row")
         return logits
+
+
+def _as_kernel(storage: tuple) -> tuple:
+    """A cache's (keys, values, key scales, value scales) as the step reads them: float16 as its bits
+    (uint16), int8's float16 scales too; float32 and float16 get zero-stride placeholders for the scales."""
+    k, v, ks, vs = storage
+    if k.dtype == np.float16:
+        k, v = k.view(np.uint16), v.view(np.uint16)
+    if ks is None:
+        ks = vs = np.broadcast_to(np.float32(0.0), k.shape[:3] + (1,))
+    else:
+        ks, vs = ks.view(np.uint16), vs.view(np.uint16)
+    return k, v, ks, vs
 
 
 def compiled_step(model, ids: np.ndarray, caches) -> CompiledStep | None:
     """The model's compiled step if it applies to ``ids`` (B, L) and ``caches``, else None."""
     from qkv.compute.kernels import KERNELS
 
-    if ids.shape != (1, 1) or KERNELS.get() != "numba" or not _float32_caches(caches, model.config):
+    storage = None if ids.shape != (1, 1) or KERNELS.get() != "numba" else _storage(caches, model.config)
+    if storage is None:
         return None
-    step = getattr(model, "_compiled", False)
-    if step is False:                                                    # decided once per model
-        step = model._compiled = _build(model)
-    return step
+    steps = model.__dict__.setdefault("_compiled", {})
+    if storage not in steps:                                              # decided once per model and format
+        steps[storage] = _build(model, storage)
+    return steps[storage]
 
 
-def _float32_caches(caches, c) -> bool:
-    offsets = {cache.offset for cache in caches}
-    if len(offsets) != 1 or any(cache.quantized for cache in caches):   # float16, int8: their own kernel
-        return False
-    keys = caches[0].keys
-    return keys is None or (keys.dtype == np.float32 and keys.shape[:2] == (1, c.num_kv_heads)
-                            and caches[0].values.dtype == np.float32)
+def _storage(caches, c) -> str | None:
+    """``"f32"``, ``"f16"`` or ``"int8"`` where every cache holds float32 rows of one sequence (or nothing yet)
+    stored that way, at one offset; else None."""
+    if len({cache.offset for cache in caches}) != 1 or len({cache.dtype for cache in caches}) != 1:
+        return None
+    cache = caches[0]
+    if cache.offset:
+        keys = cache.storage()[0]
+        if cache.row_dtype != np.float32 or keys.shape[:2] != (1, c.num_kv_heads) or keys.shape[3] != c.head_dim:
+            return None
+    return _KV.get(cache.dtype)
 
 
-def _build(model) -> CompiledStep | None:
+def _build(model, storage: str) -> CompiledStep | None:
     from qkv.compute.kernels import KERNELS
 
     if _quant._kernels() is None or not isinstance(model._lm_head_t, QuantMatrix):
@@ -88,4 +118,4 @@ def _build(model) -> CompiledStep | None:
     from qkv.models import _decode_jit
     jit = KERNELS.jit()
     q8 = getattr(model, "activations", "float32") == "int8"
-    return None if jit is None else CompiledStep(model, _decode_jit.build(jit, q8))
+    return None if jit is None else CompiledStep(model, _decode_jit.build(jit, q8, storage))

@@ -328,9 +328,11 @@ class Runtime:
 
     def _start_worker(self, cpus, counter, lock) -> None:
         """Pool initializer: mark the thread as a worker (its matmuls on one thread: MKL's thread-local
-        setting); worker i runs on CPU i of ``cpus`` (if given)."""
+        setting; its numba kernels too: :func:`qkv.compute.kernels.hold_one_thread`); worker i runs on CPU i of
+        ``cpus`` (if given)."""
         self._local.worker = True
         _gemm.hold_single_threaded_for_good()
+        _kernels.hold_one_thread()
         if cpus:
             with lock:
                 i = next(counter)
