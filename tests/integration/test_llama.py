@@ -612,6 +612,11 @@ def test_generate_command_streams_the_greedy_text(tiny, capsys):
                                   seed=7).text + "\n"
     code, out3, _ = run_cli(capsys, "generate", "hi", "-n", 3, "--chat", "--gguf", path)
     assert code == 0 and out3 == model.generate("hi", max_new_tokens=3, chat=True).text + "\n"
+    for kv in ("float16", "int8"):
+        code, out4, _ = run_cli(capsys, "generate", "hello the", "-n", 6, "--kv-dtype", kv, "--gguf", path)
+        assert code == 0 and out4 == model.generate("hello the", max_new_tokens=6, kv_dtype=kv).text + "\n"
+    code, out5, _ = run_cli(capsys, "generate", "hello the", "-n", 6, "--activations", "int8", "--gguf", path)
+    assert code == 0 and out5 == load_llama(path, activations="int8").generate("hello the", max_new_tokens=6).text + "\n"
 
 
 @pytest.mark.parametrize("args, pattern", [
@@ -624,6 +629,8 @@ def test_generate_command_streams_the_greedy_text(tiny, capsys):
     (["hi", "--top-p", "1.01"], r"--top-p: expected a number in \(0, 1\]"),
     (["hi", "--top-k", "0"], r"--top-k: expected an integer >= 1"),
     (["hi", "--top-k", "many"], r"Invalid value for '--top-k'"),
+    (["hi", "--kv-dtype", "int4"], r"Invalid value for '--kv-dtype': 'int4' is not one of"),
+    (["hi", "--activations", "int4"], r"Invalid value for '--activations'"),
     (["hello " * 60], r"PROMPT: \d+ tokens, the model's context holds 48"),
 ])
 def test_generate_command_bad_input_is_one_line_exit_2(tiny, capsys, args, pattern):

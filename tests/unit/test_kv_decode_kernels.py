@@ -118,6 +118,11 @@ def test_room_for_a_kernels_rows_and_taking_tokens_back(dtype, rng):
 def test_the_engines_workers_run_numba_kernels_on_their_own_thread():
     import numba
 
+    from qkv.compute.kernels import KERNELS
     from qkv.engine.backends.runtime import RUNTIME
-    counts = list(RUNTIME.pool(2).map(lambda _: numba.get_num_threads(), range(4)))
+
+    def task(_):
+        KERNELS.jit()                      # what a kernel's caller does first (sets it where the pool predates numba)
+        return numba.get_num_threads()
+    counts = list(RUNTIME.pool(2).map(task, range(4)))
     assert counts == [1, 1, 1, 1] and numba.get_num_threads() >= 1

@@ -20,6 +20,7 @@ ALLOWED = {
     "compute/_jit.py:_OPTS": "numba's njit options, read by the decorators at import",
     "compute/_jit.py:_EXACT": "numba's njit options without fastmath, read by the decorators at import",
     "compute/gemm.py:_tl": "threading.local: each thread's own MKL single-thread depth (thread state, never shared)",
+    "compute/kernels.py:_held": "threading.local: whether this thread asked for numba on one thread before numba was imported",
     "cli/generate_cmd.py:_MODELS": "the command line's loaded models, one per file (one command, one thread)",
     "cli/model_cmd.py:_MODEL": "the command line's loaded encoder (one command, one thread)",
     # issue 41's files (transformers, pictures, locales), left to that work:

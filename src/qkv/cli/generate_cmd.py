@@ -24,7 +24,10 @@ _MODELS: dict = {}
 #: The command line's names for the arguments of LlamaModel.generate and load_llama.
 OPTIONS = types.MappingProxyType(
     {"max_new_tokens": "-n/--max-new-tokens", "temperature": "-T/--temperature", "top_k": "--top-k",
-     "top_p": "--top-p", "seed": "--seed", "chat": "--chat", "prompt": "PROMPT", "path": "--gguf"})
+     "top_p": "--top-p", "seed": "--seed", "chat": "--chat", "prompt": "PROMPT", "path": "--gguf",
+     "kv_dtype": "--kv-dtype", "activations": "--activations"})
+#: ``--kv-dtype``'s names → LlamaModel.generate's ``kv_dtype``
+KV_DTYPES = types.MappingProxyType({"float32": None, "float16": "float16", "int8": "int8"})
 
 
 def option_error(exc: Exception, options: dict = OPTIONS, blame: str | None = None) -> UserError:
@@ -49,13 +52,13 @@ def check_sampling_options(options: dict = OPTIONS, **kw) -> None:
         raise option_error(exc, options) from None
 
 
-def load_smollm2(lang: str, path: str | None = None):
-    """SmolLM2 (or the Llama GGUF file at ``path``), loaded once per process."""
-    key = path or ""
+def load_smollm2(lang: str, path: str | None = None, activations: str = "float32"):
+    """SmolLM2 (or the Llama GGUF file at ``path``), loaded once per process and ``activations``."""
+    key = (path or "", activations)
     if key not in _MODELS:
         try:
             from qkv.models import load_llama
-            _MODELS[key] = load_llama(path)
+            _MODELS[key] = load_llama(path, activations=activations)
         except ImportError:
             raise UserError(t("model.llama_extra", lang)) from None
         except (TypeError, ValueError, OSError) as exc:            # a bad --gguf file: "path: …" is --gguf
@@ -84,8 +87,15 @@ def load_smollm2(lang: str, path: str | None = None):
                         "another file).")
 @click.option("--gguf", "gguf_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="Another Llama-architecture GGUF file instead of SmolLM2-135M-Instruct.")
+@click.option("--kv-dtype", type=click.Choice(list(KV_DTYPES)), default="float32", show_default=True,
+              help="How the KV cache stores keys and values: float16 halves its memory, int8 (blocks of 32 with a "
+                   "float16 scale, as llama.cpp's q8_0) quarters it, each with a small error (benchmarks/ACCURACY.md).")
+@click.option("--activations", type=click.Choice(["float32", "int8"]), default="float32", show_default=True,
+              help="int8: round the activations of the Q4_1 and Q8_0 products to 8 bits as llama.cpp does (faster "
+                   "decoding, logits near llama.cpp's); float32: the weights' exact products.")
 @lang_option("Language of the command's own messages (qkv.locales).")
-def generate_cmd(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat, model_name, gguf_path, lang):
+def generate_cmd(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat, model_name, gguf_path, kv_dtype,
+                 activations, lang):
     """Continue PROMPT with SmolLM2-135M-Instruct running on qkv's attention, printing the text as it comes.
 
     Example: qkv generate "The capital of France is" --max-new-tokens 20
@@ -97,7 +107,7 @@ def generate_cmd(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat, 
         raise UserError(t("model.gen_empty", lang))
     check_sampling_options(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                            seed=seed, chat=chat)                              # before the slow load
-    model = load_smollm2(lang, gguf_path)
+    model = load_smollm2(lang, gguf_path, activations)
 
     def show(piece: str) -> None:
         sys.stdout.write(piece)
@@ -105,7 +115,7 @@ def generate_cmd(prompt, max_new_tokens, temperature, top_k, top_p, seed, chat, 
 
     try:
         model.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                       top_p=top_p, seed=seed, chat=chat, stream=show)
+                       top_p=top_p, seed=seed, chat=chat, stream=show, kv_dtype=KV_DTYPES[kv_dtype])
     except (TypeError, ValueError) as exc:                         # what needs the model: the prompt's length
         raise option_error(exc) from None
     except KeyboardInterrupt:

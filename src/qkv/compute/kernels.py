@@ -25,6 +25,7 @@ is within 2.1e-7 relative of the exact value, NumPy's float32 ``exp`` 1.2e-7).
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 import types
@@ -47,6 +48,9 @@ NO_MASK = 1 << 62
 NO_LO = -NO_MASK
 _KIND = types.MappingProxyType({"exp": 0, "poly": 1, "tanh": 2})   # the kernels' kinds of score function f
 _NO_COEF = np.zeros(7, np.float32)
+
+
+_held = threading.local()      # .pending: hold_one_thread() was called before numba was imported
 
 
 class Kernels:
@@ -75,7 +79,11 @@ class Kernels:
         _settings.set_default(kernels=None if name == self.initial else name)     # unchecked, as QKV_KERNELS is
 
     def jit(self):
-        """The compiled kernels (:mod:`qkv.compute._jit`), imported on first use; None without numba."""
+        """The compiled kernels (:mod:`qkv.compute._jit`), imported on first use; None without numba. In a
+        thread :func:`hold_one_thread` marked before numba was imported, its thread count is set here, once."""
+        if _held.__dict__.get("pending"):
+            _held.pending = False
+            hold_one_thread()
         if self._jit is None:
             with self._lock:
                 if self._jit is None:
@@ -179,10 +187,11 @@ def hold_one_thread() -> None:
     threads made libgomp a team of its own; with more of its threads than CPUs, libgomp stops spinning between
     parallel regions (1,000 spins, not 300,000), and the main thread's kernels then slept and woke at every
     region: a decoding step at 4,096 positions after a prompt took 26 ms in the attention instead of 7 ms
-    (600 context switches a step). A no-op without numba."""
-    try:
-        import numba
-    except ImportError:
+    (600 context switches a step). Without numba imported yet it is not imported here: the thread's first
+    :meth:`Kernels.jit` sets it."""
+    numba = sys.modules.get("numba")
+    if numba is None:
+        _held.pending = True
         return
     numba.set_num_threads(1)
 
