@@ -34,9 +34,14 @@ def build(jit, q8: bool = False, kv: str = "f32"):
     """The step, compiled against the engine's kernel module ``jit`` (:mod:`qkv.compute._jit`); ``q8``: Q4_1
     and Q8_0 products with 8-bit activations (:mod:`qkv.models._quant_q8`, ``load_llama(activations="int8")``);
     ``kv``: the caches' storage, ``"f32"``, ``"f16"`` or ``"int8"`` (:mod:`qkv.core.kv_quant`)."""
-    rms, rope, swiglu, matvec_f = jit.rms_norm_rows, jit.rope_rows, jit.swiglu_rows, _quant_jit.matvec_par
-    matvec_q8, q8_kinds = _quant_q8.matvec_q8, _quant_q8.KINDS
-    decode, store = kv_decode.step_kernels(kv)
+    return assemble(products(q8), *kv_decode.step_kernels(kv), jit.rms_norm_rows, jit.rope_rows, jit.swiglu_rows)
+
+
+@functools.cache
+def products(q8: bool):
+    """The step's matrix–vector products: ``matvec(kind, block, data, x, out, chunks)``, the blocks' float32
+    kernel, or with ``q8`` the 8-bit activations' for Q4_1 and Q8_0."""
+    matvec_f, matvec_q8, q8_kinds = _quant_jit.matvec_par, _quant_q8.matvec_q8, _quant_q8.KINDS
 
     @njit
     def matvec(kind, bs, w, x, out, chunks):
@@ -44,7 +49,12 @@ def build(jit, q8: bool = False, kv: str = "f32"):
             matvec_q8(kind, w, x, out, chunks)
         else:
             matvec_f(kind, bs, w, x, out, chunks)
+    return matvec
 
+
+def assemble(matvec, decode, store, rms, rope, swiglu):
+    """The step from its parts (numba functions): :func:`build`'s, or stand-ins that do nothing, for
+    ``benchmarks/decode_parts.py``'s measure of where a step's time goes."""
     @njit
     def step(x, pos, cos, sin, dims, kinds, eps, scale, chunks, parts, attn_norm, ffn_norm, w_qkv, w_o, w_gu,
              w_down, ks, vs, kss, vss, bw, norm, w_head, logits):
