@@ -46,10 +46,10 @@ def file_weight_bytes(path) -> int:
     return int(sum(t.n_bytes for t in reader.tensors))
 
 
-def _llama(path, threads: int, n_ctx: int):
+def _llama(path, threads: int, n_ctx: int, flash_attn: bool = True):
     from llama_cpp import Llama
     return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, n_batch=512,
-                 flash_attn=True, verbose=False, seed=0)
+                 flash_attn=flash_attn, verbose=False, seed=0)
 
 
 class LlamaCppSide:
@@ -57,8 +57,8 @@ class LlamaCppSide:
 
     name = "llama.cpp"
 
-    def __init__(self, path, threads: int, n_ctx: int):
-        self.llm = _llama(path, threads, n_ctx)
+    def __init__(self, path, threads: int, n_ctx: int, flash_attn: bool = True):
+        self.llm = _llama(path, threads, n_ctx, flash_attn)
 
     def _last_logits(self) -> np.ndarray:
         """The last evaluated token's logits, read from llama.cpp's context (llama-cpp-python's ``eval`` keeps
@@ -122,11 +122,11 @@ PROMPTS = ("The animal didn't cross the street because it was too tired. It", "�
            "I love pizza 🍕 and sunshine ☀️! My favourite emoji is 👍🏽 because", "The capital of France is")
 
 
-def agreement(path, model, threads: int, new_tokens: int = 16) -> list[str]:
+def agreement(path, model, threads: int, new_tokens: int = 16, kv_dtype=None) -> list[str]:
     """Greedy continuations of :data:`PROMPTS` on both sides (the same token ids in), and the largest
     difference of the prompts' last logits: how far llama.cpp's rounding (it quantizes the activations to
     8 bits for its dot products) moves them from qkv's."""
-    cpp, ours = LlamaCppSide(path, threads, 512), QkvSide(model)
+    cpp, ours = LlamaCppSide(path, threads, 512), QkvSide(model, kv_dtype)
     lines, worst = [], 0.0
     for prompt in PROMPTS:
         ids = model.encode(prompt)
@@ -139,8 +139,22 @@ def agreement(path, model, threads: int, new_tokens: int = 16) -> list[str]:
                      f" ({new_tokens} greedy tokens; argmax after the prompt equal {int(np.argmax(a)) == int(np.argmax(b))})")
     lines.insert(0, f"greedy continuations, qkv (weights as stored) and llama.cpp; the prompts' last logits differ "
                     f"by at most {worst:.1%} of their largest:")
+    lines.append(_self_agreement(path, model, threads, new_tokens, cpp))
     print("\n".join(lines), flush=True)
     return lines
+
+
+def _self_agreement(path, model, threads: int, new_tokens: int, cpp) -> str:
+    """llama.cpp with flash attention off against on: how far its own rounding moves it (the yardstick)."""
+    off = LlamaCppSide(path, threads, 512, flash_attn=False)
+    same, worst = 0, 0.0
+    for prompt in PROMPTS:
+        ids = model.encode(prompt)
+        a, b = cpp.prefill(ids), off.prefill(ids)
+        worst = max(worst, float(np.abs(a - b).max() / np.abs(a).max()))
+        same += cpp.decode(int(np.argmax(a)), new_tokens) == off.decode(int(np.argmax(b)), new_tokens)
+    return (f"  llama.cpp with flash attention off against on: {same} of {len(PROMPTS)} continuations identical; "
+            f"last logits differ by at most {worst:.1%} of their largest")
 
 
 def _median_pair(fa, fb, repeats: int, settle: float) -> tuple[float, float]:

@@ -281,7 +281,7 @@ def _against_llamacpp(args) -> None:
           f"load average {os.getloadavg()[0]:.2f} at start")
     model = load_llama(weights=args.weights, activations=args.activations)
     kv = None if args.kv_dtype == "float32" else np.dtype(args.kv_dtype)
-    _llamacpp.agreement(default_model_path(), model, args.threads)
+    _llamacpp.agreement(default_model_path(), model, args.threads, kv_dtype=kv)
     _llamacpp.run(default_model_path(), model, args.threads, args.repeats, args.settle, args.new_tokens, kv)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
