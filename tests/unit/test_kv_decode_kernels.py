@@ -126,3 +126,18 @@ def test_the_engines_workers_run_numba_kernels_on_their_own_thread():
         return numba.get_num_threads()
     counts = list(RUNTIME.pool(2).map(task, range(4)))
     assert counts == [1, 1, 1, 1] and numba.get_num_threads() >= 1
+
+
+@pytest.mark.parametrize("fmt", ["f16", "int8"])
+def test_subnormal_float16_numbers_and_scales_are_read_exactly(fmt):
+    """float16 below 6.1e-5 (subnormal: multiples of 2⁻²⁴), as values and as int8's scales: one key, so the
+    output is its value row as stored."""
+    v = (np.arange(1, 65, dtype=np.float32) * np.float32(2.0 ** -24)).reshape(1, 1, 1, 64)
+    c = qkv.KVCache(dtype=FORMATS[fmt])
+    c.append(np.zeros((1, 1, 1, 64), np.float32), v)
+    out = np.empty((1, 1, 1, 64), np.float32)
+    decode, _ = kv_decode.step_kernels(fmt)
+    decode(np.zeros((1, 1, 1, 64), np.float32), *_kernel_args(c), 1, out, 32, 1)
+    np.testing.assert_array_equal(out, c.values)
+    if fmt == "f16":
+        np.testing.assert_array_equal(out, v)
