@@ -160,3 +160,17 @@ def test_int8_activations_are_checked():
         load_llama(activations=8)
     with pytest.raises(ValueError, match="expected weights='auto'"):
         load_llama(weights="float32", activations="int8")
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.int8])
+def test_the_row_wise_path_leaves_no_layer_a_token_longer_when_a_row_does_not_fit(smol_auto, dtype, monkeypatch):
+    caches = smol_auto.new_caches(dtype=dtype)
+    smol_auto.step(np.array([[1, 2]]), caches)
+    layer = smol_auto._layers[3]
+    with monkeypatch.context() as m:
+        m.setattr(layer, "attn_norm", layer.attn_norm * np.float32(1e30))   # layer 3's keys beyond any scale
+        with pytest.raises(ValueError, match="key: expected finite values"):
+            smol_auto.step(np.array([[3, 4]]), caches)                     # two tokens: the row-wise path
+    assert {c.offset for c in caches} == {2}
+    assert smol_auto.step(np.array([[3, 4]]), caches).shape == (1, smol_auto.config.vocab_size)
+    assert {c.offset for c in caches} == {4}

@@ -465,7 +465,8 @@ class LlamaModel:
 
         ``ids`` (B, L) or (L,) ints: the next L tokens of each sequence; their positions continue from
         ``caches[0].offset``. Returns the logits (B, V) of the last new token (``last_only``) or (B, L, V).
-        Prefill is one call with the whole prompt; decoding is one call per new token (L = 1).
+        Prefill is one call with the whole prompt; decoding is one call per new token (L = 1). Where it raises
+        (a row a float16 or int8 cache cannot hold, an interrupt), every cache is left as it was.
         """
         ids = self._ids(ids)
         if not isinstance(caches, (list, tuple)) or len(caches) != self.config.num_layers:
@@ -473,7 +474,14 @@ class LlamaModel:
         compiled = _decode.compiled_step(self, ids, caches) if last_only else None
         if compiled is not None:                                       # one token: every layer in one call
             return compiled(ids, caches)
-        x = self._decode(self.embed(ids), caches, None)                # (B, L, D)
+        before = [cache.offset for cache in caches]
+        try:
+            x = self._decode(self.embed(ids), caches, None)            # (B, L, D)
+        except BaseException:                                          # e.g. a row a float16 cache cannot hold:
+            for cache, n in zip(caches, before):                       # no layer keeps these tokens
+                if cache.offset > n:
+                    cache.truncate(n)
+            raise
         return self._logits(x[:, -1] if last_only else x)
 
     def new_caches(self, dtype=None) -> list[KVCache]:
