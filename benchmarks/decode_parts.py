@@ -51,7 +51,7 @@ def main() -> None:
     model.step(np.random.default_rng(0).integers(100, model.config.vocab_size, args.context)[None], caches)
     step = _decode.compiled_step(model, np.array([[1]]), caches)
     real = step.step
-    jit, fmt = KERNELS.jit(), _decode._KV[kv]
+    jit, fmt = KERNELS.jit(), kv_decode.STORAGES[np.dtype(np.float32) if kv is None else kv]
     decode, store = kv_decode.step_kernels(fmt)
     variants = {"whole step": real}
     parts = {"products": (_no_matvec, None), "attention": (None, _no_decode)}

@@ -14,8 +14,7 @@ def _attend(qkv, kc, vc, n, H, Hk, E, scale, out):
     """The step's call: q from row 0 of qkv, scaled, (1, H, 1, E); out (1, H·E)."""
     q = (qkv[0, :H * E] * np.float32(scale)).reshape(1, H, 1, E)
     o = np.empty((1, H, 1, E), np.float32)
-    one = np.broadcast_to(np.float32(0.0), kc.shape[:3] + (1,))
-    DECODE(q, kc, vc, one, one, n, o, 32, kv_decode.parts(n))
+    DECODE(q, *kv_decode.kernel_args(kc, vc, None, None)[1:], n, o, 32, kv_decode.parts(n))
     out[...] = o.reshape(1, H * E)
 
 

@@ -18,14 +18,8 @@ FORMATS = {"f32": None, "f16": np.float16, "int8": np.int8}
 
 
 def _kernel_args(c: qkv.KVCache):
-    k, v, ks, vs = c.storage()
-    if k.dtype == np.float16:
-        k, v = k.view(np.uint16), v.view(np.uint16)
-    if ks is None:
-        ks = vs = np.broadcast_to(np.float32(0.0), k.shape[:3])
-    else:
-        ks, vs = ks.view(np.uint16), vs.view(np.uint16)
-    return k, v, ks, vs
+    """The cache's storage as the kernels read it (keys, values, key scales, value scales)."""
+    return kv_decode.kernel_args(*c.storage())[1:]
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

@@ -12,15 +12,18 @@ threads launch parallel kernels at once.
 from __future__ import annotations
 
 import threading
+from types import MappingProxyType
 
 import numpy as np
 
 from qkv.compute.kernels import KERNELS
 
-__all__ = ["PART_KEYS", "available", "decode", "parts", "step_kernels"]
+__all__ = ["PART_KEYS", "STORAGES", "available", "decode", "kernel_args", "parts", "step_kernels"]
 
 #: Keys per run of a head's keys, at least (:func:`parts`): each run is a task of its own, merged by maxima.
 PART_KEYS = 256
+#: A cache's storage dtype → its kernels' name (:func:`step_kernels`).
+STORAGES = MappingProxyType({np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.int8): "int8"})
 
 _LOCK = threading.Lock()
 
@@ -46,6 +49,21 @@ def step_kernels(storage: str) -> tuple:
             "int8": (_jit_kv.decode_int8, _jit_kv.store_int8)}[storage]
 
 
+def kernel_args(keys: np.ndarray, values: np.ndarray, key_scales, value_scales) -> tuple:
+    """A cache's storage (:meth:`qkv.KVCache.storage`) as the kernels read it: ``(name, keys, values, key
+    scales, value scales)``, ``name`` the kernels' (:data:`STORAGES`; any other dtype runs the float32 loop),
+    float16 as its bits (uint16), int8's float16 scales too, and for float32 and float16 a zero-stride
+    placeholder (B, Hk, C) for the scales, which their kernels do not read."""
+    name = STORAGES.get(keys.dtype, "f32")
+    if name == "f16":
+        keys, values = keys.view(np.uint16), values.view(np.uint16)
+    if key_scales is None:
+        key_scales = value_scales = np.broadcast_to(np.float32(1.0), keys.shape[:3])
+    else:
+        key_scales, value_scales = key_scales.view(np.uint16), value_scales.view(np.uint16)
+    return name, keys, values, key_scales, value_scales
+
+
 def decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, key_scales, value_scales, length: int,
            scale: float, threads: int = 1, block: int = 32) -> np.ndarray:
     """The attention (B, H, L, Ev) float32 of q (B, H, L, E) over the first ``length`` positions of a cache's
@@ -57,18 +75,12 @@ def decode(q: np.ndarray, keys: np.ndarray, values: np.ndarray, key_scales, valu
     numba's threads. Needs numba (:func:`available`)."""
     from numba import config, get_num_threads, set_num_threads
 
-    from qkv.compute import _jit_kv
     B, H, L, _ = q.shape
     qs = np.empty(q.shape, np.float32)
     np.multiply(q, np.float32(scale), out=qs, casting="unsafe")      # (B, H, L, E) scaled, contiguous
     out = np.empty((B, H, L, values.shape[3]), np.float32)
-    if keys.dtype == np.int8:
-        kernel, k, v, ks, vs = (_jit_kv.decode_int8, keys, values, key_scales.view(np.uint16),
-                                value_scales.view(np.uint16))
-    else:
-        one = np.broadcast_to(np.float32(1.0), keys.shape[:3])
-        kernel, k, v, ks, vs = ((_jit_kv.decode_f16, keys.view(np.uint16), values.view(np.uint16), one, one)
-                                if keys.dtype == np.float16 else (_jit_kv.decode_f32, keys, values, one, one))
+    name, k, v, ks, vs = kernel_args(keys, values, key_scales, value_scales)
+    kernel = step_kernels(name)[0]
     n = max(1, min(int(threads), config.NUMBA_NUM_THREADS, B * keys.shape[1] * parts(length)))
     with _LOCK:
         before = get_num_threads()

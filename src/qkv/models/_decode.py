@@ -9,7 +9,6 @@ row-wise path runs (the same arithmetic, step by step).
 from __future__ import annotations
 
 import math
-from types import MappingProxyType
 
 import numpy as np
 
@@ -19,8 +18,6 @@ from qkv.models import _quant
 from qkv.models._quant import QuantMatrix
 
 _KINDS = ("w_qkv", "w_o", "w_gate_up", "w_down")
-#: a cache's storage dtype → the step's name for it
-_KV = MappingProxyType({None: "f32", np.dtype(np.float16): "f16", np.dtype(np.int8): "int8"})
 
 
 class CompiledStep:
@@ -48,7 +45,8 @@ class CompiledStep:
         if pos + 1 > c.context_length:
             raise ValueError(f"ids: position {pos}, beyond the model's context of {c.context_length} tokens")
         x = np.ascontiguousarray(model.embed(ids)[0], np.float32)          # (1, D)
-        stored = [_as_kernel(cache.reserve_stored((1, Hk, 1, E), (1, Hk, 1, E), np.float32)) for cache in caches]
+        stored = [kv_decode.kernel_args(*cache.reserve_stored((1, Hk, 1, E), (1, Hk, 1, E), np.float32))[1:]
+                  for cache in caches]
         logits = np.empty((1, c.vocab_size), np.float32)
         with _quant._PARALLEL:                                            # numba's workqueue: one at a time
             status = self.step(x, pos, model._cos[pos:pos + 1], model._sin[pos:pos + 1], self.dims, self.kinds,
@@ -64,19 +62,6 @@ class CompiledStep:
                     else f"with max |x| ≤ {127 * 65504} per block of {BLOCK} for an int8 cache")
             raise ValueError(f"{name}: expected finite values {fits}, got others in layer {layer}'s new row")
         return logits
-
-
-def _as_kernel(storage: tuple) -> tuple:
-    """A cache's (keys, values, key scales, value scales) as the step reads them: float16 as its bits
-    (uint16), int8's float16 scales too; float32 and float16 get zero-stride placeholders for the scales."""
-    k, v, ks, vs = storage
-    if k.dtype == np.float16:
-        k, v = k.view(np.uint16), v.view(np.uint16)
-    if ks is None:
-        ks = vs = np.broadcast_to(np.float32(0.0), k.shape[:3] + (1,))
-    else:
-        ks, vs = ks.view(np.uint16), vs.view(np.uint16)
-    return k, v, ks, vs
 
 
 def compiled_step(model, ids: np.ndarray, caches) -> CompiledStep | None:
@@ -102,7 +87,7 @@ def _storage(caches, c) -> str | None:
         keys = cache.storage()[0]
         if cache.row_dtype != np.float32 or keys.shape[:2] != (1, c.num_kv_heads) or keys.shape[3] != c.head_dim:
             return None
-    return _KV.get(cache.dtype)
+    return kv_decode.STORAGES[np.dtype(np.float32) if cache.dtype is None else cache.dtype]
 
 
 def _build(model, storage: str) -> CompiledStep | None:

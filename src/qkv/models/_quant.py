@@ -199,8 +199,8 @@ class QuantMatrix:
         if self.qtype == "F32":
             return np.matmul(x, self.data.view(np.float32).T, out=y)
         jit = _kernels()
-        bs, kind = self._layout
         if jit is not None and 0 < n <= MATVEC_ROWS:
+            bs, kind = self._layout
             x = np.ascontiguousarray(x)
             chunks = min(_threads(), m)
             q8 = _q8_kernels() if self.activations == "int8" else None
